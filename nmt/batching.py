@@ -1,0 +1,127 @@
+"""Token-budget batches with length bucketing, cut the same way for any number of processes.
+
+Each optimizer step consumes one *global batch* of pairs of similar length whose padded size fits
+`max_tokens * world_size * accum_steps`. The global batch is dealt into world_size * accum_steps
+chunks; process r takes chunk a * world_size + r at micro-step a. So 1 process with accumulation
+and N processes see exactly the same pairs per optimizer step, and every pair once per epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+
+def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | None) -> list[np.ndarray]:
+    """Group example indices into batches whose count * max length stays within `budget`.
+
+    Args:
+        lengths: (N,) padded cost per example, e.g. max(source, target) length.
+        budget: padded tokens per global batch.
+        min_size: every batch holds at least this many examples (one per chunk).
+        seed: shuffles ties inside lengths and the batch order; None keeps sorted order.
+
+    Returns:
+        Batches of indices sorted by length inside each batch, in (shuffled) batch order.
+    """
+    rng = np.random.default_rng(seed) if seed is not None else None
+    order = rng.permutation(len(lengths)) if rng is not None else np.arange(len(lengths))
+    order = order[np.argsort(lengths[order], kind="stable")]
+    batches, start = [], 0
+    while start < len(order):
+        end = _batch_end(lengths, order, start, budget, min_size)
+        batches.append(order[start:end])
+        start = end
+    if len(batches) > 1 and len(batches[-1]) < min_size:  # a short tail joins its neighbour
+        batches[-2:] = [np.concatenate(batches[-2:])]
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def _batch_end(lengths: np.ndarray, order: np.ndarray, start: int, budget: int, min_size: int) -> int:
+    """Largest end such that (end - start) * longest <= budget (at least min_size examples)."""
+    # sorted ascending, so the longest is the last one: count * lengths[order[end-1]] <= budget
+    counts = np.arange(1, len(order) - start + 1)
+    fits = counts * lengths[order[start:]] <= budget
+    n = int(np.argmin(fits)) if not fits.all() else len(fits)
+    return start + min(max(n, min_size), len(order) - start)
+
+
+def deal(batch: np.ndarray, n_chunks: int) -> list[np.ndarray]:
+    """Deal a length-sorted batch into n_chunks chunks of similar length (round robin)."""
+    return [batch[i::n_chunks] for i in range(n_chunks)]
+
+
+@dataclass
+class EpochPlan:
+    """The global batches of one epoch and this process's share of each."""
+
+    batches: list[np.ndarray]
+    rank: int
+    world_size: int
+    accum_steps: int
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def micro_batches(self, step: int) -> list[np.ndarray]:
+        """This process's accum_steps chunks of global batch `step`."""
+        chunks = deal(self.batches[step], self.world_size * self.accum_steps)
+        return [chunks[a * self.world_size + self.rank] for a in range(self.accum_steps)]
+
+
+class TokenBatchSampler:
+    """A batch sampler for `torch.utils.data.DataLoader`: yields this process's index lists.
+
+    Stateful: `state_dict()` holds the epoch and the position inside it, so a resumed run
+    continues with the very next micro-batch. Reshuffles each epoch from `seed + epoch`.
+    """
+
+    def __init__(self, lengths: Sequence[int], max_tokens: int, rank: int = 0, world_size: int = 1,
+                 accum_steps: int = 1, seed: int | None = 0):
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.max_tokens, self.rank, self.world_size = max_tokens, rank, world_size
+        self.accum_steps, self.seed = accum_steps, seed
+        self.epoch, self.step_in_epoch = 0, 0
+        n_chunks = world_size * accum_steps
+        if len(self.lengths) < n_chunks:
+            from nmt.errors import NmtError
+            raise NmtError(f"only {len(self.lengths)} training pairs for {n_chunks} micro-batches per step "
+                           f"({world_size} processes x {accum_steps} accum_steps); use more data or fewer")
+
+    def plan(self, epoch: int) -> EpochPlan:
+        n_chunks = self.world_size * self.accum_steps
+        seed = None if self.seed is None else self.seed + epoch
+        batches = global_batches(self.lengths, self.max_tokens * n_chunks, n_chunks, seed)
+        return EpochPlan(batches, self.rank, self.world_size, self.accum_steps)
+
+    def steps_per_epoch(self) -> int:
+        return len(self.plan(self.epoch))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Micro-batches from the current position to the end of the epoch, then the epoch advances."""
+        plan = self.plan(self.epoch)
+        while self.step_in_epoch < len(plan):
+            micro = plan.micro_batches(self.step_in_epoch)
+            self.step_in_epoch += 1  # counted before yielding: a checkpoint taken now resumes after it
+            for chunk in micro:
+                yield chunk.tolist()
+        self.epoch, self.step_in_epoch = self.epoch + 1, 0
+
+    def __len__(self) -> int:
+        return (len(self.plan(self.epoch)) - self.step_in_epoch) * self.accum_steps
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+
+
+def eval_batches(lengths: Sequence[int], max_tokens: int, rank: int, world_size: int) -> list[np.ndarray]:
+    """Length-sorted batches for evaluation, dealt round robin to processes; each index once."""
+    batches = global_batches(np.asarray(lengths, dtype=np.int64), max_tokens, 1, None)
+    return batches[rank::world_size]

@@ -1,0 +1,157 @@
+"""The `nmt` command: train, translate, evaluate. User errors print one line and exit with code 2.
+
+`accelerate launch run.py ...` is `nmt train ...` on as many processes as the profile says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from nmt.errors import NmtError
+
+
+def overrides_from_flags(extra: list[str]) -> list[str]:
+    """`--model.d_model 256`, `--max-steps=10` or `model.d_model=256` -> ["model.d_model=256", ...]."""
+    out, i = [], 0
+    while i < len(extra):
+        token = extra[i]
+        if token.startswith("--"):
+            key = token[2:]
+            if "=" not in key:
+                if i + 1 >= len(extra):
+                    raise NmtError(f"flag {token} needs a value, e.g. {token} 100")
+                key, i = f"{key}={extra[i + 1]}", i + 1
+            name, _, value = key.partition("=")
+            out.append(f"{name.replace('-', '_')}={value}")
+        elif "=" in token:
+            out.append(token)
+        else:
+            raise NmtError(f"unexpected argument {token!r}; config overrides look like --model.d_model 256 or key=value")
+        i += 1
+    return out
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.config import load_config
+    from nmt.train import train
+
+    overrides = overrides_from_flags(extra)
+    if args.resume:
+        overrides.append(f"resume={args.resume}")
+    cfg = load_config(args.config, overrides)
+    result = train(cfg)
+    if _is_main():
+        print(f"model saved to {result.model_dir} after {result.steps} steps; best validation: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in result.best.items() if isinstance(v, float)))
+    return 0
+
+
+def _search_kwargs(args: argparse.Namespace) -> dict:
+    return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, alpha=args.alpha)
+
+
+def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.translate import Translator
+
+    _no_extra(extra)
+    translator = Translator.from_pretrained(args.model_dir, device=args.device)
+    source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+    sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for line in translator.translate_stream(source, nbest=args.nbest, **_search_kwargs(args)):
+            sink.write(line + "\n")
+    finally:
+        if args.input:
+            source.close()
+        if args.output:
+            sink.close()
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.metrics import corpus_scores
+    from nmt.translate import Translator
+
+    _no_extra(extra)
+    src, ref = _read_lines(args.src), _read_lines(args.ref)
+    if len(src) != len(ref):
+        raise NmtError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+    hyps = Translator.from_pretrained(args.model_dir, device=args.device).translate(src, **_search_kwargs(args))
+    if args.output:
+        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    scores = corpus_scores(hyps, ref)
+    print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
+    print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
+    return 0
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\r\n") for line in f]
+    except FileNotFoundError:
+        raise NmtError(f"file not found: {path}") from None
+    except UnicodeDecodeError as e:
+        raise NmtError(f"{path}: not valid UTF-8 ({e.reason})") from None
+
+
+def _no_extra(extra: list[str]) -> None:
+    if extra:
+        raise NmtError(f"unexpected arguments: {' '.join(extra)}")
+
+
+def _is_main() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmt", description="Train and use neural machine translation models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train a model (any config key can be overridden: --model.d_model 256)")
+    p.add_argument("--config", help="a YAML file from configs/ or your own")
+    p.add_argument("--resume", help="'latest' or a checkpoint folder (output_dir/checkpoints/step_N)")
+    p.set_defaults(fn=cmd_train)
+    for name, fn, help_ in (("translate", cmd_translate, "translate stdin or --input to stdout or --output"),
+                            ("evaluate", cmd_evaluate, "BLEU and chrF of a model on a test set")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
+        p.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
+        p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+        p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch")
+        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+        p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
+        if name == "translate":
+            p.add_argument("--input", help="read here instead of stdin")
+            p.add_argument("--nbest", type=int, default=1, help="hypotheses per sentence (tab-separated with scores)")
+        else:
+            p.add_argument("--src", required=True, help="source sentences, one per line")
+            p.add_argument("--ref", required=True, help="reference translations, one per line")
+        p.set_defaults(fn=fn)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("nmt").setLevel(logging.INFO if _is_main() else logging.WARNING)
+    args, extra = build_parser().parse_known_args(argv)
+    try:
+        return args.fn(args, extra)
+    except NmtError as e:
+        if _is_main():
+            print(f"nmt {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def main_entry() -> None:
+    """The console script `nmt`."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    main_entry()

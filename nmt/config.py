@@ -1,0 +1,306 @@
+"""The typed configuration tree: one set of dataclasses used from YAML, the command line and Python.
+
+No torch here. Unknown keys and wrong types raise `NmtError` naming the key; launch settings
+(processes, precision, GPUs) live in accelerate_configs/, not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+from nmt.errors import NmtError
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel text comes from and how it is cleaned."""
+
+    train: str = "builtin:synthetic"  # prefix of <prefix>.<lang> files, a .tsv/.jsonl/.csv file, a save_to_disk dir, "hub:NAME" or "builtin:synthetic"
+    valid: Optional[str] = None  # same forms as train; None carves valid_ratio off train
+    test: Optional[str] = None  # same forms as train; None carves test_ratio off train
+    src_lang: str = "en"  # source language code: file suffix, JSON field or translation key
+    tgt_lang: str = "xx"  # target language code
+    valid_ratio: float = 0.01  # share of train held out for validation when valid is None
+    test_ratio: float = 0.01  # share of train held out for test when test is None
+    split_seed: int = 1  # seed of the train/valid/test carving
+    max_words: int = 250  # drop pairs with a side longer than this many whitespace words
+    max_ratio: float = 3.0  # drop pairs whose word-length ratio exceeds this (both sides > ratio_min_words)
+    ratio_min_words: int = 3  # the length-ratio filter applies only when the longer side has more words
+    dedupe: bool = True  # drop exact duplicate pairs from train
+    max_train_pairs: Optional[int] = None  # use only the first N training pairs (quick experiments)
+    cache_dir: str = "~/.cache/nmt"  # encoded datasets and trained tokenizers, keyed by content
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.valid_ratio < 1, "data.valid_ratio", "must be in [0, 1)")
+        _check(0 <= self.test_ratio < 1, "data.test_ratio", "must be in [0, 1)")
+        _check(self.max_words > 0, "data.max_words", "must be positive")
+        _check(self.max_ratio >= 1, "data.max_ratio", "must be >= 1")
+
+
+@dataclass
+class TokenizerConfig:
+    """The subword model trained on the training text."""
+
+    kind: Literal["bpe", "unigram"] = "bpe"  # subword algorithm
+    vocab_size: int = 8000  # target vocabulary size (per tokenizer)
+    joint: bool = True  # one vocabulary for both languages (enables shared embeddings)
+    min_frequency: int = 2  # BPE: merges need at least this many occurrences
+    dropout: Optional[float] = None  # BPE-dropout probability during training (None: off)
+
+    def __post_init__(self) -> None:
+        _check(self.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
+        _check(self.dropout is None or 0 < self.dropout < 1, "tokenizer.dropout", "must be in (0, 1)")
+
+
+@dataclass
+class ModelConfig:
+    """An encoder-decoder Transformer. Vocabulary sizes of 0 are filled in from the tokenizer."""
+
+    src_vocab_size: int = 0  # source vocabulary (0: from the tokenizer)
+    tgt_vocab_size: int = 0  # target vocabulary (0: from the tokenizer)
+    d_model: int = 256  # width of the residual stream
+    n_heads: int = 4  # attention heads; d_model must divide by it
+    n_encoder_layers: int = 3  # encoder depth
+    n_decoder_layers: int = 3  # decoder depth
+    d_ff: int = 1024  # feed-forward inner width
+    dropout: float = 0.1  # dropout on embeddings, residual branches and attention weights
+    activation: Literal["relu", "gelu"] = "relu"  # feed-forward non-linearity
+    pre_norm: bool = True  # LayerNorm before each sublayer (stable); False: post-norm as in Vaswani et al.
+    share_embeddings: bool = True  # one embedding table for source, target and output (joint vocab only)
+    max_positions: int = 1024  # longest sequence the sinusoidal table covers
+    pad_id: int = 0  # padding id: masks are derived from it
+    bos_id: int = 2  # decoder start id
+    eos_id: int = 3  # end-of-sentence id
+
+    def __post_init__(self) -> None:
+        _check(self.d_model % self.n_heads == 0, "model.d_model", f"{self.d_model} must divide by n_heads={self.n_heads}")
+        _check(0 <= self.dropout < 1, "model.dropout", "must be in [0, 1)")
+        _check(self.n_encoder_layers > 0 and self.n_decoder_layers > 0, "model.n_encoder_layers", "layers must be positive")
+        if self.share_embeddings and self.src_vocab_size and self.tgt_vocab_size:
+            _check(self.src_vocab_size == self.tgt_vocab_size, "model.share_embeddings",
+                   "needs equal source and target vocabularies (a joint tokenizer); set it to false")
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        """A named size (tiny, small, base, big) with field overrides."""
+        if name not in MODEL_PRESETS:
+            raise NmtError(f"model.preset: unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
+        return cls(**{**MODEL_PRESETS[name], **overrides})
+
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0),
+    "small": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1),
+    "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1),
+    "big": dict(d_model=1024, n_heads=16, n_encoder_layers=6, n_decoder_layers=6, d_ff=4096, dropout=0.3),
+}
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with inverse-square-root warmup."""
+
+    lr: float = 5e-4  # peak learning rate, reached after warmup_steps
+    warmup_steps: int = 1000  # linear warmup, then lr * sqrt(warmup / step)
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam betas
+    eps: float = 1e-9  # Adam epsilon
+    weight_decay: float = 0.0  # decoupled weight decay
+    clip_norm: float = 1.0  # clip the global gradient norm (0: off)
+    label_smoothing: float = 0.1  # mass spread over the vocabulary
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs. Build it from YAML (`load_config`), flags, or Python."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    output_dir: str = "runs/default"  # checkpoints, metrics.jsonl, config.yaml, and the final model/
+    seed: int = 1  # seeds model init, data order and dropout
+    max_tokens: int = 4096  # per process and micro-batch: padded tokens of the longer side (like fairseq --max-tokens)
+    accum_steps: int = 1  # micro-batches per optimizer step (each process)
+    max_steps: Optional[int] = None  # stop after this many optimizer steps
+    max_epochs: Optional[int] = 10  # stop after this many epochs (if max_steps is None)
+    eval_every: int = 500  # validate every N optimizer steps (and at the end)
+    eval_beam: int = 1  # beam size for validation BLEU (1: greedy)
+    eval_max_sentences: Optional[int] = None  # validate BLEU on the first N validation pairs only
+    save_every: int = 500  # checkpoint every N optimizer steps (and at the end)
+    keep_last: int = 2  # checkpoints kept besides best/
+    log_every: int = 50  # metrics.jsonl and trackers every N steps
+    log_with: list[str] = field(default_factory=list)  # accelerate trackers, e.g. ["tensorboard"]
+    resume: Optional[str] = None  # "latest" or a checkpoint directory
+    pad_to_multiple_of: Optional[int] = None  # pad batch lengths to a multiple of this (8 for tensor cores)
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens > 0, "max_tokens", "must be positive")
+        _check(self.accum_steps > 0, "accum_steps", "must be positive")
+        _check(self.max_steps is not None or self.max_epochs is not None, "max_steps", "set max_steps or max_epochs")
+        _check(self.eval_every > 0 and self.save_every > 0 and self.log_every > 0, "eval_every", "intervals must be positive")
+
+
+def _check(ok: bool, key: str, what: str) -> None:
+    if not ok:
+        raise NmtError(f"config key {key!r}: {what}")
+
+
+# --- building dataclasses from plain data, strictly ---------------------------------------------
+
+
+def from_dict(cls: type, data: dict, where: str = "") -> Any:
+    """Build dataclass `cls` from a dict, rejecting unknown keys and wrong types by name."""
+    if not isinstance(data, dict):
+        raise NmtError(f"config key {where or '<root>'!r}: expected a mapping, got {type(data).__name__}")
+    data = dict(data)
+    if cls is ModelConfig and "preset" in data:
+        preset = data.pop("preset")
+        if preset not in MODEL_PRESETS:
+            raise NmtError(f"config key '{where}.preset': unknown preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+        data = {**MODEL_PRESETS[preset], **data}
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else key
+        if key not in names:
+            raise NmtError(f"unknown config key {path!r}; valid keys here: {', '.join(sorted(names))}")
+        kwargs[key] = _coerce(hints[key], value, path)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value if value is not None else {}, path)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _coerce(next(a for a in args if a is not type(None)), value, path)
+    if origin is Literal:
+        if value not in args:
+            raise NmtError(f"config key {path!r}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise NmtError(f"config key {path!r}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        if origin is tuple and len(args) > 1 and args[1] is not Ellipsis and len(items) != len(args):
+            raise NmtError(f"config key {path!r}: expected {len(args)} values, got {len(items)}")
+        return tuple(items) if origin is tuple else items
+    return _scalar(tp, value, path)
+
+
+def _scalar(tp: Any, value: Any, path: str) -> Any:
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
+        raise NmtError(f"config key {path!r}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain nested dict (lists for tuples) suitable for YAML/JSON."""
+    return _plain(dataclasses.asdict(cfg))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --- YAML files and command-line overrides --------------------------------------------------------
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """A TrainConfig from a YAML file (optional) and `key.sub=value` overrides (applied in order)."""
+    data = read_yaml(path) if path else {}
+    for item in overrides or []:
+        key, value = parse_override(item)
+        set_path(data, key, value)
+    return from_dict(TrainConfig, data)
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise NmtError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise NmtError(f"{path}: the top level must be a mapping of config keys")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`model.d_model=256` -> ("model.d_model", 256); the value is read as YAML (numbers, lists, null)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise NmtError(f"override {item!r}: write it as key=value, e.g. model.d_model=256")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().lstrip("-"), value
+
+
+def set_path(data: dict, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = data
+    for name in parents:
+        child = node.setdefault(name, {})
+        if not isinstance(child, dict):
+            raise NmtError(f"override {dotted!r}: {name!r} is not a section")
+        node = child
+    node[last] = value
+
+
+def save_yaml(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+
+
+def config_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, comment) for every field: the config reference in README."""
+    import inspect
+
+    comments = _field_comments(inspect.getsource(cls))
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += config_fields(hints[f.name], key + ".")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((key, _type_name(hints[f.name]), default, comments.get(f.name, "")))
+    return rows
+
+
+def _field_comments(source: str) -> dict[str, str]:
+    out = {}
+    for line in source.splitlines():
+        name, colon, rest = line.strip().partition(":")
+        if colon and name.isidentifier() and "#" in rest:
+            out[name] = rest.split("#", 1)[1].strip()
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")

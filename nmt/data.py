@@ -1,0 +1,376 @@
+"""Parallel corpora on `datasets`: read any supported input, clean with counts, encode with a cache.
+
+The one home of the `datasets` library. Every input becomes a Dataset with string columns
+"src" and "tgt"; encoding adds "src_ids", "tgt_ids" and "cost" (padded tokens the pair needs).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager, Iterator
+
+import datasets
+import numpy as np
+
+from nmt.config import DataConfig, TokenizerConfig, to_dict
+from nmt.errors import NmtError
+from nmt.tokenizer import PairTokenizer, train_pair_tokenizer
+
+datasets.disable_progress_bars()
+datasets.logging.set_verbosity_error()
+
+BUILTIN = "builtin:synthetic"
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class Corpus:
+    """Encoded splits, their tokenizer, and what cleaning dropped."""
+
+    splits: dict[str, datasets.Dataset]
+    tokenizer: PairTokenizer
+    stats: dict = field(default_factory=dict)
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def count_lines(path: Path) -> int:
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def _decode(raw: bytes, path: Path, line_no: int) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NmtError(f"{path}:{line_no}: not valid UTF-8 (byte {e.start + 1} of the line); "
+                       "convert the file, e.g. iconv -f latin1 -t utf-8") from None
+    if line_no == 1:
+        text = text.removeprefix("\ufeff")
+    return text.rstrip("\r\n")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            yield i, _decode(raw, path, i)
+
+
+def read_text_pair(src: str, tgt: str) -> Iterator[dict]:
+    """Line i of `src` with line i of `tgt`."""
+    src_path, tgt_path = Path(src), Path(tgt)
+    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+    if n_src != n_tgt:
+        raise NmtError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
+                       "line i of one must be the translation of line i of the other")
+    for (_, a), (_, b) in zip(_lines(src_path), _lines(tgt_path)):
+        yield {"src": a, "tgt": b}
+
+
+def read_tsv(path: str) -> Iterator[dict]:
+    """Column 1 is the source, column 2 the target; further columns (attribution) are ignored."""
+    for i, line in _lines(Path(path)):
+        cols = line.split("\t")
+        if len(cols) < 2:
+            raise NmtError(f"{path}:{i}: expected source<TAB>target, found {len(cols)} column; "
+                           "fix or remove the line")
+        yield {"src": cols[0], "tgt": cols[1]}
+
+
+def read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict]:
+    for i, line in _lines(Path(path)):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise NmtError(f"{path}:{i}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+        yield _pick_fields(record, src_lang, tgt_lang, f"{path}:{i}")
+
+
+def read_csv(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict]:
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        try:
+            for i, row in enumerate(csv.DictReader(f), 2):
+                yield _pick_fields(row, src_lang, tgt_lang, f"{path}:{i}")
+        except UnicodeDecodeError:
+            raise NmtError(f"{path}: not valid UTF-8; convert the file, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def _pick_fields(record: dict, src_lang: str, tgt_lang: str, where: str) -> dict:
+    """Source/target from {"translation": {src_lang: .., tgt_lang: ..}}, {src_lang: ..}, or {"source": ..}."""
+    if not isinstance(record, dict):
+        raise NmtError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if isinstance(record.get("translation"), dict):
+        record = record["translation"]
+    for src_key, tgt_key in ((src_lang, tgt_lang), ("source", "target"), ("src", "tgt")):
+        if src_key in record and tgt_key in record:
+            src, tgt = record[src_key], record[tgt_key]
+            if not isinstance(src, str) or not isinstance(tgt, str):
+                raise NmtError(f"{where}: fields {src_key!r} and {tgt_key!r} must be strings")
+            return {"src": src, "tgt": tgt}
+    raise NmtError(f"{where}: missing field; expected {src_lang!r} and {tgt_lang!r} (optionally inside "
+                   f"'translation'), or 'source' and 'target'; found {sorted(record)}")
+
+
+def read_builtin(split: str) -> Iterator[dict]:
+    from nmt.synthetic import builtin_splits
+
+    for src, tgt in builtin_splits()[split]:
+        yield {"src": src, "tgt": tgt}
+
+
+# --- from a spec to a Dataset --------------------------------------------------------------------
+
+
+def load_split(spec: str, cfg: DataConfig, split: str, cache: Path, whole_ok: bool = True) -> datasets.Dataset | None:
+    """The Dataset (columns src, tgt) that `spec` names for `split`.
+
+    A source with named splits (builtin, save_to_disk DatasetDict, Hub) gives that split or None;
+    a single-split source gives all of itself, or None when `whole_ok` is False.
+    """
+    if spec == BUILTIN:
+        return _from_generator(read_builtin, {"split": split}, cache)
+    if spec.startswith("hub:"):
+        return _from_dataset_dict(_load_hub(spec[4:]), spec, cfg, split, whole_ok)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _from_dataset_dict(_load_disk(path), spec, cfg, split, whole_ok)
+    if not whole_ok:
+        return None
+    suffix = path.suffix.lower()
+    if suffix == ".tsv":
+        return _from_generator(read_tsv, {"path": str(path), "stamp": _stamp(path)}, cache)
+    if suffix in (".jsonl", ".json"):
+        return _from_generator(read_jsonl, {"path": str(path), "src_lang": cfg.src_lang,
+                                            "tgt_lang": cfg.tgt_lang, "stamp": _stamp(path)}, cache)
+    if suffix == ".csv":
+        return _from_generator(read_csv, {"path": str(path), "src_lang": cfg.src_lang,
+                                          "tgt_lang": cfg.tgt_lang, "stamp": _stamp(path)}, cache)
+    src, tgt = Path(f"{path}.{cfg.src_lang}"), Path(f"{path}.{cfg.tgt_lang}")
+    for p in (src, tgt):
+        if not p.is_file():
+            raise NmtError(f"data file not found: {p} (from {spec!r}: give a prefix of .{cfg.src_lang}/.{cfg.tgt_lang} "
+                           "files, a .tsv/.jsonl/.csv file, a save_to_disk folder, hub:NAME or builtin:synthetic)")
+    return _from_generator(read_text_pair, {"src": str(src), "tgt": str(tgt),
+                                            "stamp": _stamp(src) + _stamp(tgt)}, cache)
+
+
+def _stamp(path: Path) -> str:
+    """Changes when the file does, so the reading cache never serves stale text."""
+    if not path.is_file():
+        raise NmtError(f"data file not found: {path}")
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _from_generator(fn: Callable, kwargs: dict, cache: Path) -> datasets.Dataset:
+    # kwargs (with the file stamp) key datasets' own cache; NmtError raised inside is unwrapped
+    def gen(**kw):  # a closure keeps the reader's exceptions ours
+        yield from fn(**{k: v for k, v in kw.items() if k != "stamp"})
+    gen.__name__ = f"nmt_{fn.__name__}"
+    features = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string")})
+    try:
+        return datasets.Dataset.from_generator(gen, gen_kwargs=kwargs, features=features,
+                                               cache_dir=str(cache / "datasets"))
+    except Exception as e:  # datasets wraps generator errors in DatasetGenerationError
+        cause = e
+        while cause is not None and not isinstance(cause, NmtError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
+        raise
+
+
+def _load_disk(path: Path):
+    try:
+        return datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise NmtError(f"{path}: a folder, but not one written by Dataset.save_to_disk") from None
+
+
+def _load_hub(name: str):
+    repo, _, config = name.partition(":")
+    try:
+        return datasets.load_dataset(repo, config or None)
+    except Exception as e:
+        raise NmtError(f"hub:{name}: could not load from the Hugging Face Hub ({str(e).splitlines()[0]}); "
+                       "offline, save it with save_to_disk elsewhere and pass the folder") from None
+
+
+SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
+
+
+def _from_dataset_dict(obj, spec: str, cfg: DataConfig, split: str, whole_ok: bool) -> datasets.Dataset | None:
+    if not isinstance(obj, datasets.DatasetDict) and not whole_ok:
+        return None
+    if isinstance(obj, datasets.DatasetDict):
+        name = next((n for n in SPLIT_NAMES[split] if n in obj), None)
+        if name is None:
+            if split == "train":
+                raise NmtError(f"{spec}: no train split (found {', '.join(obj)})")
+            return None
+        obj = obj[name]
+    return obj.map(_normalize_record, fn_kwargs={"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
+                                                 "where": spec}, remove_columns=obj.column_names)
+
+
+def _normalize_record(record: dict, src_lang: str, tgt_lang: str, where: str) -> dict:
+    return _pick_fields(record, src_lang, tgt_lang, where)
+
+
+# --- cleaning -----------------------------------------------------------------------------------
+
+
+def drop_reason(src: str, tgt: str, cfg: DataConfig) -> str | None:
+    """Why a training pair is dropped, or None to keep it."""
+    if not src.strip() or not tgt.strip():
+        return "empty"
+    if "\x00" in src or "\x00" in tgt:
+        return "nul_byte"
+    n_src, n_tgt = len(src.split()), len(tgt.split())
+    if max(n_src, n_tgt) > cfg.max_words:
+        return "too_long"
+    if max(n_src, n_tgt) > cfg.ratio_min_words and max(n_src, n_tgt) > cfg.max_ratio * max(min(n_src, n_tgt), 1):
+        return "length_ratio"
+    return None
+
+
+def clean(ds: datasets.Dataset, cfg: DataConfig) -> tuple[np.ndarray, dict]:
+    """Indices of the pairs to keep (bad pairs and exact duplicates dropped), and counts per reason."""
+    keep, counts, seen = [], Counter(), set()
+    index = 0
+    for batch in ds.iter(batch_size=10_000):
+        for src, tgt in zip(batch["src"], batch["tgt"]):
+            reason = drop_reason(src, tgt, cfg)
+            if reason is None and cfg.dedupe:
+                key = hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=12).digest()
+                reason = "duplicate" if key in seen else None
+                seen.add(key)
+            if reason:
+                counts[reason] += 1
+            else:
+                keep.append(index)
+            index += 1
+    stats = {"read": index, "kept": len(keep), "dropped": dict(counts)}
+    return np.asarray(keep, dtype=np.int64), stats
+
+
+# --- encoding -----------------------------------------------------------------------------------
+
+
+def _encode_batch(batch: dict, tokenizer: PairTokenizer) -> dict:
+    src_ids = tokenizer.encode_src(batch["src"])
+    tgt_ids = tokenizer.encode_tgt(batch["tgt"])
+    # the decoder sees <s> + tgt and predicts tgt + </s>: len(tgt) + 1 positions
+    cost = [max(len(s), len(t) + 1) for s, t in zip(src_ids, tgt_ids)]
+    return {"src_ids": src_ids, "tgt_ids": tgt_ids, "cost": cost}
+
+
+def encode(ds: datasets.Dataset, tokenizer: PairTokenizer, cache_file: Path) -> datasets.Dataset:
+    """Tokenize with Dataset.map(batched=True); a second call with the same cache file re-tokenizes nothing."""
+    return ds.map(_encode_batch, batched=True, batch_size=1000, fn_kwargs={"tokenizer": tokenizer},
+                  cache_file_name=str(cache_file), load_from_cache_file=True, new_fingerprint=cache_file.stem)
+
+
+# --- the whole preparation -----------------------------------------------------------------------
+
+
+def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], ContextManager] | None = None,
+            tokenizer: PairTokenizer | None = None, splits: tuple[str, ...] = SPLITS) -> Corpus:
+    """Read, carve, clean, train the tokenizer (unless given) and encode, all cached by content.
+
+    `main_first` (e.g. accelerator.main_process_first) lets the main process fill the cache while the
+    others wait and then read it.
+    """
+    from contextlib import nullcontext
+
+    cache_root = Path(os.path.expanduser(cfg.cache_dir))
+    cache_root.mkdir(parents=True, exist_ok=True)
+    with (main_first or nullcontext)():
+        raw, split_stats = _read_splits(cfg, cache_root)
+        key = _content_key(raw, cfg, tok_cfg, tokenizer)
+        work = cache_root / "prepared" / key
+        work.mkdir(parents=True, exist_ok=True)
+        raw["train"], clean_stats = _cached_clean(raw["train"], cfg, work)
+        tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
+        encoded = {name: encode(raw[name], tokenizer, work / f"{name}.arrow") for name in splits}
+    stats = {**split_stats, "clean": clean_stats, "cache": str(work),
+             "pairs": {name: len(ds) for name, ds in encoded.items()}}
+    return Corpus(encoded, tokenizer, stats)
+
+
+def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Dataset], dict]:
+    """train, valid and test: from their own specs, from train's named splits, or carved off train."""
+    train = load_split(cfg.train, cfg, "train", cache)
+    if cfg.max_train_pairs is not None:
+        train = train.select(range(min(cfg.max_train_pairs, len(train))))
+    splits, carved = {"train": train}, []
+    for name, spec, ratio in (("valid", cfg.valid, cfg.valid_ratio), ("test", cfg.test, cfg.test_ratio)):
+        ds = load_split(spec, cfg, name, cache) if spec else load_split(cfg.train, cfg, name, cache, whole_ok=False)
+        if ds is None:
+            if ratio <= 0:
+                raise NmtError(f"config key 'data.{name}': no {name} set given and data.{name}_ratio is 0")
+            parts = splits["train"].train_test_split(test_size=ratio, seed=cfg.split_seed + len(carved))
+            splits["train"], ds = parts["train"], parts["test"]
+            carved.append(name)
+        splits[name] = ds
+    for name, ds in splits.items():
+        if len(ds) == 0:
+            raise NmtError(f"the {name} split is empty (from {getattr(cfg, name) or cfg.train!r})")
+    return splits, {"carved_from_train": carved}
+
+
+def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: TokenizerConfig,
+                 tokenizer: PairTokenizer | None) -> str:
+    h = hashlib.sha256()
+    for name in SPLITS:
+        h.update(f"{name}:{raw[name]._fingerprint}:{len(raw[name])};".encode())
+    h.update(json.dumps({"data": to_dict(cfg) | {"cache_dir": None}, "tok": to_dict(tok_cfg)}, sort_keys=True).encode())
+    if tokenizer is not None:
+        h.update(tokenizer.src.to_str().encode() + tokenizer.tgt.to_str().encode())
+    return h.hexdigest()[:16]
+
+
+def _cached_clean(train: datasets.Dataset, cfg: DataConfig, work: Path) -> tuple[datasets.Dataset, dict]:
+    keep_file, stats_file = work / "train.keep.npy", work / "clean.json"
+    if keep_file.is_file() and stats_file.is_file():
+        keep, stats = np.load(keep_file), json.loads(stats_file.read_text())
+    else:
+        keep, stats = clean(train, cfg)
+        if stats["kept"] == 0:
+            raise NmtError(f"no training pairs left after cleaning ({stats['read']} read; dropped: "
+                           f"{stats['dropped']}); check the files or relax data.max_words / data.max_ratio")
+        tmp = work / "train.keep.tmp.npy"
+        np.save(tmp, keep)
+        os.replace(tmp, keep_file)  # written before the stats, which mark the pair complete
+        (work / "clean.tmp").write_text(json.dumps(stats))
+        os.replace(work / "clean.tmp", stats_file)
+    return (train.select(keep) if len(keep) < len(train) else train), stats
+
+
+def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: Path) -> PairTokenizer:
+    tok_dir = work / "tokenizer"
+    if tok_dir.is_dir():
+        return PairTokenizer.load(tok_dir)
+
+    def column(name: str) -> Callable[[], Iterator[str]]:
+        return lambda: (text for batch in train.iter(batch_size=10_000) for text in batch[name])
+
+    tokenizer = train_pair_tokenizer(column("src"), column("tgt"), tok_cfg, len(train))
+    tmp = work / "tokenizer.tmp"
+    tmp.mkdir(exist_ok=True)
+    tokenizer.save(tmp)
+    os.replace(tmp, tok_dir)
+    return tokenizer

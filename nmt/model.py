@@ -1,0 +1,304 @@
+"""The encoder-decoder Transformer (batch first). It takes token ids only and derives every mask itself.
+
+`forward(src_ids, tgt_in_ids) -> logits` is all that DDP/DataParallel ever call; search calls
+`encode` and `decode` (with a `DecoderCache` for incremental decoding) on the unwrapped model.
+Shapes: B batch, S source, T target, D model, H heads, Dh head width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.config import ModelConfig, from_dict, to_dict
+from nmt.errors import NmtError
+
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+
+
+def key_attend(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:
+    """(B, 1, 1, S) bool, True where attention to that key is allowed; None when nothing is padding.
+
+    The one place where padding becomes an attention mask.
+    """
+    src_is_pad = src_ids.eq(pad_id)  # (B, S)
+    if not bool(src_is_pad.any()):
+        return None  # no mask lets SDPA use its fastest kernel
+    return ~src_is_pad[:, None, None, :]
+
+
+def sinusoids(length: int, dim: int) -> torch.Tensor:
+    """(length, dim) sinusoidal position table of Vaswani et al."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]
+    inv = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv)
+    return table
+
+
+class Attention(nn.Module):
+    """Multi-head attention through SDPA; fused QKV for self-attention, fused KV for cross-attention."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool):
+        super().__init__()
+        self.n_heads, self.dropout, self.cross = cfg.n_heads, cfg.dropout, cross
+        d = cfg.d_model
+        if cross:
+            self.q = nn.Linear(d, d)
+            self.kv = nn.Linear(d, 2 * d)
+        else:
+            self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        return x.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, L, Dh)
+
+    def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values of the encoder output: computed once per sentence."""
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        return self.heads(k), self.heads(v)
+
+    def forward(self, x: torch.Tensor, attend: torch.Tensor | None = None, causal: bool = False,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple]:
+        """x (B, L, D) -> (B, L, D), plus the (K, V) used, (B, H, L_kv, Dh) each.
+
+        Self-attention appends to `kv` (the cache of earlier steps); cross-attention uses `kv` as is.
+        """
+        if self.cross:
+            q, (k, v) = self.heads(self.q(x)), kv
+        else:
+            q, k, v = map(self.heads, self.qkv(x).chunk(3, dim=-1))
+            if kv is not None:
+                k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, is_causal=causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        B, H, L, Dh = y.shape
+        return self.out(y.transpose(1, 2).reshape(B, L, H * Dh)), (k, v)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up, self.down = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.drop(self.act(self.up(x))))
+
+
+class Sublayer(nn.Module):
+    """Residual wrapper: pre-norm x + f(LN(x)) or post-norm LN(x + f(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm, self.drop, self.pre_norm = nn.LayerNorm(cfg.d_model), nn.Dropout(cfg.dropout), cfg.pre_norm
+
+    def forward(self, x: torch.Tensor, fn) -> tuple[torch.Tensor, object]:
+        y = fn(self.norm(x) if self.pre_norm else x)
+        y, extra = y if isinstance(y, tuple) else (y, None)
+        x = x + self.drop(y)
+        return (x if self.pre_norm else self.norm(x)), extra
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn, self.ff = Attention(cfg, cross=False), FeedForward(cfg)
+        self.sub_attn, self.sub_ff = Sublayer(cfg), Sublayer(cfg)
+
+    def forward(self, x: torch.Tensor, attend: torch.Tensor | None) -> torch.Tensor:
+        x, _ = self.sub_attn(x, lambda h: self.attn(h, attend=attend))
+        x, _ = self.sub_ff(x, self.ff)
+        return x
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn, self.cross_attn = Attention(cfg, cross=False), Attention(cfg, cross=True)
+        self.ff = FeedForward(cfg)
+        self.sub_self, self.sub_cross, self.sub_ff = Sublayer(cfg), Sublayer(cfg), Sublayer(cfg)
+
+    def forward(self, x: torch.Tensor, cross_kv: tuple, attend: torch.Tensor | None,
+                self_kv: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+        # causality is a property of the decoder: full-prefix runs use is_causal; cached steps see
+        # only the past, since the cache holds nothing else. Right padding needs no target mask:
+        # real positions only ever look left, at real tokens.
+        causal = self_kv is None and x.shape[1] > 1
+        x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, causal=causal, kv=self_kv))
+        x, _ = self.sub_cross(x, lambda h: self.cross_attn(h, attend=attend, kv=cross_kv))
+        x, _ = self.sub_ff(x, self.ff)
+        return x, new_kv
+
+
+class DecoderCache:
+    """Per-layer keys/values for incremental decoding; every tensor is batch-leading.
+
+    Cross-attention K/V come from the encoder output once; self-attention K/V grow by one step
+    per call. `reorder` re-indexes every layer at once when beams are re-ranked or pruned.
+    """
+
+    def __init__(self, cross_kv: list[tuple], attend: torch.Tensor | None):
+        self.cross_kv = cross_kv
+        self.attend = attend  # (B, 1, 1, S) or None
+        self.self_kv: list[tuple | None] = [None] * len(cross_kv)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.self_kv[0] is None else self.self_kv[0][0].shape[2]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep rows `index` (K,) of every cached tensor, in that order."""
+        pick = lambda kv: None if kv is None else (kv[0].index_select(0, index), kv[1].index_select(0, index))
+        self.cross_kv = [pick(kv) for kv in self.cross_kv]
+        self.self_kv = [pick(kv) for kv in self.self_kv]
+        if self.attend is not None:
+            self.attend = self.attend.index_select(0, index)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder-decoder Transformer taking only batch-leading LongTensors of token ids."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.src_vocab_size <= 0 or cfg.tgt_vocab_size <= 0:
+            raise NmtError("model.src_vocab_size and model.tgt_vocab_size must be set (train fills them from the tokenizer)")
+        self.cfg = cfg
+        shared = cfg.share_embeddings and cfg.src_vocab_size == cfg.tgt_vocab_size
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.src_embed = self.tgt_embed if shared else nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)
+            with torch.no_grad():
+                emb.weight[self.cfg.pad_id].zero_()
+
+    def embed(self, ids: torch.Tensor, table: nn.Embedding, offset: int = 0) -> torch.Tensor:
+        """(B, L) ids -> (B, L, D): scaled embeddings plus sinusoidal positions from `offset`."""
+        L = ids.shape[1]
+        if offset + L > self.cfg.max_positions:
+            raise NmtError(f"sequence of {offset + L} tokens is longer than model.max_positions={self.cfg.max_positions}")
+        x = table(ids) * math.sqrt(self.cfg.d_model) + self.positions[offset : offset + L].to(table.weight.dtype)
+        return self.drop(x)
+
+    def encode(self, src_ids: torch.Tensor) -> torch.Tensor:
+        """src_ids (B, S) -> memory (B, S, D)."""
+        attend = key_attend(src_ids, self.cfg.pad_id)
+        x = self.embed(src_ids, self.src_embed)
+        for layer in self.encoder:
+            x = layer(x, attend)
+        return self.enc_norm(x)
+
+    def start_cache(self, memory: torch.Tensor, src_ids: torch.Tensor) -> DecoderCache:
+        """A cache holding the cross-attention K/V of `memory` (B, S, D) for every decoder layer."""
+        cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+        return DecoderCache(cross, key_attend(src_ids, self.cfg.pad_id))
+
+    def decode(self, tgt_in_ids: torch.Tensor, memory: torch.Tensor, src_ids: torch.Tensor,
+               cache: DecoderCache | None = None) -> torch.Tensor:
+        """Target prefix (B, T) -> logits (B, T, V).
+
+        Without a cache, the whole prefix is run causally. With one (from `start_cache`),
+        `tgt_in_ids` holds only the new positions; the cache grows by them.
+        """
+        return self.project(self.decode_hidden(tgt_in_ids, memory, src_ids, cache))
+
+    def decode_hidden(self, tgt_in_ids: torch.Tensor, memory: torch.Tensor, src_ids: torch.Tensor,
+                      cache: DecoderCache | None = None) -> torch.Tensor:
+        """Like `decode`, but stops before the output projection: (B, T, D)."""
+        if cache is None:
+            attend = key_attend(src_ids, self.cfg.pad_id)
+            cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+            offset = 0
+        else:
+            attend, cross, offset = cache.attend, cache.cross_kv, cache.length
+        x = self.embed(tgt_in_ids, self.tgt_embed, offset)
+        for i, layer in enumerate(self.decoder):
+            x, kv = layer(x, cross[i], attend, None if cache is None else cache.self_kv[i])
+            if cache is not None:
+                cache.self_kv[i] = kv
+        return self.dec_norm(x)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., V) through the output projection tied to the target embedding."""
+        return F.linear(hidden, self.tgt_embed.weight)
+
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
+        """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V)."""
+        return self.decode(tgt_in_ids, self.encode(src_ids), src_ids)
+
+    @torch.no_grad()
+    def generate(self, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: int = 128, **kwargs) -> torch.Tensor:
+        """Translations as (B, L) ids ending in eos_id then pad_id. See `nmt.search.generate`."""
+        from nmt.search import generate  # the model's convenience entry into search (search never imports model)
+
+        return generate(self, src_ids, beam_size=beam_size, max_new_tokens=max_new_tokens, **kwargs)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def save_pretrained(self, directory: str | Path, state_dict: dict | None = None) -> None:
+        """config.json + model.safetensors (no pickle anywhere). `state_dict` overrides the module's own
+        (e.g. full weights gathered from FSDP shards)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CONFIG_FILE).write_text(json.dumps(to_dict(self.cfg), indent=2))
+        state = {k: v.detach().contiguous().cpu() for k, v in (state_dict or self.state_dict()).items()}
+        if self.src_embed is self.tgt_embed:
+            state.pop("src_embed.weight", None)  # shared tensors are stored once
+        save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "Seq2SeqTransformer":
+        """Load what `save_pretrained` wrote. Reads JSON and safetensors only: no code runs."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        cfg = load_model_config(directory)
+        model = cls(cfg)
+        try:
+            state = load_file(str(directory / WEIGHTS_FILE), device=str(map_location))
+        except (SafetensorError, OSError, FileNotFoundError) as e:
+            raise NmtError(f"{directory / WEIGHTS_FILE}: cannot read the weights ({e}); re-export the model") from None
+        if model.src_embed is model.tgt_embed:
+            state.setdefault("src_embed.weight", state.get("tgt_embed.weight"))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise NmtError(f"{directory / WEIGHTS_FILE}: weights do not match config.json "
+                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        return model
+
+
+def load_model_config(directory: Path) -> ModelConfig:
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise NmtError(f"{path}: missing; {directory} is not an nmt model directory")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NmtError(f"{path}: not valid JSON ({e})") from None
+    return from_dict(ModelConfig, data, "model")

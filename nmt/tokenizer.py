@@ -1,0 +1,146 @@
+"""Subword tokenizers: trained with `tokenizers` from an iterator, saved as tokenizer.json.
+
+The one home of the `tokenizers` library. Ids 0-3 are <pad>, <unk>, <s>, </s> in every tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from nmt.config import TokenizerConfig
+from nmt.errors import NmtError
+
+SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
+PAD, UNK, BOS, EOS = range(4)
+JOINT_FILE = "tokenizer.json"
+SRC_FILE, TGT_FILE = "tokenizer.src.json", "tokenizer.tgt.json"
+
+
+def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None) -> Tokenizer:
+    """Train one subword model on an iterator of sentences (memory stays flat)."""
+    if cfg.kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token="<unk>", dropout=cfg.dropout))
+        trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                      special_tokens=SPECIALS, show_progress=False)
+    else:
+        tok = Tokenizer(models.Unigram())
+        trainer = trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIALS,
+                                          unk_token="<unk>", show_progress=False)
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(_batched(texts), trainer=trainer, length=length)
+    if [tok.token_to_id(s) for s in SPECIALS] != [PAD, UNK, BOS, EOS]:
+        raise RuntimeError("special tokens did not get ids 0-3")
+    return tok
+
+
+def _batched(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class PairTokenizer:
+    """Source and target tokenizers (the same object when the vocabulary is joint)."""
+
+    def __init__(self, src: Tokenizer, tgt: Tokenizer | None = None):
+        self.src = src
+        self.tgt = tgt or src
+        self.src.no_truncation()
+        self.src.no_padding()
+
+    @property
+    def joint(self) -> bool:
+        return self.src is self.tgt
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.src.get_vocab_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.tgt.get_vocab_size()
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        """Source ids, each ending in </s>."""
+        return [e.ids + [EOS] for e in self.src.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        """Target ids without specials; the collator adds <s> and </s>."""
+        return [e.ids for e in self.tgt.encode_batch(texts, add_special_tokens=False)]
+
+    def src_tokens(self, text: str) -> list[str]:
+        """Source subword strings as the model sees them (with the final </s>)."""
+        return self.src.encode(text, add_special_tokens=False).tokens + ["</s>"]
+
+    def tgt_tokens(self, ids: list[int]) -> list[str]:
+        return [self.tgt.id_to_token(i) or "<unk>" for i in ids]
+
+    def decode_tgt(self, ids_batch: list[list[int]]) -> list[str]:
+        """Detokenized text; stops at </s> and skips specials."""
+        cut = [ids[: ids.index(EOS)] if EOS in ids else ids for ids in ids_batch]
+        return self.tgt.decode_batch(cut, skip_special_tokens=True)
+
+    def unknown_rate(self, texts: list[str], side: str = "src") -> float:
+        """Share of subwords that are <unk> (vocabulary coverage)."""
+        ids = self.encode_src(texts) if side == "src" else self.encode_tgt(texts)
+        total = sum(len(x) for x in ids)
+        return sum(x.count(UNK) for x in ids) / max(total, 1)
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        if self.joint:
+            self.src.save(str(directory / JOINT_FILE))
+        else:
+            self.src.save(str(directory / SRC_FILE))
+            self.tgt.save(str(directory / TGT_FILE))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "PairTokenizer":
+        directory = Path(directory)
+        if (directory / JOINT_FILE).is_file():
+            return cls(_load_file(directory / JOINT_FILE))
+        if (directory / SRC_FILE).is_file() and (directory / TGT_FILE).is_file():
+            return cls(_load_file(directory / SRC_FILE), _load_file(directory / TGT_FILE))
+        raise NmtError(f"{directory}: no {JOINT_FILE} (or {SRC_FILE} + {TGT_FILE}); is this an nmt model directory?")
+
+    def without_dropout(self) -> "PairTokenizer":
+        """A copy whose BPE-dropout is off (for validation and translation)."""
+        def plain(tok: Tokenizer) -> Tokenizer:
+            data = json.loads(tok.to_str())
+            if data["model"].get("dropout") is not None:
+                data["model"]["dropout"] = None
+            return Tokenizer.from_str(json.dumps(data))
+        src = plain(self.src)
+        return PairTokenizer(src, None if self.joint else plain(self.tgt))
+
+
+def _load_file(path: Path) -> Tokenizer:
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for unreadable JSON
+        raise NmtError(f"{path}: not a readable tokenizer file ({str(e).splitlines()[0]})") from None
+    if [tok.token_to_id(s) for s in SPECIALS] != [PAD, UNK, BOS, EOS]:
+        raise NmtError(f"{path}: special tokens {SPECIALS} must have ids 0-3; it was not made by nmt")
+    return tok
+
+
+def train_pair_tokenizer(src_texts, tgt_texts, cfg: TokenizerConfig, n_pairs: int | None = None) -> PairTokenizer:
+    """Train the tokenizer(s) on training text. `src_texts`/`tgt_texts` are zero-argument callables
+    returning fresh iterators, so each side can be streamed (twice for a joint vocabulary)."""
+    if cfg.joint:
+        def both() -> Iterator[str]:
+            yield from src_texts()
+            yield from tgt_texts()
+        return PairTokenizer(train_tokenizer(both(), cfg, 2 * n_pairs if n_pairs else None))
+    return PairTokenizer(train_tokenizer(src_texts(), cfg, n_pairs), train_tokenizer(tgt_texts(), cfg, n_pairs))

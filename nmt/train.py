@@ -1,0 +1,366 @@
+"""The training loop on Accelerate: data, model, AdamW with inverse-sqrt warmup, validation, checkpoints.
+
+`train(cfg)` is a plain function; state lives in Accelerate (`save_state` with the registered
+sampler and `TrainState`). The same code runs on 1 process, N processes or N nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.logging import get_logger
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+
+from nmt import checkpoint as ckpt
+from nmt.batching import TokenBatchSampler, eval_batches
+from nmt.collate import Collator
+from nmt.config import TrainConfig, save_yaml, to_dict
+from nmt.data import Corpus, prepare
+from nmt.errors import NmtError
+from nmt.loss import label_smoothed_nll
+from nmt.metrics import corpus_scores
+from nmt.model import Seq2SeqTransformer
+from nmt.search import SearchConfig
+from nmt.tokenizer import PairTokenizer
+from nmt.translate import search_encoded
+
+log = get_logger(__name__)
+
+
+@dataclass
+class TrainState:
+    """What the loop itself must remember across a resume (Accelerate saves it with the checkpoint)."""
+
+    step: int = 0
+    best_bleu: float = -1.0
+    best_step: int = -1
+    tokens_seen: int = 0
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+@dataclass
+class TrainResult:
+    model_dir: Path  # the final model: config.json, model.safetensors, tokenizer.json, training.json
+    steps: int
+    best: dict = field(default_factory=dict)  # validation metrics of the kept model
+
+
+def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult:
+    """Train a model as `cfg` says; `model` (optional) is your own nn.Module following the contract
+    `forward(src_ids, tgt_in_ids) -> logits (B, T, V)`. Returns where the final model was saved."""
+    accelerator = Accelerator(
+        gradient_accumulation_steps=cfg.accum_steps,
+        log_with=cfg.log_with or None,
+        project_dir=cfg.output_dir,
+        # batches are sharded by our own sampler, so one scheduler step per optimizer step
+        dataloader_config=DataLoaderConfiguration(split_batches=True),
+    )
+    set_seed(cfg.seed)
+    corpus = prepare(cfg.data, cfg.tokenizer, accelerator.main_process_first)
+    model_cfg = dataclasses.replace(cfg.model, src_vocab_size=corpus.tokenizer.src_vocab_size,
+                                    tgt_vocab_size=corpus.tokenizer.tgt_vocab_size,
+                                    share_embeddings=cfg.model.share_embeddings and corpus.tokenizer.joint)
+    cfg = dataclasses.replace(cfg, model=model_cfg)
+    model = model if model is not None else Seq2SeqTransformer(model_cfg)
+    check_contract(model, corpus.tokenizer)
+    sampler = TokenBatchSampler(corpus.splits["train"]["cost"], cfg.max_tokens, accelerator.process_index,
+                                accelerator.num_processes, cfg.accum_steps, cfg.seed)
+    loader = DataLoader(corpus.splits["train"].select_columns(["src_ids", "tgt_ids"]), batch_sampler=sampler,
+                        collate_fn=Collator(pad_to_multiple_of=cfg.pad_to_multiple_of))
+    optimizer = make_optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.optim.warmup_steps))
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    state = TrainState()
+    accelerator.register_for_checkpointing(sampler, state)
+    if cfg.resume:
+        resume_from = ckpt.resolve_resume(cfg.resume, cfg.output_dir)
+        accelerator.load_state(str(resume_from))
+        log.info(f"resumed from {resume_from} at step {state.step}", main_process_only=True)
+    total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch()
+    start_run(accelerator, cfg, corpus, model)
+    run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, state, corpus, total)
+    return finish(accelerator, cfg, model, corpus, state)
+
+
+def check_contract(model: torch.nn.Module, tokenizer: PairTokenizer) -> None:
+    """A clear error when a user's model does not follow forward(src_ids, tgt_in_ids) -> (B, T, V)."""
+    if not isinstance(model, torch.nn.Module):
+        raise NmtError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    name = type(model).__name__
+    params = [p for p in inspect.signature(model.forward).parameters.values()
+              if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) != 2:
+        raise NmtError(f"{name}.forward must take exactly (src_ids, tgt_in_ids) and derive masks itself; "
+                       f"it requires {[p.name for p in params]}")
+    src = torch.tensor([[5, 6, 3]])
+    tgt = torch.tensor([[2, 5]])
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model(src.to(device), tgt.to(device))
+    if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != (1, 2):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise NmtError(f"{name}.forward(src_ids (1,3), tgt_in_ids (1,2)) returned {shape}; expected logits (1, 2, V)")
+    if out.shape[2] != tokenizer.tgt_vocab_size:
+        raise NmtError(f"{name} predicts {out.shape[2]} classes but the target vocabulary has "
+                       f"{tokenizer.tgt_vocab_size} tokens; build it with tgt_vocab_size={tokenizer.tgt_vocab_size}")
+    for attr in ("pad_id", "bos_id", "eos_id"):
+        if not hasattr(getattr(model, "cfg", None), attr) and not hasattr(model, attr):
+            raise NmtError(f"{name} needs an attribute {attr} (or cfg.{attr}); nmt's tokenizers use pad 0, bos 2, eos 3")
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; the fused kernel where this torch has one for the device."""
+    o = cfg.optim
+    kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    try:
+        return torch.optim.AdamW(model.parameters(), fused=True, **kwargs)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(model.parameters(), **kwargs)
+
+
+def inverse_sqrt(warmup: int):
+    """lr factor: linear warmup to 1 over `warmup` steps, then sqrt(warmup / step)."""
+    warmup = max(warmup, 1)
+    return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
+
+
+def start_run(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, model) -> None:
+    out = Path(cfg.output_dir)
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        save_yaml(cfg, out / "config.yaml")
+        (out / "data.json").write_text(json.dumps(corpus.stats, indent=2))
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"nmt: {accelerator.num_processes} process(es) on {accelerator.device}, "
+              f"precision {accelerator.mixed_precision}; {n_params / 1e6:.2f}M parameters; "
+              f"pairs {corpus.stats['pairs']}; cleaning dropped {corpus.stats['clean']['dropped']}", flush=True)
+    if cfg.log_with:
+        accelerator.init_trackers("nmt", config=_flat(to_dict(cfg)))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
+
+
+def micro_batches(loader: DataLoader):
+    """Endless micro-batches; each pass over the loader finishes an epoch (the sampler advances it)."""
+    while True:
+        yield from loader
+
+
+def run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, state, corpus, total) -> None:
+    batches = micro_batches(loader)
+    meter = Meter()
+    bar = progress(accelerator, total, state.step)
+    while state.step < total:
+        window = [to_device(next(batches), accelerator.device) for _ in range(cfg.accum_steps)]
+        stats = train_step(accelerator, cfg, model, optimizer, scheduler, window)
+        state.step += 1
+        state.tokens_seen += stats["tokens"]
+        meter.add(stats)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", epoch=sampler.epoch)
+        last = state.step == total
+        if state.step % cfg.log_every == 0 or last:
+            log_metrics(accelerator, cfg, {**meter.flush(), "lr": scheduler.get_last_lr()[0],
+                                           "epoch": sampler.epoch}, state.step)
+        if state.step % cfg.eval_every == 0 or last:
+            evaluate_and_keep_best(accelerator, cfg, model, corpus, state)
+        if state.step % cfg.save_every == 0 or last:
+            save_checkpoint(accelerator, cfg, state)
+    bar.close()
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def train_step(accelerator, cfg: TrainConfig, model, optimizer, scheduler, window: list[dict]) -> dict:
+    """One optimizer step over this process's micro-batches.
+
+    Each micro-batch's summed loss is divided by the target tokens of the whole step on all processes;
+    DDP's mean over processes and accelerate's division by accum_steps are undone by the factor, so
+    the gradient equals the one-process, no-accumulation gradient of the same global batch.
+    """
+    model.train()
+    local = sum(int(b["labels"].ne(0).sum()) for b in window)
+    n_tokens = int(accelerator.reduce(torch.tensor(local, device=accelerator.device), "sum"))
+    scale = accelerator.num_processes * cfg.accum_steps / max(n_tokens, 1)
+    loss_sum = nll_sum = 0.0
+    grad_norm = None
+    for batch in window:
+        with accelerator.accumulate(model):
+            logits = model(batch["src_ids"], batch["tgt_in_ids"])
+            loss, nll, _ = label_smoothed_nll(logits, batch["labels"], 0, cfg.optim.label_smoothing)
+            accelerator.backward(loss * scale)
+            loss_sum, nll_sum = loss_sum + float(loss), nll_sum + float(nll)
+            if accelerator.sync_gradients:
+                if cfg.optim.clip_norm > 0:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.clip_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+    sums = accelerator.reduce(torch.tensor([loss_sum, nll_sum], device=accelerator.device), "sum")
+    return {"loss": float(sums[0]) / max(n_tokens, 1), "nll": float(sums[1]) / max(n_tokens, 1),
+            "tokens": n_tokens, "grad_norm": None if grad_norm is None else float(grad_norm)}
+
+
+class Meter:
+    """Averages of training statistics between two log lines, and throughput."""
+
+    def __init__(self):
+        self.start, self.loss, self.nll, self.tokens, self.steps = time.perf_counter(), 0.0, 0.0, 0, 0
+
+    def add(self, stats: dict) -> None:
+        self.loss += stats["loss"] * stats["tokens"]
+        self.nll += stats["nll"] * stats["tokens"]
+        self.tokens += stats["tokens"]
+        self.steps += 1
+
+    def flush(self) -> dict:
+        elapsed = time.perf_counter() - self.start
+        n = max(self.tokens, 1)
+        out = {"loss": self.loss / n, "nll": self.nll / n, "ppl": math.exp(min(self.nll / n, 50)),
+               "tokens_per_s": self.tokens / max(elapsed, 1e-9), "steps_per_s": self.steps / max(elapsed, 1e-9)}
+        self.__init__()
+        return out
+
+
+def progress(accelerator, total: int, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not accelerator.is_main_process, desc="train",
+                dynamic_ncols=True, file=sys.stderr)
+
+
+def log_metrics(accelerator, cfg: TrainConfig, metrics: dict, step: int) -> None:
+    """Append to metrics.jsonl (always) and send to the trackers of `log_with`."""
+    if accelerator.is_main_process:
+        with open(Path(cfg.output_dir) / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+    if cfg.log_with:
+        accelerator.log(metrics, step=step)
+
+
+@torch.no_grad()
+def validate(accelerator, cfg: TrainConfig, model, corpus: Corpus) -> dict:
+    """Validation loss/perplexity and BLEU/chrF over exactly the validation set, on all processes."""
+    model.eval()
+    valid = corpus.splits["valid"]
+    rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
+    sums = torch.zeros(2, dtype=torch.float64, device=device)
+    collate, columns = Collator(), valid.select_columns(["src_ids", "tgt_ids"])
+    for batch in eval_batches(valid["cost"], cfg.max_tokens, rank, world):
+        rows = columns[batch.tolist()]
+        b = to_device(collate([{"src_ids": s, "tgt_ids": t} for s, t in zip(rows["src_ids"], rows["tgt_ids"])]), device)
+        _, nll, n = label_smoothed_nll(model(b["src_ids"], b["tgt_in_ids"]), b["labels"], 0, 0.0)
+        sums += torch.tensor([float(nll), n], dtype=torch.float64, device=device)
+    sums = accelerator.reduce(sums, "sum")
+    metrics = {"valid_nll": float(sums[0] / sums[1]), "valid_ppl": math.exp(min(float(sums[0] / sums[1]), 50))}
+    metrics.update(valid_bleu(accelerator, cfg, model, corpus))
+    return metrics
+
+
+def valid_bleu(accelerator, cfg: TrainConfig, model, corpus: Corpus) -> dict:
+    """Decode this process's share of the validation sources, gather all, score once."""
+    base = accelerator.unwrap_model(model)
+    if not (hasattr(base, "encode") and hasattr(base, "decode")):
+        return {}  # a user's model without encode/decode: loss only
+    valid = corpus.splits["valid"]
+    n = min(len(valid), cfg.eval_max_sentences or len(valid))
+    src_ids = valid.select(range(n))["src_ids"]
+    found = search_encoded(base, src_ids, SearchConfig(beam_size=cfg.eval_beam), cfg.max_tokens,
+                           accelerator.process_index, accelerator.num_processes, accelerator.device)
+    mine = [(i, hyps[0].tokens) for i, hyps in found.items()]
+    gathered = dict(accelerator.gather_for_metrics(mine, use_gather_object=True))  # index -> tokens, each once
+    hyps = corpus.tokenizer.decode_tgt([gathered[i] for i in range(n)])
+    scores = corpus_scores(hyps, valid.select(range(n))["tgt"])
+    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
+
+
+def evaluate_and_keep_best(accelerator, cfg: TrainConfig, model, corpus: Corpus, state: TrainState) -> None:
+    metrics = validate(accelerator, cfg, model, corpus)
+    score = metrics.get("bleu", -metrics["valid_nll"])
+    improved = score > state.best_bleu
+    if improved:
+        state.best_bleu, state.best_step = score, state.step
+        save_model_dir(accelerator, cfg, model, corpus, Path(cfg.output_dir) / "best", metrics, state)
+    log_metrics(accelerator, cfg, {k: v for k, v in metrics.items() if not isinstance(v, str)}, state.step)
+    if accelerator.is_main_process:
+        shown = " ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
+        print(f"\nvalid @ step {state.step}: {shown}{' (best)' if improved else ''}", file=sys.stderr, flush=True)
+
+
+def save_model_dir(accelerator, cfg: TrainConfig, model, corpus: Corpus, final: Path, metrics: dict,
+                   state: TrainState) -> None:
+    """An inference-ready model directory, written atomically: weights, config, tokenizer, summary."""
+    accelerator.wait_for_everyone()
+    weights = accelerator.get_state_dict(model)  # full weights on the main process (FSDP/DeepSpeed too)
+    if accelerator.is_main_process:
+        tmp = ckpt.temp_dir_for(final)
+        tmp.mkdir(parents=True, exist_ok=True)
+        base = accelerator.unwrap_model(model)
+        if hasattr(base, "save_pretrained"):
+            base.save_pretrained(tmp, state_dict=weights)
+        else:
+            from safetensors.torch import save_model
+            save_model(base, str(tmp / "model.safetensors"))
+        corpus.tokenizer.save(tmp)
+        summary = {"step": state.step, "metrics": metrics, "data": corpus.stats, "argv": sys.argv,
+                   "config": to_dict(cfg)}
+        (tmp / "training.json").write_text(json.dumps(summary, indent=2))
+        ckpt.publish(tmp, final)
+    del weights
+    accelerator.wait_for_everyone()
+
+
+def save_checkpoint(accelerator, cfg: TrainConfig, state: TrainState) -> None:
+    """accelerator.save_state into a temporary folder, renamed to step_N once complete."""
+    final = ckpt.checkpoints_dir(cfg.output_dir) / f"step_{state.step}"
+    tmp = ckpt.temp_dir_for(final)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        ckpt.mark_complete(tmp, {"step": state.step})
+        ckpt.publish(tmp, final)
+        ckpt.prune(cfg.output_dir, cfg.keep_last)
+    accelerator.wait_for_everyone()
+
+
+def finish(accelerator, cfg: TrainConfig, model, corpus: Corpus, state: TrainState) -> TrainResult:
+    """The final model directory: a copy of best/ (by validation BLEU)."""
+    out = Path(cfg.output_dir)
+    best, final = out / "best", out / "model"
+    if accelerator.is_main_process and best.is_dir():
+        tmp = ckpt.temp_dir_for(final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(best, tmp)
+        ckpt.publish(tmp, final)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    summary = json.loads((final / "training.json").read_text())
+    return TrainResult(final, state.step, summary["metrics"])
