@@ -7,10 +7,12 @@ The one home of the `datasets` library. Every input becomes a Dataset with strin
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator
@@ -110,9 +112,9 @@ def read_csv(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict]:
 
 def _pick_fields(record: dict, src_lang: str, tgt_lang: str, where: str) -> dict:
     """Source/target from {"translation": {src_lang: .., tgt_lang: ..}}, {src_lang: ..}, or {"source": ..}."""
-    if not isinstance(record, dict):
+    if not isinstance(record, Mapping):
         raise NmtError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    if isinstance(record.get("translation"), dict):
+    if isinstance(record.get("translation"), Mapping):
         record = record["translation"]
     for src_key, tgt_key in ((src_lang, tgt_lang), ("source", "target"), ("src", "tgt")):
         if src_key in record and tgt_key in record:
@@ -124,10 +126,15 @@ def _pick_fields(record: dict, src_lang: str, tgt_lang: str, where: str) -> dict
                    f"'translation'), or 'source' and 'target'; found {sorted(record)}")
 
 
-def read_builtin(split: str) -> Iterator[dict]:
+@functools.cache
+def _builtin_splits() -> dict:
     from nmt.synthetic import builtin_splits
 
-    for src, tgt in builtin_splits()[split]:
+    return builtin_splits()
+
+
+def read_builtin(split: str) -> Iterator[dict]:
+    for src, tgt in _builtin_splits()[split]:
         yield {"src": src, "tgt": tgt}
 
 

@@ -32,6 +32,11 @@ def key_attend(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:
     return ~src_is_pad[:, None, None, :]
 
 
+def causal_attend(new: int, past: int, device: torch.device) -> torch.Tensor:
+    """(new, past + new) bool, True where attention is allowed: every cached key, and new keys up to itself."""
+    return torch.ones(new, past + new, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
 def sinusoids(length: int, dim: int) -> torch.Tensor:
     """(length, dim) sinusoidal position table of Vaswani et al."""
     pos = torch.arange(length, dtype=torch.float32)[:, None]
@@ -129,11 +134,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cross_kv: tuple, attend: torch.Tensor | None,
                 self_kv: tuple | None = None) -> tuple[torch.Tensor, tuple]:
-        # causality is a property of the decoder: full-prefix runs use is_causal; cached steps see
-        # only the past, since the cache holds nothing else. Right padding needs no target mask:
-        # real positions only ever look left, at real tokens.
-        causal = self_kv is None and x.shape[1] > 1
-        x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, causal=causal, kv=self_kv))
+        # causality is a property of the decoder: full-prefix runs use is_causal; a cached call with
+        # several new positions needs a mask aligned to the end (is_causal aligns to the start). Right
+        # padding needs no target mask: real positions only ever look left, at real tokens.
+        past, new = (0 if self_kv is None else self_kv[0].shape[2]), x.shape[1]
+        causal = past == 0 and new > 1
+        self_attend = causal_attend(new, past, x.device) if past and new > 1 else None
+        x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, attend=self_attend, causal=causal, kv=self_kv))
         x, _ = self.sub_cross(x, lambda h: self.cross_attn(h, attend=attend, kv=cross_kv))
         x, _ = self.sub_ff(x, self.ff)
         return x, new_kv

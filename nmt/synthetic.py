@@ -1,24 +1,28 @@
-"""Built-in parallel corpus for the quickstart: English sentences from a small grammar, translated into
-Tirelan, an invented SOV language (code "qtl", from ISO 639's private-use range qaa-qtz).
-Pure standard library and deterministic: no network, no data copied from anywhere.
-
-Tirelan in one paragraph: the clause order is [time] subject [adverb] [postposition phrase]
-[object ko] [mu = not] [lu = future] verb [ba = past] [ka = question], with wh-words left in place.
-A noun phrase is noun adjectives(mirrored) number determiner [ri-relative clause]: "the big dogs" is
-"kapari talimai sa". Verbs take a subject-agreement suffix (-m, -s, -, -mo, -n for I, you, he/she/it,
-we, they); animate nouns pluralise with -ri and inanimate ones with -n; adjectives agree with the
-noun's class and number (-a, -ai animate; -o, -on inanimate) and turn into adverbs with -u.
-"""
+"""Built-in parallel corpus for the quickstart: English sentences from a small grammar with their
+translation into Tirelan (code "qtl", from ISO 639's private-use range qaa-qtz), an invented SOV
+language. Pure standard library and deterministic: no network, no data copied from anywhere."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 SRC_LANG = "en"
 TGT_LANG = "qtl"
+
+# Tirelan in brief. Clause: [time] subject [adverb] [postposition phrase] [object ko] [mu = not]
+# [lu = future] verb [ba = past] [ka = question]; wh-words stay in place. Noun phrase: noun,
+# adjectives (mirrored), number, determiner, [ri + relative clause]: "the big dogs" is
+# "zabiri zaltunai sa". Verbs agree with the subject (-m, -s, -, -mo, -n for I, you, he/she/it, we,
+# they); animate nouns pluralise with -ri, inanimate ones with -n; adjectives agree with the noun's
+# class and number (-a, -ai animate; -o, -on inanimate) and become adverbs with -u.
 
 # ----------------------------------------------------------------------------------------------
 # English lexicon. Kinds: P person, A animal, T thing, F food, L place; P and A are animate.
@@ -167,6 +171,8 @@ def _add_ly(word: str) -> str:
 # ----------------------------------------------------------------------------------------------
 
 LEXICON_SEED = 1729
+# Real words (brands, English loans) that coining happened to produce while the seed was chosen.
+_LOOKALIKES = {"subaru", "ziti", "memo", "kola", "dorsal", "miso", "pasta", "sofa"}
 _ONSETS = "p t k d g m n l r s v h b z".split()
 _VOWELS = "aaeiioouu"  # weighted: a, i, o, u are commoner than e
 _CODAS = "nrl"
@@ -217,12 +223,7 @@ def _english_words() -> set[str]:
                        "and but who that what".split())
 
 
-def _build_lexicon() -> Lexicon:
-    rng = random.Random(LEXICON_SEED)
-    taken = _english_words() | set(PARTICLES.values())
-    taken |= {p.word for p in PRONOUNS} | {p.word + "n" for p in PRONOUNS}
-    agreement, invariant = list(VERB_AGREEMENT.values()), [""]
-    copula = _coin(rng, True, taken, agreement)
+def _coin_nouns(rng: random.Random, taken: set[str]) -> dict[str, list[Noun]]:
     nouns: dict[str, list[Noun]] = {}
     for kind, entries in NOUNS.items():
         plural = NOUN_PLURAL[kind in "PA"]
@@ -230,25 +231,47 @@ def _build_lexicon() -> Lexicon:
             sg, _, pl = entry.partition("/")
             stem = _coin(rng, True, taken, ["", plural])
             nouns.setdefault(kind, []).append(Noun(sg, pl or _add_s(sg), kind, stem))
+    return nouns
+
+
+def _coin_verbs(rng: random.Random, taken: set[str]) -> list[Verb]:
     verbs = []
     for entry, obj_kinds, subj_kinds in VERBS:
         base, _, past = entry.partition("/")
-        stem = _coin(rng, True, taken, agreement)
+        stem = _coin(rng, True, taken, list(VERB_AGREEMENT.values()))
         verbs.append(Verb(base, _add_s(base), past or _add_ed(base), obj_kinds, subj_kinds, stem))
+    return verbs
+
+
+def _coin_adjectives(rng: random.Random, taken: set[str]) -> list[Word]:
     adjectives = []
     for entry in ADJECTIVES.split():
         word, _, kinds = entry.partition(":")
         adverb = _add_ly(word) if kinds.endswith("+") else None
         stem = _coin(rng, False, taken, list(ADJ_AGREEMENT.values()) + [ADVERB_SUFFIX])
         adjectives.append(Word(word, kinds.rstrip("+"), stem, adverb))
+    return adjectives
 
-    def invariant_words(spec: str) -> list[Word]:
-        pairs = [e.partition(":") for e in spec.split()]
-        return [Word(w, kinds, _coin(rng, True, taken, invariant)) for w, _, kinds in pairs]
 
-    time = {tense: invariant_words(words) for tense, words in TIME_ADVERBS.items()}
-    return Lexicon(nouns, verbs, adjectives, invariant_words(PREPOSITIONS),
-                   invariant_words(NUMBERS), invariant_words(FREQUENCY_ADVERBS), time, copula)
+def _coin_invariant(rng: random.Random, taken: set[str], spec: str) -> list[Word]:
+    """Words without inflection; `spec` is "word" or "word:kinds" items."""
+    pairs = [e.partition(":") for e in spec.split()]
+    return [Word(w, kinds, _coin(rng, True, taken, [""])) for w, _, kinds in pairs]
+
+
+def _build_lexicon() -> Lexicon:
+    """Coin every Tirelan stem in a fixed order from a fixed seed, so the language never changes."""
+    rng = random.Random(LEXICON_SEED)
+    taken = _english_words() | set(PARTICLES.values()) | _LOOKALIKES
+    taken |= {p.word for p in PRONOUNS} | {p.word + "n" for p in PRONOUNS}
+    copula = _coin(rng, True, taken, list(VERB_AGREEMENT.values()))
+    nouns, verbs = _coin_nouns(rng, taken), _coin_verbs(rng, taken)
+    adjectives = _coin_adjectives(rng, taken)
+    prepositions = _coin_invariant(rng, taken, PREPOSITIONS)
+    numbers = _coin_invariant(rng, taken, NUMBERS)
+    frequency = _coin_invariant(rng, taken, FREQUENCY_ADVERBS)
+    time = {tense: _coin_invariant(rng, taken, words) for tense, words in TIME_ADVERBS.items()}
+    return Lexicon(nouns, verbs, adjectives, prepositions, numbers, frequency, time, copula)
 
 
 LEXICON = _build_lexicon()
@@ -258,7 +281,7 @@ LEXICON = _build_lexicon()
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class NP:
     noun: Noun | None = None
     plural: bool = False
@@ -277,10 +300,12 @@ class NP:
 
     @property
     def animate(self) -> bool:
+        # "it" and "they" count as animate whatever they stand for: English does not say, and each
+        # English sentence must have exactly one translation.
         return self.noun.animate if self.noun else self.pron.kinds != "T"
 
 
-@dataclass
+@dataclass(slots=True)
 class Clause:
     subj: NP  # in "who" questions and relative clauses only its agreement and kind are used
     verb: Verb | None  # None: copula
@@ -372,7 +397,7 @@ def _xx_np(np: NP) -> list[str]:
         words.append(np.number.stem)
     elif np.det == "poss":
         words.append(np.pron.word + "n")
-    elif np.det in PARTICLES:
+    elif np.det in ("the", "this", "some", "many"):  # "a" and bare plurals have no Tirelan word
         words.append(PARTICLES[np.det])
     if np.rel:
         words += [PARTICLES["rel"]] + _xx_clause(np.rel)
@@ -433,36 +458,51 @@ def _weighted(rng: random.Random, table: tuple[tuple[str | int, float], ...]) ->
     return table[-1][0]
 
 
+def _pick(rng: random.Random, seq: Sequence[T]) -> T:
+    """rng.choice without its overhead (it was the single biggest cost of generation)."""
+    return seq[int(rng.random() * len(seq))]
+
+
+@functools.lru_cache(maxsize=None)
 def _pronouns_for(kinds: str) -> list[Pronoun]:
     return [p for p in PRONOUNS if set(p.kinds) & set(kinds)]
 
 
 def _pick_noun(rng: random.Random, kinds: str) -> Noun:
-    return rng.choice(LEXICON.nouns[rng.choice(kinds)])
+    return _pick(rng, LEXICON.nouns[_pick(rng, kinds)])
 
 
 def _pick_tense(rng: random.Random) -> str:
     return _weighted(rng, (("present", 0.4), ("past", 0.35), ("future", 0.25)))
 
 
+def _pick_adjectives(rng: random.Random, kind: str) -> tuple[Word, ...]:
+    """No adjective (60%), one (30%) or two (10%; one if the same is drawn twice)."""
+    r = rng.random()
+    if r < 0.6:
+        return ()
+    first = _pick(rng, _ADJS_FOR[kind])
+    second = _pick(rng, _ADJS_FOR[kind]) if r >= 0.9 else first
+    return (first,) if second is first else (first, second)
+
+
 def _make_np(rng: random.Random, kinds: str, allow_rel: bool = False) -> NP:
-    noun, det = _pick_noun(rng, kinds), rng.choice(_DETS)
+    noun, det = _pick_noun(rng, kinds), _pick(rng, _DETS)
     plural = det in _PLURAL_DETS or (det != "a" and rng.random() < 0.3)
-    n_adjs = _weighted(rng, ((0, 0.6), (1, 0.3), (2, 0.1)))
-    np = NP(noun, plural, det, tuple(rng.sample(_ADJS_FOR[noun.kind], n_adjs)))
+    np = NP(noun, plural, det, _pick_adjectives(rng, noun.kind))
     if det == "number":
-        np.number = rng.choice(LEXICON.numbers)
+        np.number = _pick(rng, LEXICON.numbers)
     if det == "poss":
-        np.pron = rng.choice(_OWNERS)
+        np.pron = _pick(rng, _OWNERS)
     if allow_rel and noun.animate and rng.random() < 0.1:
         np.rel = _make_clause(rng, NP(noun, plural), nested=True)
-        np.rel.tense, np.rel.mood = rng.choice(("present", "past")), "rel"
+        np.rel.tense, np.rel.mood = _pick(rng, ("present", "past")), "rel"
     return np
 
 
 def _make_subject(rng: random.Random, kinds: str) -> NP:
     if rng.random() < 0.25:
-        return NP(pron=rng.choice(_pronouns_for(kinds)))
+        return NP(pron=_pick(rng, _pronouns_for(kinds)))
     np = _make_np(rng, kinds, allow_rel=True)
     if np.rel is None and np.noun.animate and rng.random() < 0.05:
         np.coord = _make_np(rng, "PA" if "A" in kinds else "P")
@@ -475,7 +515,7 @@ def _make_object(rng: random.Random, kinds: str, subj: NP, allow_rel: bool) -> N
         if subj.noun is None:  # no "I see me": reflexives are not modelled
             pronouns = [p for p in pronouns if p.agr != subj.agr]
         if pronouns:
-            return NP(pron=rng.choice(pronouns))
+            return NP(pron=_pick(rng, pronouns))
     return _make_np(rng, kinds, allow_rel)
 
 
@@ -485,8 +525,8 @@ def _make_clause(rng: random.Random, subj: NP | None = None, nested: bool = Fals
     if roll < 0.15 and not nested:
         return _make_copula_clause(rng, subj)
     transitive = roll < 0.7
-    kind = subj.noun.kind if subj else rng.choice("PPA")
-    verb = rng.choice(_VERBS_FOR[transitive, kind])
+    kind = subj.noun.kind if subj else _pick(rng, "PPA")
+    verb = _pick(rng, _VERBS_FOR[transitive, kind])
     subj = subj or _make_subject(rng, verb.subj_kinds)
     obj = _make_object(rng, verb.obj_kinds, subj, not nested) if transitive else None
     clause = Clause(subj, verb, obj, tense=_pick_tense(rng))
@@ -497,10 +537,10 @@ def _make_clause(rng: random.Random, subj: NP | None = None, nested: bool = Fals
 
 def _make_copula_clause(rng: random.Random, subj: NP | None) -> Clause:
     subj = subj or _make_subject(rng, _KINDS)
-    kind = subj.noun.kind if subj.noun else rng.choice(subj.pron.kinds)
+    kind = subj.noun.kind if subj.noun else _pick(rng, subj.pron.kinds)
     clause = Clause(subj, None, tense=_pick_tense(rng))
     if rng.random() < 0.7:
-        clause.pred = rng.choice(_ADJS_FOR[kind])
+        clause.pred = _pick(rng, _ADJS_FOR[kind])
         _decorate(rng, clause, pp_prob=0.0)
     else:
         clause.pp = _make_pp(rng)
@@ -508,7 +548,7 @@ def _make_copula_clause(rng: random.Random, subj: NP | None) -> Clause:
 
 
 def _make_pp(rng: random.Random) -> tuple[Word, NP]:
-    prep = rng.choice(LEXICON.prepositions)
+    prep = _pick(rng, LEXICON.prepositions)
     return prep, _make_np(rng, prep.kinds)
 
 
@@ -517,9 +557,9 @@ def _decorate(rng: random.Random, c: Clause, pp_prob: float) -> None:
     if rng.random() < pp_prob:
         c.pp = _make_pp(rng)
     if rng.random() < 0.15:
-        c.adv = rng.choice(LEXICON.frequency if c.verb is None or rng.random() < 0.4 else _MANNER)
+        c.adv = _pick(rng, LEXICON.frequency if c.verb is None or rng.random() < 0.4 else _MANNER)
     if rng.random() < 0.1:
-        c.time = rng.choice(LEXICON.time[c.tense])
+        c.time = _pick(rng, LEXICON.time[c.tense])
     c.neg = rng.random() < 0.15 and not (c.adv and not c.adv.adverb)  # "does not often" is odd
 
 
@@ -528,7 +568,7 @@ def _make_question(rng: random.Random) -> Clause:
     if mood == "who":  # "who" stands for a singular person
         clause = _make_clause(rng, NP(_pick_noun(rng, "P")))
     elif mood == "what":  # "what" stands for a thing or food object
-        verb = rng.choice(_WHAT_VERBS)
+        verb = _pick(rng, _WHAT_VERBS)
         clause = Clause(_make_subject(rng, verb.subj_kinds), verb, tense=_pick_tense(rng))
         _decorate(rng, clause, pp_prob=0.2)
     else:
@@ -545,7 +585,7 @@ def _make_sentence(rng: random.Random) -> tuple[list[str], list[str], str]:
         return _en_clause(c), _xx_clause(c), "?"
     first = _make_clause(rng)
     if roll < 0.3:  # coordination of two clauses
-        conj, second = rng.choice(("and", "but")), _make_clause(rng)
+        conj, second = _pick(rng, ("and", "but")), _make_clause(rng)
         en = _en_clause(first) + [conj] + _en_clause(second)
         return en, _xx_clause(first) + [PARTICLES[conj]] + _xx_clause(second), "."
     return _en_clause(first), _xx_clause(first), "."
@@ -574,8 +614,9 @@ def generate_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
 def builtin_splits(
     n_train: int = 40000, n_valid: int = 1000, n_test: int = 1000, seed: int = 0
 ) -> dict[str, list[tuple[str, str]]]:
-    """{"train": [...], "valid": [...], "test": [...]}: deterministic; no English sentence appears in
-    two splits (dedupe across splits by source; within train, exact duplicates allowed but rare)."""
+    """{"train": [...], "valid": [...], "test": [...]}: deterministic; no English sentence appears
+    in two splits (dedupe across splits by source; within train, exact duplicates allowed but rare).
+    """
     stream, seen = _pairs(seed), set()
     splits: dict[str, list[tuple[str, str]]] = {"test": [], "valid": [], "train": []}
     # Held-out splits are filled first and are duplicate-free; train then skips their sources.

@@ -99,6 +99,7 @@ class PairTokenizer:
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
         if self.joint:
             self.src.save(str(directory / JOINT_FILE))
         else:

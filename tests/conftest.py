@@ -1,0 +1,53 @@
+"""Shared fixtures: a private Hugging Face cache, small parallel corpora on disk, a tiny training config."""
+
+import os
+import tempfile
+
+# before anything imports datasets/evaluate: keep their caches out of the user's home
+os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="nmt-test-hf-"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from nmt.config import DataConfig, ModelConfig, OptimConfig, TokenizerConfig, TrainConfig  # noqa: E402
+from nmt.synthetic import generate_pairs  # noqa: E402
+
+
+def write_pairs(prefix: Path, pairs: list[tuple[str, str]], src: str = "en", tgt: str = "xx") -> Path:
+    Path(f"{prefix}.{src}").write_text("".join(a + "\n" for a, _ in pairs), encoding="utf-8")
+    Path(f"{prefix}.{tgt}").write_text("".join(b + "\n" for _, b in pairs), encoding="utf-8")
+    return prefix
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    """train/valid/test .en/.xx files of the synthetic language: 600 / 40 / 40 pairs."""
+    d = tmp_path_factory.mktemp("corpus")
+    pairs = generate_pairs(680, seed=7)
+    write_pairs(d / "train", pairs[:600])
+    write_pairs(d / "valid", pairs[600:640])
+    write_pairs(d / "test", pairs[640:])
+    return d
+
+
+def tiny_config(corpus_dir: Path, out: Path, **overrides) -> TrainConfig:
+    """A config that trains a tiny model on `corpus_dir` in seconds."""
+    base = dict(
+        data=DataConfig(train=str(corpus_dir / "train"), valid=str(corpus_dir / "valid"),
+                        test=str(corpus_dir / "test"), cache_dir=str(out / "cache")),
+        tokenizer=TokenizerConfig(vocab_size=300),
+        model=ModelConfig.preset("tiny"),
+        optim=OptimConfig(lr=3e-3, warmup_steps=10, label_smoothing=0.1),
+        output_dir=str(out / "run"), max_tokens=400, max_steps=12, eval_every=6, save_every=6,
+        log_every=3, eval_max_sentences=16,
+    )
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+@pytest.fixture
+def tiny_cfg(corpus_dir, tmp_path) -> TrainConfig:
+    return tiny_config(corpus_dir, tmp_path)

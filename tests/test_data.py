@@ -1,0 +1,202 @@
+"""Reading every input format, cleaning with counts, carving splits, and the encoding cache."""
+
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+from nmt.config import DataConfig, TokenizerConfig
+from nmt.data import count_lines, drop_reason, prepare
+from nmt.errors import NmtError
+from nmt.tokenizer import BOS, EOS, PairTokenizer
+from tests.conftest import write_pairs
+
+PAIRS = [(f"the cat {i} sees a dog .", f"le chat {i} voit un chien .") for i in range(60)]
+
+
+def cfg_for(tmp_path, train, **kw) -> DataConfig:
+    return DataConfig(train=str(train), src_lang="en", tgt_lang="fr", cache_dir=str(tmp_path / "cache"), **kw)
+
+
+TOK = TokenizerConfig(vocab_size=120, min_frequency=1)
+
+
+def read_all(tmp_path, train, **kw):
+    corpus = prepare(cfg_for(tmp_path, train, valid_ratio=0.1, test_ratio=0.1, **kw), TOK)
+    return corpus
+
+
+def texts(corpus) -> set:
+    return {(s, t) for name in ("train", "valid", "test") for s, t in zip(corpus.splits[name]["src"], corpus.splits[name]["tgt"])}
+
+
+def test_text_pair_files(tmp_path):
+    write_pairs(tmp_path / "train", PAIRS, "en", "fr")
+    corpus = read_all(tmp_path, tmp_path / "train")
+    assert texts(corpus) == set(PAIRS)
+    assert sum(corpus.stats["pairs"].values()) == 60
+    assert corpus.stats["carved_from_train"] == ["valid", "test"]
+
+
+def test_tsv_ignores_extra_columns(tmp_path):
+    path = tmp_path / "anki.tsv"
+    path.write_text("".join(f"{a}\t{b}\tCC-BY 2.0 (France) Attribution: tatoeba.org #1\n" for a, b in PAIRS))
+    assert texts(read_all(tmp_path, path)) == set(PAIRS)
+
+
+def test_jsonl_translation_column_and_plain_fields(tmp_path):
+    a = tmp_path / "a.jsonl"
+    a.write_text("".join(json.dumps({"translation": {"en": s, "fr": t}}) + "\n" for s, t in PAIRS))
+    b = tmp_path / "b.jsonl"
+    b.write_text("".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in PAIRS))
+    assert texts(read_all(tmp_path, a)) == set(PAIRS)
+    assert texts(read_all(tmp_path, b)) == set(PAIRS)
+
+
+def test_csv_with_language_columns(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("en,fr\n" + "".join(f'"{s}","{t}"\n' for s, t in PAIRS))
+    assert texts(read_all(tmp_path, path)) == set(PAIRS)
+
+
+def test_save_to_disk_dataset_dict_uses_its_splits(tmp_path):
+    rows = [{"translation": {"en": s, "fr": t}} for s, t in PAIRS]
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:50]),
+                               "validation": datasets.Dataset.from_list(rows[50:55]),
+                               "test": datasets.Dataset.from_list(rows[55:])})
+    dd.save_to_disk(str(tmp_path / "disk"))
+    corpus = prepare(cfg_for(tmp_path, tmp_path / "disk"), TOK)
+    assert corpus.stats["pairs"] == {"train": 50, "valid": 5, "test": 5}
+    assert corpus.stats["carved_from_train"] == []
+
+
+def test_valid_and_test_from_files(tmp_path):
+    write_pairs(tmp_path / "train", PAIRS[:40], "en", "fr")
+    write_pairs(tmp_path / "valid", PAIRS[40:50], "en", "fr")
+    write_pairs(tmp_path / "test", PAIRS[50:], "en", "fr")
+    corpus = prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"),
+                             test=str(tmp_path / "test")), TOK)
+    assert corpus.stats["pairs"] == {"train": 40, "valid": 10, "test": 10}
+
+
+def test_carving_is_seeded(tmp_path):
+    write_pairs(tmp_path / "train", PAIRS, "en", "fr")
+    one = read_all(tmp_path, tmp_path / "train")
+    two = read_all(tmp_path / "again", tmp_path / "train")
+    three = prepare(cfg_for(tmp_path / "other", tmp_path / "train", valid_ratio=0.1, test_ratio=0.1, split_seed=99), TOK)
+    assert one.splits["valid"]["src"] == two.splits["valid"]["src"]
+    assert one.splits["valid"]["src"] != three.splits["valid"]["src"]
+
+
+@pytest.mark.parametrize("src, tgt, reason", [
+    ("", "x", "empty"), ("  ", "x", "empty"), ("a " * 300, "b", "too_long"),
+    ("a b c d e f g h i j", "x y", "length_ratio"), ("a\x00b", "c", "nul_byte"), ("a b", "c", None),
+])
+def test_drop_reasons(src, tgt, reason):
+    assert drop_reason(src, tgt, DataConfig()) == reason
+
+
+def test_cleaning_counts_each_reason(tmp_path):
+    dirty = PAIRS[:30] + [("", "x"), ("x", " "), ("w " * 300, "v"), ("one two three four five six seven eight nine", "x"),
+                          PAIRS[0], PAIRS[1]]
+    write_pairs(tmp_path / "train", dirty, "en", "fr")
+    write_pairs(tmp_path / "valid", PAIRS[30:35], "en", "fr")
+    corpus = prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "valid")), TOK)
+    assert corpus.stats["clean"] == {"read": 36, "kept": 30,
+                                     "dropped": {"empty": 2, "too_long": 1, "length_ratio": 1, "duplicate": 2}}
+
+
+def test_tokenizer_saved_and_used_for_encoding(tmp_path):
+    write_pairs(tmp_path / "train", PAIRS, "en", "fr")
+    corpus = read_all(tmp_path, tmp_path / "train")
+    ex = corpus.splits["train"][0]
+    assert ex["src_ids"][-1] == EOS and BOS not in ex["tgt_ids"]
+    assert corpus.tokenizer.decode_tgt([ex["tgt_ids"]])[0] == ex["tgt"]
+    assert ex["cost"] == max(len(ex["src_ids"]), len(ex["tgt_ids"]) + 1)
+    corpus.tokenizer.save(tmp_path)
+    assert PairTokenizer.load(tmp_path).encode_src([ex["src"]])[0] == ex["src_ids"]
+
+
+def test_separate_vocabularies(tmp_path):
+    write_pairs(tmp_path / "train", PAIRS, "en", "fr")
+    corpus = prepare(cfg_for(tmp_path, tmp_path / "train"), TokenizerConfig(vocab_size=80, joint=False, min_frequency=1))
+    assert not corpus.tokenizer.joint
+    corpus.tokenizer.save(tmp_path / "tok")
+    assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == ["tokenizer.src.json", "tokenizer.tgt.json"]
+
+
+def test_unigram_tokenizer(tmp_path):
+    write_pairs(tmp_path / "train", PAIRS, "en", "fr")
+    corpus = prepare(cfg_for(tmp_path, tmp_path / "train"), TokenizerConfig(kind="unigram", vocab_size=100))
+    assert corpus.tokenizer.src.get_vocab_size() <= 100
+    assert corpus.tokenizer.decode_tgt(corpus.tokenizer.encode_tgt(["le chat voit"]))[0] == "le chat voit"
+
+
+def test_second_run_retokenizes_nothing(tmp_path, monkeypatch):
+    write_pairs(tmp_path / "train", PAIRS, "en", "fr")
+    first = read_all(tmp_path, tmp_path / "train")
+
+    def boom(*a, **k):
+        raise AssertionError("re-tokenized on the second run")
+
+    monkeypatch.setattr(PairTokenizer, "encode_src", boom)
+    monkeypatch.setattr("nmt.tokenizer.train_tokenizer", boom)
+    second = read_all(tmp_path, tmp_path / "train")
+    assert second.splits["train"]["src_ids"] == first.splits["train"]["src_ids"]
+
+
+def test_changed_file_is_read_again(tmp_path):
+    write_pairs(tmp_path / "train", PAIRS, "en", "fr")
+    read_all(tmp_path, tmp_path / "train")
+    write_pairs(tmp_path / "train", PAIRS[:50], "en", "fr")
+    assert sum(read_all(tmp_path, tmp_path / "train").stats["pairs"].values()) == 50
+
+
+def test_builtin_corpus_has_three_splits(tmp_path):
+    corpus = prepare(DataConfig(max_train_pairs=500, cache_dir=str(tmp_path)), TOK)
+    assert corpus.stats["pairs"]["valid"] == 1000 and corpus.stats["pairs"]["test"] == 1000
+    assert corpus.stats["pairs"]["train"] <= 500
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: None, "data file not found"),
+    (lambda d: (Path(f"{d}/train.en").write_text("a\nb\n"), Path(f"{d}/train.fr").write_text("a\n")),
+     r"train\.en has 2 lines but .*train\.fr has 1"),
+    (lambda d: (Path(f"{d}/train.en").write_bytes(b"ok\n\xff\xfe bad\n"), Path(f"{d}/train.fr").write_text("a\nb\n")),
+     r"train\.en:2: not valid UTF-8"),
+    (lambda d: (Path(f"{d}/train.en").write_text("\n \n"), Path(f"{d}/train.fr").write_text("a\n\n")),
+     "no training pairs left after cleaning"),
+])
+def test_bad_inputs_are_named(tmp_path, setup, message):
+    setup(tmp_path)
+    with pytest.raises(NmtError, match=message):
+        prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "train"), test=str(tmp_path / "train")), TOK)
+
+
+def test_tsv_line_with_one_column(tmp_path):
+    (tmp_path / "x.tsv").write_text("a\tb\nonly one\n")
+    with pytest.raises(NmtError, match=r"x\.tsv:2: expected source<TAB>target"):
+        prepare(cfg_for(tmp_path, tmp_path / "x.tsv"), TOK)
+
+
+def test_jsonl_bad_line_and_missing_field(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"en": "a", "fr": "b"}\n{oops\n')
+    with pytest.raises(NmtError, match=r"a\.jsonl:2: not valid JSON"):
+        prepare(cfg_for(tmp_path, tmp_path / "a.jsonl"), TOK)
+    (tmp_path / "b.jsonl").write_text('{"en": "a", "de": "b"}\n')
+    with pytest.raises(NmtError, match=r"b\.jsonl:1: missing field"):
+        prepare(cfg_for(tmp_path, tmp_path / "b.jsonl"), TOK)
+
+
+def test_crlf_and_bom_are_handled(tmp_path):
+    (tmp_path / "train.en").write_bytes("\ufeffhello world\r\nsecond line\r\n".encode())
+    (tmp_path / "train.fr").write_bytes("bonjour monde\r\ndeuxième ligne\r\n".encode())
+    from nmt.data import read_text_pair
+    rows = list(read_text_pair(str(tmp_path / "train.en"), str(tmp_path / "train.fr")))
+    assert rows == [{"src": "hello world", "tgt": "bonjour monde"}, {"src": "second line", "tgt": "deuxième ligne"}]
+
+
+def test_count_lines_without_final_newline(tmp_path):
+    (tmp_path / "f").write_bytes(b"a\nb")
+    assert count_lines(tmp_path / "f") == 2

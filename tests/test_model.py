@@ -1,0 +1,239 @@
+"""The model's invariants, as properties over random tiny models and batches: causality, padding,
+batch splitting, cached decoding, the batch-leading contract, variants, save/load and bf16."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import pytest
+import torch
+from helpers import ATOL, BOS, EOS, PAD, chunks_at, src_batch, tgt_in_batch, tiny_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nmt.collate import Collator
+from nmt.model import CONFIG_FILE, WEIGHTS_FILE, Seq2SeqTransformer
+
+V = 24
+PROPERTY = settings(max_examples=30, deadline=None)
+
+
+@st.composite
+def models(draw) -> Seq2SeqTransformer:
+    """Any tiny model: pre/post-norm, shared/separate embeddings, relu/gelu, 1-2 layers."""
+    return tiny_model(seed=draw(st.integers(0, 2**16)), vocab=V, layers=draw(st.integers(1, 2)),
+                      pre_norm=draw(st.booleans()), share=draw(st.booleans()),
+                      activation=draw(st.sampled_from(["relu", "gelu"])))
+
+
+@st.composite
+def batches(draw, min_rows: int = 1, max_rows: int = 4, max_src: int = 7, max_tgt: int = 8):
+    """(src_ids (B,S), tgt_in_ids (B,T)) with random lengths per row: some padding, some none."""
+    B = draw(st.integers(min_rows, max_rows))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    src_lens = draw(st.lists(st.integers(1, max_src), min_size=B, max_size=B))
+    tgt_lens = draw(st.lists(st.integers(1, max_tgt), min_size=B, max_size=B))
+    return src_batch(gen, src_lens, V), tgt_in_batch(gen, tgt_lens, V)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, atol=ATOL, rtol=0)
+
+
+@PROPERTY
+@given(model=models(), batch=batches(max_tgt=8), data=st.data())
+def test_future_target_tokens_never_change_earlier_logits(model, batch, data):
+    src_ids, tgt_in_ids = batch
+    T = tgt_in_ids.shape[1]
+    if T < 2:
+        tgt_in_ids = torch.cat([tgt_in_ids, torch.full_like(tgt_in_ids, 5)], dim=1)
+        T = 2
+    t = data.draw(st.integers(0, T - 2), label="last unchanged position")
+    changed = tgt_in_ids.clone()
+    # a different word at every later position (the shift keeps it off the special ids)
+    changed[:, t + 1 :] = (tgt_in_ids[:, t + 1 :] + 7) % (V - 4) + 4
+    with torch.no_grad():
+        before, after = model(src_ids, tgt_in_ids), model(src_ids, changed)
+    assert close(before[:, : t + 1], after[:, : t + 1])
+    assert not close(before[:, t + 1], after[:, t + 1])  # the change did reach the model
+
+
+@PROPERTY
+@given(model=models(), batch=batches(), extra=st.integers(1, 6))
+def test_extra_source_padding_changes_nothing(model, batch, extra):
+    src_ids, tgt_in_ids = batch
+    padded = torch.cat([src_ids, torch.full((src_ids.shape[0], extra), PAD)], dim=1)
+    with torch.no_grad():
+        assert close(model(src_ids, tgt_in_ids), model(padded, tgt_in_ids))
+        S = src_ids.shape[1]
+        assert close(model.encode(src_ids), model.encode(padded)[:, :S])
+
+
+@PROPERTY
+@given(model=models(), batch=batches(min_rows=2))
+def test_row_of_padded_batch_equals_it_alone(model, batch):
+    src_ids, tgt_in_ids = batch
+    with torch.no_grad():
+        logits = model(src_ids, tgt_in_ids)  # (B, T, V)
+        for i in range(src_ids.shape[0]):
+            s, t = int(src_ids[i].ne(PAD).sum()), int(tgt_in_ids[i].ne(PAD).sum())
+            alone = model(src_ids[i : i + 1, :s], tgt_in_ids[i : i + 1, :t])
+            assert close(logits[i : i + 1, :t], alone)
+
+
+def decode_stepwise(model, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) logits from a cache fed one target position at a time."""
+    memory = model.encode(src_ids)
+    cache = model.start_cache(memory, src_ids)
+    steps = [model.decode(tgt_in_ids[:, j : j + 1], memory, src_ids, cache=cache) for j in range(tgt_in_ids.shape[1])]
+    return torch.cat(steps, dim=1)
+
+
+@PROPERTY
+@given(model=models(), batch=batches(min_rows=2, max_rows=6), data=st.data())
+def test_splitting_the_batch_anywhere_changes_nothing(model, batch, data):
+    src_ids, tgt_in_ids = batch
+    B = src_ids.shape[0]
+    cuts = data.draw(st.lists(st.integers(1, B - 1), min_size=1, max_size=B - 1), label="cut points")
+    parts = chunks_at(B, cuts)
+    joined = lambda fn: torch.cat([fn(p) for p in parts], dim=0)
+    with torch.no_grad():
+        memory = model.encode(src_ids)
+        assert close(joined(lambda p: model(src_ids[p], tgt_in_ids[p])), model(src_ids, tgt_in_ids))
+        assert close(joined(lambda p: model.encode(src_ids[p])), memory)
+        assert close(joined(lambda p: model.decode(tgt_in_ids[p], memory[p], src_ids[p])),
+                     model.decode(tgt_in_ids, memory, src_ids))
+        assert close(joined(lambda p: decode_stepwise(model, src_ids[p], tgt_in_ids[p])),
+                     decode_stepwise(model, src_ids, tgt_in_ids))
+
+
+@PROPERTY
+@given(model=models(), batch=batches(max_tgt=9), data=st.data())
+def test_cached_decoding_equals_full_recomputation(model, batch, data):
+    """Fed in random groups of positions, with one random reorder (permute, repeat, drop) of the cache."""
+    src_ids, tgt_in_ids = batch
+    B, T = tgt_in_ids.shape
+    bounds = chunks_at(T, data.draw(st.lists(st.integers(1, max(T - 1, 1)), max_size=4), label="feed cuts"))
+    reorder_before = data.draw(st.integers(0, len(bounds)), label="reorder before group")  # len: never
+    index = torch.tensor(data.draw(st.lists(st.integers(0, B - 1), min_size=1, max_size=2 * B), label="index"))
+    rows = torch.arange(B)
+    with torch.no_grad():
+        memory = model.encode(src_ids)
+        cache = model.start_cache(memory, src_ids)
+        for g, part in enumerate(bounds):
+            if g == reorder_before:
+                cache.reorder(index)
+                rows = rows[index]
+            assert cache.length == part.start
+            got = model.decode(tgt_in_ids[rows, part], memory[rows], src_ids[rows], cache=cache)
+            full = model(src_ids[rows], tgt_in_ids[rows, : part.stop])[:, part]
+            assert close(got, full), f"positions {part.start}..{part.stop - 1}"
+
+
+VARIANTS = list(itertools.product([True, False], [True, False], ["relu", "gelu"]))
+
+
+@pytest.mark.parametrize("pre_norm,share,activation", VARIANTS)
+def test_every_variant_trains_end_to_end(pre_norm, share, activation):
+    """Forward and backward in train mode with dropout: every parameter receives a finite gradient."""
+    model = tiny_model(seed=1, vocab=V, tgt_vocab=V if share else V + 5, layers=2, pre_norm=pre_norm,
+                       share=share, activation=activation, dropout=0.1).train()
+    gen = torch.Generator().manual_seed(0)
+    src_ids, tgt_in_ids = src_batch(gen, [5, 3, 1], V), tgt_in_batch(gen, [4, 6, 2], V)
+    logits = model(src_ids, tgt_in_ids)
+    assert logits.shape == (3, 6, model.cfg.tgt_vocab_size)
+    logits.logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"{name} gets no gradient"
+
+
+def test_variant_flags_change_the_computation():
+    gen = torch.Generator().manual_seed(0)
+    src_ids, tgt_in_ids = src_batch(gen, [5, 3], V), tgt_in_batch(gen, [4, 6], V)
+    base = tiny_model(seed=2, vocab=V)
+    with torch.no_grad():
+        reference = base(src_ids, tgt_in_ids)
+        gelu = tiny_model(seed=3, vocab=V, activation="gelu")
+        gelu.load_state_dict(base.state_dict())
+        assert not close(gelu(src_ids, tgt_in_ids), reference)
+        post = tiny_model(seed=3, vocab=V, pre_norm=False)
+        missing, unexpected = post.load_state_dict(base.state_dict(), strict=False)
+        assert not missing and set(unexpected) == {"enc_norm.weight", "enc_norm.bias", "dec_norm.weight", "dec_norm.bias"}
+        assert not close(post(src_ids, tgt_in_ids), reference)
+    separate = tiny_model(seed=2, vocab=V, share=False)
+    assert base.src_embed is base.tgt_embed and separate.src_embed is not separate.tgt_embed
+    assert separate.num_parameters() - base.num_parameters() == V * base.cfg.d_model
+
+
+@pytest.mark.parametrize("share,pre_norm", [(True, True), (False, False)])
+def test_save_and_load_round_trip(tmp_path, share, pre_norm):
+    model = tiny_model(seed=4, vocab=V, tgt_vocab=V if share else V + 3, share=share, pre_norm=pre_norm, layers=2)
+    model.save_pretrained(tmp_path / "m")
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == sorted([CONFIG_FILE, WEIGHTS_FILE])
+    loaded = Seq2SeqTransformer.from_pretrained(tmp_path / "m").eval()
+    assert loaded.cfg == model.cfg
+    assert (loaded.src_embed is loaded.tgt_embed) == share
+    gen = torch.Generator().manual_seed(0)
+    src_ids, tgt_in_ids = src_batch(gen, [5, 2, 7], V), tgt_in_batch(gen, [3, 6, 1], V + 3 if not share else V)
+    with torch.no_grad():
+        assert torch.equal(loaded(src_ids, tgt_in_ids), model(src_ids, tgt_in_ids))
+
+
+def test_masked_scores_are_finite_in_bf16():
+    """Heavy padding (rows of 1-3 real tokens in 48 columns) under bf16 autocast: no inf/NaN, and the
+    logits stay near float32's (bf16 keeps ~3 significant digits; a leaking mask would be off by O(1))."""
+    model = tiny_model(seed=5, vocab=V, layers=2)
+    gen = torch.Generator().manual_seed(1)
+    src_ids = src_batch(gen, [1, 2, 3, 48], V, width=48)
+    tgt_in_ids = tgt_in_batch(gen, [1, 3, 40, 2], V, width=40)
+    with torch.no_grad():
+        full = model(src_ids, tgt_in_ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(src_ids, tgt_in_ids)
+            memory = model.encode(src_ids)
+    assert low.dtype == torch.bfloat16 and memory.dtype == torch.bfloat16
+    assert torch.isfinite(low).all() and torch.isfinite(memory).all()
+    assert (low.float() - full).abs().max() < 0.25
+
+
+def tensor_params(fn) -> list[str]:
+    sig = inspect.signature(fn, eval_str=True)
+    return [n for n, p in sig.parameters.items() if "Tensor" in str(p.annotation)]
+
+
+def test_batch_leading_contract():
+    """Every tensor that crosses the model's API or leaves the collator has dim 0 == B, and B=3 differs
+    from every other dim (S=5, T=7, D=16, V=24, H=2), so a tensor laid out any other way would show."""
+    B, S, T = 3, 5, 7
+    assert tensor_params(Seq2SeqTransformer.forward) == ["src_ids", "tgt_in_ids"]
+    assert tensor_params(Seq2SeqTransformer.encode) == ["src_ids"]
+    assert tensor_params(Seq2SeqTransformer.decode) == ["tgt_in_ids", "memory", "src_ids"]
+    gen = torch.Generator().manual_seed(0)
+    examples = [{"src_ids": src_batch(gen, [n], V)[0].tolist(), "tgt_ids": list(range(4, 4 + m))}
+                for n, m in [(5, 2), (3, 6), (1, 4)]]
+    batch = Collator()(examples)
+    assert set(batch) == {"src_ids", "tgt_in_ids", "labels"}
+    assert {k: tuple(v.shape) for k, v in batch.items()} == {"src_ids": (B, S), "tgt_in_ids": (B, T), "labels": (B, T)}
+    model = tiny_model(seed=0, vocab=V)
+    with torch.no_grad():
+        assert model(batch["src_ids"], batch["tgt_in_ids"]).shape == (B, T, V)
+        memory = model.encode(batch["src_ids"])
+        assert memory.shape == (B, S, 16)
+        cache = model.start_cache(memory, batch["src_ids"])
+        logits = model.decode(batch["tgt_in_ids"][:, :1], memory, batch["src_ids"], cache=cache)
+        assert logits.shape == (B, 1, V)
+    cached = [t for kv in cache.cross_kv + cache.self_kv for t in kv] + [cache.attend]
+    assert all(t.shape[0] == B for t in cached)
+
+
+def test_generate_returns_eos_then_padding():
+    model = tiny_model(seed=6, vocab=V)
+    gen = torch.Generator().manual_seed(2)
+    src_ids = src_batch(gen, [6, 2, 4], V)
+    out = model.generate(src_ids, beam_size=3, max_new_tokens=9)
+    assert out.dtype == torch.long and out.shape[0] == 3 and out.shape[1] <= 9
+    for row in out.tolist():
+        n = row.index(EOS) + 1
+        assert all(t == PAD for t in row[n:]) and BOS not in row and PAD not in row[:n]
