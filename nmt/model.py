@@ -138,7 +138,7 @@ class DecoderLayer(nn.Module):
         # several new positions needs a mask aligned to the end (is_causal aligns to the start). Right
         # padding needs no target mask: real positions only ever look left, at real tokens.
         past, new = (0 if self_kv is None else self_kv[0].shape[2]), x.shape[1]
-        causal = past == 0 and new > 1
+        causal = False
         self_attend = causal_attend(new, past, x.device) if past and new > 1 else None
         x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, attend=self_attend, causal=causal, kv=self_kv))
         x, _ = self.sub_cross(x, lambda h: self.cross_attn(h, attend=attend, kv=cross_kv))

@@ -1,13 +1,13 @@
 """Built-in parallel corpus for the quickstart: English sentences from a small grammar with their
-translation into Tirelan (code "qtl", from ISO 639's private-use range qaa-qtz), an invented SOV
-language. Pure standard library and deterministic: no network, no data copied from anywhere."""
+translation into Tirelan (code "xx": no ISO 639 language has it), an invented SOV language.
+Pure standard library and deterministic: no network, no data copied from anywhere."""
 
 from __future__ import annotations
 
 import argparse
 import functools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -15,7 +15,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 SRC_LANG = "en"
-TGT_LANG = "qtl"
+TGT_LANG = "xx"
 
 # Tirelan in brief. Clause: [time] subject [adverb] [postposition phrase] [object ko] [mu = not]
 # [lu = future] verb [ba = past] [ka = question]; wh-words stay in place. Noun phrase: noun,
@@ -375,7 +375,10 @@ def _en_clause(c: Clause) -> list[str]:
     rest += [c.pp[0].en] + _en_np(c.pp[1], "obj") if c.pp else []
     rest += [c.adv.adverb] if c.adv and c.adv.adverb else []
     rest += [c.time.en] if c.time else []
-    subj = {"who": ["who"], "rel": []}[c.mood] if c.mood in ("who", "rel") else _en_np(c.subj)
+    if c.mood == "rel":
+        subj = []  # the relative pronoun ("who", "that") before the clause stands for it
+    else:
+        subj = ["who"] if c.mood == "who" else _en_np(c.subj)
     if c.mood in ("yn", "what"):
         front = ["what"] if c.mood == "what" else []
         return front + aux[:1] + subj + aux[1:] + verb + rest
@@ -525,7 +528,7 @@ def _make_clause(rng: random.Random, subj: NP | None = None, nested: bool = Fals
     if roll < 0.15 and not nested:
         return _make_copula_clause(rng, subj)
     transitive = roll < 0.7
-    kind = subj.noun.kind if subj else _pick(rng, "PPA")
+    kind = subj.noun.kind if subj else _pick(rng, "PPA")  # mostly verbs that people do
     verb = _pick(rng, _VERBS_FOR[transitive, kind])
     subj = subj or _make_subject(rng, verb.subj_kinds)
     obj = _make_object(rng, verb.obj_kinds, subj, not nested) if transitive else None
@@ -540,10 +543,10 @@ def _make_copula_clause(rng: random.Random, subj: NP | None) -> Clause:
     kind = subj.noun.kind if subj.noun else _pick(rng, subj.pron.kinds)
     clause = Clause(subj, None, tense=_pick_tense(rng))
     if rng.random() < 0.7:
-        clause.pred = _pick(rng, _ADJS_FOR[kind])
-        _decorate(rng, clause, pp_prob=0.0)
+        clause.pred = _pick(rng, _ADJS_FOR[kind])  # "the dog is big"
     else:
-        clause.pp = _make_pp(rng)
+        clause.pp = _make_pp(rng)  # "the dog is in the house"
+    _decorate(rng, clause, pp_prob=0.0)
     return clause
 
 
@@ -596,7 +599,7 @@ def _finish(words: list[str], punct: str) -> str:
     return text[0].upper() + text[1:] + punct
 
 
-def _pairs(seed: int):
+def _pairs(seed: int) -> Iterator[tuple[str, str]]:
     """Endless stream of (english, tirelan) pairs, 3 to 25 English words each."""
     rng = random.Random(seed)
     while True:
@@ -617,22 +620,21 @@ def builtin_splits(
     """{"train": [...], "valid": [...], "test": [...]}: deterministic; no English sentence appears
     in two splits (dedupe across splits by source; within train, exact duplicates allowed but rare).
     """
-    stream, seen = _pairs(seed), set()
+    stream, held_out = _pairs(seed), set()
     splits: dict[str, list[tuple[str, str]]] = {"test": [], "valid": [], "train": []}
-    # Held-out splits are filled first and are duplicate-free; train then skips their sources.
+    # Test and valid are filled first, without duplicates; train then skips all their sources.
     for name, size in (("test", n_test), ("valid", n_valid), ("train", n_train)):
-        held = set(seen)
         while len(splits[name]) < size:
             pair = next(stream)
-            if pair[0] in held or (name != "train" and pair[0] in seen):
-                continue
-            seen.add(pair[0])
-            splits[name].append(pair)
+            if pair[0] not in held_out:
+                splits[name].append(pair)
+                if name != "train":
+                    held_out.add(pair[0])
     return {name: splits[name] for name in ("train", "valid", "test")}
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Write the built-in splits as OUT_DIR/{train,valid,test}.{en,qtl}, one sentence per line."""
+    """Write the built-in splits as OUT_DIR/{train,valid,test}.{en,xx}, one sentence per line."""
     parser = argparse.ArgumentParser(prog="python -m nmt.synthetic", description=__doc__)
     parser.add_argument("out_dir", type=Path)
     args = parser.parse_args(argv)

@@ -43,7 +43,7 @@ class TrainState:
     """What the loop itself must remember across a resume (Accelerate saves it with the checkpoint)."""
 
     step: int = 0
-    best_bleu: float = -1.0
+    best_score: float = -math.inf  # validation BLEU, or minus the validation loss for models without search
     best_step: int = -1
     tokens_seen: int = 0
 
@@ -216,7 +216,7 @@ def train_step(accelerator, cfg: TrainConfig, model, optimizer, scheduler, windo
             logits = model(batch["src_ids"], batch["tgt_in_ids"])
             loss, nll, _ = label_smoothed_nll(logits, batch["labels"], 0, cfg.optim.label_smoothing)
             accelerator.backward(loss * scale)
-            loss_sum, nll_sum = loss_sum + float(loss), nll_sum + float(nll)
+            loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll)
             if accelerator.sync_gradients:
                 if cfg.optim.clip_norm > 0:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.clip_norm)
@@ -304,9 +304,9 @@ def valid_bleu(accelerator, cfg: TrainConfig, model, corpus: Corpus) -> dict:
 def evaluate_and_keep_best(accelerator, cfg: TrainConfig, model, corpus: Corpus, state: TrainState) -> None:
     metrics = validate(accelerator, cfg, model, corpus)
     score = metrics.get("bleu", -metrics["valid_nll"])
-    improved = score > state.best_bleu
+    improved = score > state.best_score
     if improved:
-        state.best_bleu, state.best_step = score, state.step
+        state.best_score, state.best_step = score, state.step
         save_model_dir(accelerator, cfg, model, corpus, Path(cfg.output_dir) / "best", metrics, state)
     log_metrics(accelerator, cfg, {k: v for k, v in metrics.items() if not isinstance(v, str)}, state.step)
     if accelerator.is_main_process:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from nmt.config import ModelConfig
@@ -68,3 +69,12 @@ def scatter_like(obj, n: int) -> list:
 def run_scattered(module: torch.nn.Module, n: int, *args) -> torch.Tensor:
     """DataParallel's forward on n devices, simulated on CPU: scatter, run each replica, gather on dim 0."""
     return torch.cat([module(*replica_args) for replica_args in scatter_like(tuple(args), n)], dim=0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from intra-op threads and lose a lot to contention on shared CPUs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,125 @@
+"""Training end to end in-process on a tiny model: metrics, checkpoints, resume, best model, translation."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+
+from safetensors.torch import load_file
+
+from nmt import Translator, train
+from nmt.checkpoint import list_checkpoints
+from nmt.errors import NmtError
+from nmt.train import inverse_sqrt
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def test_train_writes_everything_and_translates(tiny_cfg):
+    result = train(tiny_cfg)
+    run = Path(tiny_cfg.output_dir)
+    assert result.steps == 12
+    assert sorted(p.name for p in result.model_dir.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "training.json"]
+    assert [p.name for p in list_checkpoints(run)] == ["step_6", "step_12"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows, valid_rows = [r for r in rows if "loss" in r], [r for r in rows if "bleu" in r]
+    assert [r["step"] for r in train_rows] == [3, 6, 9, 12]
+    assert [r["step"] for r in valid_rows] == [6, 12]
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"]  # it learns
+    assert (run / "config.yaml").is_file()
+    out = Translator.from_pretrained(result.model_dir).translate(["The dog sleeps.", "I am young."], beam_size=2)
+    assert len(out) == 2 and all(isinstance(s, str) for s in out)
+    summary = json.loads((result.model_dir / "training.json").read_text())
+    assert summary["step"] in (6, 12) and "bleu" in summary["metrics"]
+
+
+def test_resume_continues_at_the_saved_step(tiny_cfg):
+    tiny_cfg.max_steps = 6
+    train(tiny_cfg)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    tiny_cfg.max_steps, tiny_cfg.resume = 12, "latest"
+    result = train(tiny_cfg)
+    rows = [json.loads(line) for line in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [3, 6, 9, 12]  # no step trained twice
+    assert result.steps == 12
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tiny_cfg):
+    tiny_cfg.resume = "latest"
+    with pytest.raises(NmtError, match="no checkpoint"):
+        train(tiny_cfg)
+
+
+def test_resumed_run_equals_uninterrupted_run(corpus_dir, tmp_path):
+    from tests.conftest import tiny_config
+
+    whole = tiny_config(corpus_dir, tmp_path / "a", max_steps=8, save_every=4, eval_every=100)
+    train(whole)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    split = tiny_config(corpus_dir, tmp_path / "b", max_steps=4, save_every=4, eval_every=100)
+    train(split)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    split.max_steps, split.resume = 8, "latest"
+    train(split)
+    a = load_file(Path(whole.output_dir) / "checkpoints" / "step_8" / "model.safetensors")
+    b = load_file(Path(split.output_dir) / "checkpoints" / "step_8" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name  # bitwise: same data order, same RNG, same updates
+
+
+class SeedStyleModel(torch.nn.Module):
+    """A user's own model in the seed's spirit, rewritten to take ids only and derive its masks."""
+
+    def __init__(self, vocab: int, d: int = 32):
+        super().__init__()
+        self.pad_id, self.bos_id, self.eos_id = 0, 2, 3
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.transformer = torch.nn.Transformer(d, 2, 1, 1, 64, dropout=0.0, batch_first=True)
+        self.out = torch.nn.Linear(d, vocab)
+
+    def forward(self, src_ids, tgt_in_ids):
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt_in_ids.shape[1], device=src_ids.device)
+        h = self.transformer(self.embed(src_ids), self.embed(tgt_in_ids), tgt_mask=causal, tgt_is_causal=True,
+                             src_key_padding_mask=src_ids.eq(self.pad_id),
+                             memory_key_padding_mask=src_ids.eq(self.pad_id))
+        return self.out(h)
+
+
+def test_bring_your_own_model(tiny_cfg):
+    tiny_cfg.max_steps = 4
+    result = train(tiny_cfg, model=SeedStyleModel(vocab=300))
+    assert (result.model_dir / "model.safetensors").is_file()
+    assert result.steps == 4
+
+
+class MaskTakingModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, src, tgt, tgt_mask, src_pad_mask):
+        return src
+
+
+def test_model_breaking_the_contract_is_named(tiny_cfg):
+    with pytest.raises(NmtError, match=r"MaskTakingModel.forward must take exactly \(src_ids, tgt_in_ids\)"):
+        train(tiny_cfg, model=MaskTakingModel())
+    with pytest.raises(NmtError, match="predicts 17 classes but the target vocabulary has 300"):
+        train(tiny_cfg, model=SeedStyleModel(vocab=17))
+
+
+def test_inverse_sqrt_schedule():
+    f = inverse_sqrt(4)
+    assert [round(f(s), 3) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, round((4 / 5) ** 0.5, 3), round((4 / 6) ** 0.5, 3)]
