@@ -5,6 +5,7 @@ The public API: configs, the model, training and translation. Everything else is
 
 from nmt.config import DataConfig, ModelConfig, OptimConfig, TokenizerConfig, TrainConfig, load_config
 from nmt.errors import NmtError
+from nmt.launch import launch
 from nmt.model import Seq2SeqTransformer
 from nmt.search import SearchConfig
 from nmt.train import TrainResult, train
@@ -12,6 +13,6 @@ from nmt.translate import Translator
 
 __all__ = [
     "DataConfig", "ModelConfig", "NmtError", "OptimConfig", "SearchConfig", "Seq2SeqTransformer", "TokenizerConfig",
-    "TrainConfig", "TrainResult", "Translator", "load_config", "train",
+    "TrainConfig", "TrainResult", "Translator", "launch", "load_config", "train",
 ]
 __version__ = "0.1.0"

@@ -66,6 +66,8 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
     """Train a model as `cfg` says; `model` (optional) is your own nn.Module following the contract
     `forward(src_ids, tgt_in_ids) -> logits (B, T, V)`. Returns where the final model was saved."""
     accelerator = Accelerator(
+        # without a GPU, processes started by torchrun (accelerate launch) must still join one gloo group
+        cpu=not torch.cuda.is_available(),
         gradient_accumulation_steps=cfg.accum_steps,
         log_with=cfg.log_with or None,
         project_dir=cfg.output_dir,
@@ -330,7 +332,7 @@ def save_model_dir(accelerator, cfg: TrainConfig, model, corpus: Corpus, final: 
             save_model(base, str(tmp / "model.safetensors"))
         corpus.tokenizer.save(tmp)
         summary = {"step": state.step, "metrics": metrics, "data": corpus.stats, "argv": sys.argv,
-                   "config": to_dict(cfg)}
+                   "num_processes": accelerator.num_processes, "config": to_dict(cfg)}
         (tmp / "training.json").write_text(json.dumps(summary, indent=2))
         ckpt.publish(tmp, final)
     del weights
@@ -345,7 +347,7 @@ def save_checkpoint(accelerator, cfg: TrainConfig, state: TrainState) -> None:
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        ckpt.mark_complete(tmp, {"step": state.step})
+        ckpt.mark_complete(tmp, {"step": state.step, "num_processes": accelerator.num_processes})
         ckpt.publish(tmp, final)
         ckpt.prune(cfg.output_dir, cfg.keep_last)
     accelerator.wait_for_everyone()

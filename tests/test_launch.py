@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -10,8 +11,10 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState, PartialState
 
-import nmt.launch as nmt_launch
 from nmt.launch import free_port, launch
+
+# the module, also when nmt/__init__.py re-exports the function as `nmt.launch`
+nmt_launch = importlib.import_module("nmt.launch")
 
 needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only code path")
 

@@ -1,0 +1,116 @@
+"""The `nmt` command as a user meets it: one clear line and exit code 2 for every user error."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.cli import overrides_from_flags
+
+ROOT = Path(__file__).parent.parent
+
+
+def run_nmt(*args, cwd=None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "nmt.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env, input=stdin, timeout=300)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+def test_overrides_from_flags():
+    assert overrides_from_flags(["--model.d_model", "64", "--max-steps=5", "seed=3"]) == [
+        "model.d_model=64", "max_steps=5", "seed=3"]
+
+
+def tiny_args(corpus_dir, tmp_path):
+    return ["--data.train", corpus_dir / "train", "--data.valid", corpus_dir / "valid", "--data.test", corpus_dir / "test",
+            "--data.cache_dir", tmp_path / "cache", "--output_dir", tmp_path / "run", "--model.preset", "tiny",
+            "--tokenizer.vocab_size", "300", "--max_tokens", "400"]
+
+
+def test_missing_file(corpus_dir, tmp_path):
+    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "nope")
+    assert_user_error(proc, "data file not found", "nope.en")
+    assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+def test_mismatched_line_counts(tmp_path, corpus_dir):
+    (tmp_path / "bad.en").write_text("a\nb\nc\n")
+    (tmp_path / "bad.xx").write_text("a\nb\n")
+    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "bad")
+    assert_user_error(proc, "bad.en has 3 lines", "bad.xx has 2")
+
+
+def test_undecodable_bytes(tmp_path, corpus_dir):
+    (tmp_path / "bad.en").write_bytes(b"fine\nna\xefve caf\xe9\n")
+    (tmp_path / "bad.xx").write_text("a\nb\n")
+    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "bad")
+    assert_user_error(proc, "bad.en:2: not valid UTF-8")
+
+
+def test_empty_after_cleaning(tmp_path, corpus_dir):
+    (tmp_path / "bad.en").write_text("\n\n")
+    (tmp_path / "bad.xx").write_text("x\n\n")
+    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "bad")
+    assert_user_error(proc, "no training pairs left after cleaning")
+
+
+def test_unknown_config_key(tmp_path, corpus_dir):
+    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--model.d_modle", "64")
+    assert_user_error(proc, "unknown config key 'model.d_modle'")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim:\n  lr: fast\n")
+    assert_user_error(run_nmt("train", "--config", bad), "optim.lr", "expected float")
+
+
+def test_resume_path_without_checkpoint(tmp_path, corpus_dir):
+    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--resume", tmp_path)
+    assert_user_error(proc, "not a complete nmt checkpoint")
+
+
+def test_translate_and_evaluate_on_a_missing_model(tmp_path):
+    assert_user_error(run_nmt("translate", tmp_path, stdin="hello\n"), "config.json: missing")
+    (tmp_path / "src").write_text("a\n")
+    assert_user_error(run_nmt("evaluate", tmp_path, "--src", tmp_path / "src", "--ref", tmp_path / "nope"),
+                      "file not found")
+
+
+@pytest.fixture(scope="module")
+def trained_model(corpus_dir, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("cli")
+    proc = run_nmt("train", *tiny_args(corpus_dir, tmp), "--max_steps", "6", "--eval_every", "6",
+                   "--eval_max_sentences", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "model saved to" in proc.stdout
+    return tmp / "run" / "model"
+
+
+def test_translate_stdin_and_files(trained_model, tmp_path):
+    proc = run_nmt("translate", trained_model, "--beam", "2", stdin="I am young.\nThe dog sleeps.\n")
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 2
+    (tmp_path / "in.txt").write_text("I am young.\n\nThe dog sleeps.\n")
+    proc = run_nmt("translate", trained_model, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt",
+                   "--nbest", "2", "--beam", "2")
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "out.txt").read_text().splitlines()
+    assert len(lines) == 3 and all(len(line.split("\t")) == 4 for line in lines)  # 2 x (text, score)
+
+
+def test_evaluate_prints_bleu_and_chrf_with_signatures(trained_model, corpus_dir):
+    proc = run_nmt("evaluate", trained_model, "--src", corpus_dir / "test.en", "--ref", corpus_dir / "test.xx",
+                   "--beam", "1")
+    assert proc.returncode == 0, proc.stderr
+    bleu, chrf = proc.stdout.splitlines()
+    assert bleu.startswith("BLEU ") and "nrefs:1" in bleu and "tok:13a" in bleu
+    assert chrf.startswith("chrF ") and "nc:6" in chrf

@@ -1,0 +1,143 @@
+"""Results do not depend on the number of processes: real 2-process gloo runs on CPU.
+
+- DDP on 2 processes == 1 process with the same global batch == 1 process with accumulation.
+- Every training pair once per epoch over both processes; validation identical on 1 and 2 processes.
+- `accelerate launch` with the 2-process profile really trains on 2 ranks, saves, resumes, translates.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import load_file
+
+from nmt.launch import launch
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.multiprocess
+ROOT = Path(__file__).parent.parent
+# float32 sums over differently split batches (and gloo's all-reduce) differ in rounding only
+ATOL = 2e-5
+
+
+def _reset():
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def run_training(cfg) -> None:  # top level: launched processes import it by name
+    from nmt.train import train
+
+    train(cfg)
+
+
+def final_params(cfg) -> dict[str, torch.Tensor]:
+    return load_file(Path(cfg.output_dir) / "checkpoints" / f"step_{cfg.max_steps}" / "model.safetensors")
+
+
+def test_ddp_equals_one_process_equals_accumulation(corpus_dir, tmp_path):
+    common = dict(max_steps=4, save_every=4, eval_every=100, eval_max_sentences=4)
+    g = 800  # global padded tokens per optimizer step in all three runs
+    one = tiny_config(corpus_dir, tmp_path / "one", max_tokens=g, **common)
+    two = tiny_config(corpus_dir, tmp_path / "two", max_tokens=g // 2, **common)
+    acc = tiny_config(corpus_dir, tmp_path / "acc", max_tokens=g // 2, accum_steps=2, **common)
+    for cfg in (one, two, acc):
+        cfg.model.dropout = 0.0
+    run_training(one)
+    _reset()
+    run_training(acc)
+    _reset()
+    launch(run_training, (two,), num_processes=2)
+    a, b, c = final_params(one), final_params(two), final_params(acc)
+    worst = {"ddp": 0.0, "accum": 0.0}
+    for name, p in a.items():
+        worst["ddp"] = max(worst["ddp"], float((p - b[name]).abs().max()))
+        worst["accum"] = max(worst["accum"], float((p - c[name]).abs().max()))
+    print(f"largest parameter difference vs 1 process: {worst} (tolerance {ATOL})")
+    assert worst["ddp"] <= ATOL and worst["accum"] <= ATOL
+    moved = max(float((p - q).abs().max()) for p, q in zip(a.values(), _initial(one).values()))
+    assert moved > 100 * ATOL  # the steps really changed the parameters
+
+
+def _initial(cfg) -> dict[str, torch.Tensor]:
+    """The parameters before training: train() seeds, then builds the model from the same config."""
+    from accelerate.utils import set_seed
+
+    from nmt.model import Seq2SeqTransformer, load_model_config
+
+    set_seed(cfg.seed)
+    state = Seq2SeqTransformer(load_model_config(Path(cfg.output_dir) / "model")).state_dict()
+    state.pop("src_embed.weight", None)
+    return state
+
+
+def record_epoch_and_validation(cfg, out: str) -> None:
+    """Each process: its share of one epoch's indices, and validation metrics of a fixed model."""
+    from accelerate import Accelerator
+
+    from nmt.batching import TokenBatchSampler
+    from nmt.data import prepare
+    from nmt.model import Seq2SeqTransformer
+    from nmt.train import validate
+
+    accelerator = Accelerator(cpu=True)
+    corpus = prepare(cfg.data, cfg.tokenizer, accelerator.main_process_first)
+    sampler = TokenBatchSampler(corpus.splits["train"]["cost"], cfg.max_tokens, accelerator.process_index,
+                                accelerator.num_processes, 1, cfg.seed)
+    seen = [i for batch in sampler for i in batch]
+    torch.manual_seed(0)
+    from dataclasses import replace
+    model = Seq2SeqTransformer(replace(cfg.model, src_vocab_size=corpus.tokenizer.src_vocab_size,
+                                       tgt_vocab_size=corpus.tokenizer.tgt_vocab_size))
+    metrics = validate(accelerator, cfg, model, corpus)
+    everything = accelerator.gather_for_metrics([seen], use_gather_object=True)
+    if accelerator.is_main_process:
+        Path(out).write_text(json.dumps({"indices": everything, "metrics": metrics, "n": len(corpus.splits["train"]),
+                                         "world": accelerator.num_processes}))
+
+
+def test_every_pair_once_and_same_validation(corpus_dir, tmp_path):
+    cfg = tiny_config(corpus_dir, tmp_path, eval_max_sentences=None, max_tokens=300)
+    launch(record_epoch_and_validation, (cfg, str(tmp_path / "two.json")), num_processes=2)
+    record_epoch_and_validation(cfg, str(tmp_path / "one.json"))
+    _reset()
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert two["world"] == 2 and one["world"] == 1
+    flat = [i for part in two["indices"] for i in part]
+    assert len(two["indices"]) == 2 and all(two["indices"])  # both ranks got work
+    assert sorted(flat) == list(range(two["n"]))  # every pair exactly once, none dropped or repeated
+    assert one["metrics"]["bleu"] == two["metrics"]["bleu"] and one["metrics"]["chrf"] == two["metrics"]["chrf"]
+    assert one["metrics"]["valid_nll"] == pytest.approx(two["metrics"]["valid_nll"], rel=1e-9)
+
+
+def accelerate_launch(*args, cwd) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), str(ROOT / "run.py"), *map(str, args)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def test_accelerate_launch_two_processes_train_resume_translate(corpus_dir, tmp_path):
+    args = ["--data.train", corpus_dir / "train", "--data.valid", corpus_dir / "valid", "--data.test",
+            corpus_dir / "test", "--data.cache_dir", tmp_path / "cache", "--output_dir", tmp_path / "run",
+            "--model.preset", "tiny", "--tokenizer.vocab_size", "300", "--max_tokens", "300",
+            "--eval_every", "4", "--save_every", "4", "--eval_max_sentences", "8"]
+    first = accelerate_launch(*args, "--max_steps", "4", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    step4 = tmp_path / "run" / "checkpoints" / "step_4"
+    assert json.loads((step4 / "nmt_checkpoint.json").read_text())["num_processes"] == 2
+    assert (step4 / "random_states_1.pkl").is_file()  # rank 1 existed and saved its RNG
+    second = accelerate_launch(*args, "--max_steps", "8", "--resume", "latest", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [4, 8]  # resumed at step 4, not from 0
+    summary = json.loads((tmp_path / "run" / "model" / "training.json").read_text())
+    assert summary["num_processes"] == 2
+    from nmt import Translator
+    out = Translator.from_pretrained(tmp_path / "run" / "model").translate(["The dog sleeps."], beam_size=2)
+    assert len(out) == 1 and isinstance(out[0], str)
