@@ -304,3 +304,18 @@ def _field_comments(source: str) -> dict[str, str]:
 
 def _type_name(tp: Any) -> str:
     return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def reference_markdown() -> str:
+    """The configuration reference table of README.md, generated from the field comments above."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, tp, default, doc in config_fields():
+        shown = "null" if default is None else json_default(default)
+        lines.append(f"| `{key}` | {tp.replace('|', 'or')} | `{shown}` | {doc.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def json_default(value: Any) -> str:
+    import json
+
+    return json.dumps(list(value) if isinstance(value, tuple) else value)

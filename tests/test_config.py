@@ -84,3 +84,12 @@ def test_config_reference_covers_every_field():
     keys = {r[0] for r in rows}
     assert {"model.d_model", "data.train", "optim.lr", "max_tokens", "tokenizer.vocab_size"} <= keys
     assert all(r[3] for r in rows), [r[0] for r in rows if not r[3]]  # every field documented
+
+
+def test_readme_config_reference_is_in_sync():
+    from nmt.config import reference_markdown
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    start, end = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
+    block = readme[readme.index(start) + len(start): readme.index(end)]
+    assert block == reference_markdown(), "regenerate the README table: python -c 'from nmt.config import reference_markdown; print(reference_markdown())'"

@@ -123,3 +123,19 @@ def test_model_breaking_the_contract_is_named(tiny_cfg):
 def test_inverse_sqrt_schedule():
     f = inverse_sqrt(4)
     assert [round(f(s), 3) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, round((4 / 5) ** 0.5, 3), round((4 / 6) ** 0.5, 3)]
+
+
+def test_coming_from_dataparallel_doc_model_trains(tiny_cfg):
+    doc = (Path(__file__).parent.parent / "docs" / "coming-from-dataparallel.md").read_text()
+    model_code = doc.split("```python\n")[2].split("```")[0]  # the rewritten seed model
+    scope: dict = {}
+    exec(model_code, scope)
+    model = scope["SeedTransformer"](300, 300, dim_model=32, num_heads=2, num_encoder_layers=1,
+                                     num_decoder_layers=1, dropout_p=0.0)
+    tiny_cfg.max_steps = 3
+    result = train(tiny_cfg, model=model)
+    summary = json.loads((result.model_dir / "training.json").read_text())
+    assert "bleu" in summary["metrics"]  # encode/decode present: validation decoded with beam search
+    dp = torch.nn.DataParallel(model.eval())
+    src, tgt = torch.tensor([[5, 6, 3, 0], [7, 8, 9, 3]]), torch.tensor([[2, 5, 0], [2, 7, 8]])
+    assert torch.allclose(dp(src, tgt), model(src, tgt), atol=1e-6)
