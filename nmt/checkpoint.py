@@ -53,6 +53,14 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path:
     return path
 
 
+def read_info(path: Path) -> dict:
+    """The JSON nmt wrote into a checkpoint (step, process count, loop and sampler state)."""
+    try:
+        return json.loads((path / COMPLETE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise NmtError(f"{path / COMPLETE}: unreadable ({e}); resume from another checkpoint") from None
+
+
 def temp_dir_for(final: Path) -> Path:
     return final.parent / f".tmp-{final.name}"
 

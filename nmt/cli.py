@@ -45,8 +45,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = load_config(args.config, overrides)
     result = train(cfg)
     if _is_main():
-        print(f"model saved to {result.model_dir} after {result.steps} steps; best validation: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in result.best.items() if isinstance(v, float)))
+        print(result.summary())
     return 0
 
 

@@ -138,6 +138,8 @@ class TrainConfig:
     log_every: int = 50  # metrics.jsonl and trackers every N steps
     log_with: list[str] = field(default_factory=list)  # accelerate trackers, e.g. ["tensorboard"]
     resume: Optional[str] = None  # "latest" or a checkpoint directory
+    max_minutes: Optional[float] = None  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
+    max_bad_steps: int = 20  # stop (with a checkpoint) after this many non-finite steps in a row
     pad_to_multiple_of: Optional[int] = None  # pad batch lengths to a multiple of this (8 for tensor cores)
 
     def __post_init__(self) -> None:

@@ -10,7 +10,9 @@ import dataclasses
 import inspect
 import json
 import math
+import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,26 +42,36 @@ log = get_logger(__name__)
 
 @dataclass
 class TrainState:
-    """What the loop itself must remember across a resume (Accelerate saves it with the checkpoint)."""
+    """What the loop itself must remember across a resume, stored as JSON beside Accelerate's state.
+
+    Not `register_for_checkpointing`: Accelerate unpickles custom objects with weights_only=False,
+    so a tampered checkpoint could run code on resume. JSON cannot.
+    """
 
     step: int = 0
     best_score: float = -math.inf  # validation BLEU, or minus the validation loss for models without search
     best_step: int = -1
     tokens_seen: int = 0
-
-    def state_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for k, v in state.items():
-            setattr(self, k, v)
+    skipped_steps: int = 0  # steps whose loss or gradient was not finite (no update made)
+    bad_in_row: int = 0
+    sampler: dict = field(default_factory=dict)  # TokenBatchSampler.state_dict(): epoch and position
 
 
 @dataclass
 class TrainResult:
-    model_dir: Path  # the final model: config.json, model.safetensors, tokenizer.json, training.json
+    model_dir: Path | None  # the final model: config.json, model.safetensors, tokenizer.json, training.json
     steps: int
     best: dict = field(default_factory=dict)  # validation metrics of the kept model
+    stopped_by: str | None = None  # "SIGTERM"/"SIGINT" when a signal ended the run early (no final model)
+    checkpoint: Path | None = None  # the last checkpoint written
+
+    def summary(self) -> str:
+        """One line for the terminal."""
+        if self.stopped_by:
+            return (f"stopped by {self.stopped_by} after step {self.steps}; checkpoint {self.checkpoint}. "
+                    "Resume: run the same command with --resume latest")
+        best = ", ".join(f"{k} {v:.2f}" for k, v in self.best.items() if isinstance(v, float))
+        return f"model saved to {self.model_dir} after {self.steps} steps; best validation: {best}"
 
 
 def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult:
@@ -89,16 +101,58 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
     optimizer = make_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.optim.warmup_steps))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    state = TrainState()
-    accelerator.register_for_checkpointing(sampler, state)
-    if cfg.resume:
-        resume_from = ckpt.resolve_resume(cfg.resume, cfg.output_dir)
-        accelerator.load_state(str(resume_from))
-        log.info(f"resumed from {resume_from} at step {state.step}", main_process_only=True)
+    state = resume(accelerator, cfg, sampler) if cfg.resume else TrainState()
     total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch()
     start_run(accelerator, cfg, corpus, model)
-    run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, state, corpus, total)
+    with StopSignals() as signals:
+        stopped_by = run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, state, corpus, total,
+                              signals)
+    if stopped_by in ("SIGTERM", "SIGINT"):
+        accelerator.end_training()
+        return TrainResult(None, state.step, stopped_by=stopped_by, checkpoint=ckpt.list_checkpoints(cfg.output_dir)[-1])
     return finish(accelerator, cfg, model, corpus, state)
+
+
+def resume(accelerator: Accelerator, cfg: TrainConfig, sampler: TokenBatchSampler) -> TrainState:
+    """Restore model, optimizer, scheduler and RNG (Accelerate, weights_only loads) and our JSON state."""
+    path = ckpt.resolve_resume(cfg.resume, cfg.output_dir)
+    accelerator.load_state(str(path))
+    info = ckpt.read_info(path)
+    state = TrainState(**info["state"])
+    sampler.load_state_dict(state.sampler)
+    if info.get("num_processes") not in (None, accelerator.num_processes):
+        log.warning(f"{path} was written by {info['num_processes']} processes, resuming on {accelerator.num_processes}: "
+                    "the data order differs from an uninterrupted run from here on", main_process_only=True)
+    log.info(f"resumed from {path} at step {state.step}", main_process_only=True)
+    return state
+
+
+class StopSignals:
+    """SIGTERM/SIGINT (preemption, Ctrl-C): the first asks the loop to stop after the current step and
+    checkpoint; a second one exits at once. Only installed in the main thread."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self.previous: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            os._exit(128 + signum)
+        self.received = signal.Signals(signum).name
+        print(f"\nnmt: {self.received} received: finishing this step and saving a checkpoint "
+              "(send it again to exit at once)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def check_contract(model: torch.nn.Module, tokenizer: PairTokenizer) -> None:
@@ -173,46 +227,75 @@ def micro_batches(loader: DataLoader):
         yield from loader
 
 
-def run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, state, corpus, total) -> None:
+def run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, state, corpus, total,
+             signals: StopSignals) -> str | None:
+    """Train until `total` steps; returns why it stopped early ("SIGTERM", "SIGINT", "time"), or None."""
     batches = micro_batches(loader)
-    meter = Meter()
+    meter, started = Meter(), time.monotonic()
     bar = progress(accelerator, total, state.step)
-    while state.step < total:
+    stopped_by = None
+    while state.step < total and stopped_by is None:
         window = [to_device(next(batches), accelerator.device) for _ in range(cfg.accum_steps)]
-        stats = train_step(accelerator, cfg, model, optimizer, scheduler, window)
+        out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
+        stats = train_step(accelerator, cfg, model, optimizer, scheduler, window, stop=bool(signals.received) or out_of_time)
         state.step += 1
         state.tokens_seen += stats["tokens"]
+        state.sampler = sampler.state_dict()
+        note_finite(accelerator, cfg, state, stats["finite"])
         meter.add(stats)
         bar.update(1)
         bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", epoch=sampler.epoch)
-        last = state.step == total
+        if stats["stop"]:  # any process was signalled or is out of time: all stop after this same step
+            stopped_by = signals.received or ("time" if out_of_time else "SIGTERM")
+        last = state.step == total or stopped_by == "time"
         if state.step % cfg.log_every == 0 or last:
-            log_metrics(accelerator, cfg, {**meter.flush(), "lr": scheduler.get_last_lr()[0],
-                                           "epoch": sampler.epoch}, state.step)
-        if state.step % cfg.eval_every == 0 or last:
+            log_metrics(accelerator, cfg, {**meter.flush(), "lr": scheduler.get_last_lr()[0], "epoch": sampler.epoch,
+                                           "skipped_steps": state.skipped_steps}, state.step)
+        if (state.step % cfg.eval_every == 0 or last) and stopped_by in (None, "time"):
             evaluate_and_keep_best(accelerator, cfg, model, corpus, state)
-        if state.step % cfg.save_every == 0 or last:
+        if state.step % cfg.save_every == 0 or last or stopped_by:
             save_checkpoint(accelerator, cfg, state)
     bar.close()
+    return stopped_by
+
+
+def note_finite(accelerator, cfg: TrainConfig, state: TrainState, finite: bool) -> None:
+    """Count skipped (non-finite) steps; too many in a row stop training with a checkpoint and a message."""
+    if finite:
+        state.bad_in_row = 0
+        return
+    state.skipped_steps += 1
+    state.bad_in_row += 1
+    log.warning(f"step {state.step}: non-finite loss or gradient, update skipped "
+                f"({state.skipped_steps} so far, {state.bad_in_row} in a row)", main_process_only=True)
+    if state.bad_in_row >= cfg.max_bad_steps:
+        save_checkpoint(accelerator, cfg, state)
+        raise NmtError(f"stopped at step {state.step}: {state.bad_in_row} steps in a row had a non-finite loss or "
+                       f"gradient (the weights are those of the last good step, saved in "
+                       f"{ckpt.checkpoints_dir(cfg.output_dir)}); lower optim.lr, check the data, or use bf16 "
+                       "instead of fp16")
 
 
 def to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def train_step(accelerator, cfg: TrainConfig, model, optimizer, scheduler, window: list[dict]) -> dict:
+def train_step(accelerator, cfg: TrainConfig, model, optimizer, scheduler, window: list[dict],
+               stop: bool = False) -> dict:
     """One optimizer step over this process's micro-batches.
 
     Each micro-batch's summed loss is divided by the target tokens of the whole step on all processes;
     DDP's mean over processes and accelerate's division by accum_steps are undone by the factor, so
     the gradient equals the one-process, no-accumulation gradient of the same global batch.
+    A step whose gradient is not finite makes no update (under fp16 the loss scaler skips it and
+    lowers its scale). `stop` (this process wants to stop) is shared with all processes.
     """
     model.train()
     local = sum(int(b["labels"].ne(0).sum()) for b in window)
     n_tokens = int(accelerator.reduce(torch.tensor(local, device=accelerator.device), "sum"))
     scale = accelerator.num_processes * cfg.accum_steps / max(n_tokens, 1)
     loss_sum = nll_sum = 0.0
-    grad_norm = None
+    grad_norm, finite = None, True
     for batch in window:
         with accelerator.accumulate(model):
             logits = model(batch["src_ids"], batch["tgt_in_ids"])
@@ -220,14 +303,17 @@ def train_step(accelerator, cfg: TrainConfig, model, optimizer, scheduler, windo
             accelerator.backward(loss * scale)
             loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll)
             if accelerator.sync_gradients:
-                if cfg.optim.clip_norm > 0:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.clip_norm)
-                optimizer.step()
-                scheduler.step()
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.clip_norm or math.inf)
+                finite = grad_norm is None or math.isfinite(float(grad_norm))  # the same on every process
+                if finite or accelerator.scaler is not None:
+                    optimizer.step()
+                    scheduler.step()
+                    finite = finite and not optimizer.step_was_skipped
                 optimizer.zero_grad(set_to_none=True)
-    sums = accelerator.reduce(torch.tensor([loss_sum, nll_sum], device=accelerator.device), "sum")
+    sums = accelerator.reduce(torch.tensor([loss_sum, nll_sum, float(stop)], device=accelerator.device), "sum")
     return {"loss": float(sums[0]) / max(n_tokens, 1), "nll": float(sums[1]) / max(n_tokens, 1),
-            "tokens": n_tokens, "grad_norm": None if grad_norm is None else float(grad_norm)}
+            "tokens": n_tokens, "grad_norm": None if grad_norm is None else float(grad_norm),
+            "finite": finite, "stop": bool(sums[2] > 0)}
 
 
 class Meter:
@@ -347,7 +433,8 @@ def save_checkpoint(accelerator, cfg: TrainConfig, state: TrainState) -> None:
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        ckpt.mark_complete(tmp, {"step": state.step, "num_processes": accelerator.num_processes})
+        ckpt.mark_complete(tmp, {"step": state.step, "num_processes": accelerator.num_processes,
+                                 "state": dataclasses.asdict(state)})
         ckpt.publish(tmp, final)
         ckpt.prune(cfg.output_dir, cfg.keep_last)
     accelerator.wait_for_everyone()
