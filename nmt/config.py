@@ -11,7 +11,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 
@@ -22,19 +22,21 @@ from nmt.errors import NmtError
 class DataConfig:
     """Where the parallel text comes from and how it is cleaned."""
 
-    train: str = "builtin:synthetic"  # prefix of <prefix>.<lang> files, a .tsv/.jsonl/.csv file, a save_to_disk dir, "hub:NAME" or "builtin:synthetic"
-    valid: Optional[str] = None  # same forms as train; None carves valid_ratio off train
-    test: Optional[str] = None  # same forms as train; None carves test_ratio off train
+    train: str = "builtin:synthetic"  # <prefix> of .<lang> files, .tsv/.jsonl/.csv, save_to_disk dir, hub:NAME, builtin:synthetic
+    valid: str | None = None  # same forms as train; None carves valid_ratio off train
+    test: str | None = None  # same forms as train; None carves test_ratio off train
     src_lang: str = "en"  # source language code: file suffix, JSON field or translation key
     tgt_lang: str = "xx"  # target language code
     valid_ratio: float = 0.01  # share of train held out for validation when valid is None
     test_ratio: float = 0.01  # share of train held out for test when test is None
     split_seed: int = 1  # seed of the train/valid/test carving
     max_words: int = 250  # drop pairs with a side longer than this many whitespace words
+    max_chars: int = 3000  # drop pairs with a side longer than this many characters
+    max_subwords: int = 512  # drop pairs with a side longer than this many subwords (after tokenizing)
     max_ratio: float = 3.0  # drop pairs whose word-length ratio exceeds this (both sides > ratio_min_words)
     ratio_min_words: int = 3  # the length-ratio filter applies only when the longer side has more words
     dedupe: bool = True  # drop exact duplicate pairs from train
-    max_train_pairs: Optional[int] = None  # use only the first N training pairs (quick experiments)
+    max_train_pairs: int | None = None  # use only the first N training pairs (quick experiments)
     cache_dir: str = "~/.cache/nmt"  # encoded datasets and trained tokenizers, keyed by content
 
     def __post_init__(self) -> None:
@@ -52,7 +54,7 @@ class TokenizerConfig:
     vocab_size: int = 8000  # target vocabulary size (per tokenizer)
     joint: bool = True  # one vocabulary for both languages (enables shared embeddings)
     min_frequency: int = 2  # BPE: merges need at least this many occurrences
-    dropout: Optional[float] = None  # BPE-dropout probability during training (None: off)
+    dropout: float | None = None  # BPE-dropout probability during training (None: off)
 
     def __post_init__(self) -> None:
         _check(self.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
@@ -88,7 +90,7 @@ class ModelConfig:
                    "needs equal source and target vocabularies (a joint tokenizer); set it to false")
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """A named size (tiny, small, base, big) with field overrides."""
         if name not in MODEL_PRESETS:
             raise NmtError(f"model.preset: unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
@@ -128,25 +130,26 @@ class TrainConfig:
     seed: int = 1  # seeds model init, data order and dropout
     max_tokens: int = 4096  # per process and micro-batch: padded tokens of the longer side (like fairseq --max-tokens)
     accum_steps: int = 1  # micro-batches per optimizer step (each process)
-    max_steps: Optional[int] = None  # stop after this many optimizer steps
-    max_epochs: Optional[int] = 10  # stop after this many epochs (if max_steps is None)
+    max_steps: int | None = None  # stop after this many optimizer steps
+    max_epochs: int | None = 10  # stop after this many epochs (if max_steps is None)
     eval_every: int = 500  # validate every N optimizer steps (and at the end)
     eval_beam: int = 1  # beam size for validation BLEU (1: greedy)
-    eval_max_sentences: Optional[int] = None  # validate BLEU on the first N validation pairs only
+    eval_max_sentences: int | None = None  # validate BLEU on the first N validation pairs only
     save_every: int = 500  # checkpoint every N optimizer steps (and at the end)
     keep_last: int = 2  # checkpoints kept besides best/
     log_every: int = 50  # metrics.jsonl and trackers every N steps
     log_with: list[str] = field(default_factory=list)  # accelerate trackers, e.g. ["tensorboard"]
-    resume: Optional[str] = None  # "latest" or a checkpoint directory
-    max_minutes: Optional[float] = None  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
+    resume: str | None = None  # "latest" or a checkpoint directory
+    max_minutes: float | None = None  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
     max_bad_steps: int = 20  # stop (with a checkpoint) after this many non-finite steps in a row
-    pad_to_multiple_of: Optional[int] = None  # pad batch lengths to a multiple of this (8 for tensor cores)
+    pad_to_multiple_of: int | None = None  # pad batch lengths to a multiple of this (8 for tensor cores)
 
     def __post_init__(self) -> None:
         _check(self.max_tokens > 0, "max_tokens", "must be positive")
         _check(self.accum_steps > 0, "accum_steps", "must be positive")
         _check(self.max_steps is not None or self.max_epochs is not None, "max_steps", "set max_steps or max_epochs")
-        _check(self.eval_every > 0 and self.save_every > 0 and self.log_every > 0, "eval_every", "intervals must be positive")
+        intervals = (self.eval_every, self.save_every, self.log_every)
+        _check(min(intervals) > 0, "eval_every", "eval_every, save_every and log_every must be positive")
 
 
 def _check(ok: bool, key: str, what: str) -> None:
@@ -165,7 +168,8 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
     if cls is ModelConfig and "preset" in data:
         preset = data.pop("preset")
         if preset not in MODEL_PRESETS:
-            raise NmtError(f"config key '{where}.preset': unknown preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+            raise NmtError(f"config key '{where}.preset': unknown preset {preset!r}; "
+                           f"choose one of {', '.join(MODEL_PRESETS)}")
         data = {**MODEL_PRESETS[preset], **data}
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}

@@ -12,10 +12,10 @@ import hashlib
 import json
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Iterator
+from contextlib import AbstractContextManager as ContextManager
 
 import datasets
 import numpy as np
@@ -247,7 +247,7 @@ def drop_reason(src: str, tgt: str, cfg: DataConfig) -> str | None:
     if "\x00" in src or "\x00" in tgt:
         return "nul_byte"
     n_src, n_tgt = len(src.split()), len(tgt.split())
-    if max(n_src, n_tgt) > cfg.max_words:
+    if max(n_src, n_tgt) > cfg.max_words or max(len(src), len(tgt)) > cfg.max_chars:
         return "too_long"
     if max(n_src, n_tgt) > cfg.ratio_min_words and max(n_src, n_tgt) > cfg.max_ratio * max(min(n_src, n_tgt), 1):
         return "length_ratio"
@@ -291,6 +291,18 @@ def encode(ds: datasets.Dataset, tokenizer: PairTokenizer, cache_file: Path) -> 
                   cache_file_name=str(cache_file), load_from_cache_file=True, new_fingerprint=cache_file.stem)
 
 
+def drop_long(train: datasets.Dataset, max_subwords: int, stats: dict) -> tuple[datasets.Dataset, dict]:
+    """Drop training pairs longer than `max_subwords` subwords on either side, counting them."""
+    cost = np.asarray(train["cost"])
+    keep = np.flatnonzero(cost <= max_subwords)
+    if len(keep) == len(cost):
+        return train, stats
+    if len(keep) == 0:
+        raise NmtError(f"no training pairs left: all are longer than data.max_subwords={max_subwords}")
+    dropped = {**stats["dropped"], "too_many_subwords": len(cost) - len(keep)}
+    return train.select(keep), {**stats, "kept": len(keep), "dropped": dropped}
+
+
 # --- the whole preparation -----------------------------------------------------------------------
 
 
@@ -313,6 +325,8 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
         raw["train"], clean_stats = _cached_clean(raw["train"], cfg, work)
         tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
         encoded = {name: encode(raw[name], tokenizer, work / f"{name}.arrow") for name in splits}
+    if "train" in encoded:
+        encoded["train"], clean_stats = drop_long(encoded["train"], cfg.max_subwords, clean_stats)
     stats = {**split_stats, "clean": clean_stats, "cache": str(work),
              "pairs": {name: len(ds) for name, ds in encoded.items()}}
     return Corpus(encoded, tokenizer, stats)
@@ -321,6 +335,8 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
 def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Dataset], dict]:
     """train, valid and test: from their own specs, from train's named splits, or carved off train."""
     train = load_split(cfg.train, cfg, "train", cache)
+    if len(train) == 0:
+        raise NmtError(f"no training pairs in {cfg.train!r} (empty file?)")
     if cfg.max_train_pairs is not None:
         train = train.select(range(min(cfg.max_train_pairs, len(train))))
     splits, carved = {"train": train}, []

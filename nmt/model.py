@@ -138,7 +138,7 @@ class DecoderLayer(nn.Module):
         # several new positions needs a mask aligned to the end (is_causal aligns to the start). Right
         # padding needs no target mask: real positions only ever look left, at real tokens.
         past, new = (0 if self_kv is None else self_kv[0].shape[2]), x.shape[1]
-        causal = False
+        causal = past == 0 and new > 1
         self_attend = causal_attend(new, past, x.device) if past and new > 1 else None
         x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, attend=self_attend, causal=causal, kv=self_kv))
         x, _ = self.sub_cross(x, lambda h: self.cross_attn(h, attend=attend, kv=cross_kv))
@@ -279,7 +279,7 @@ class Seq2SeqTransformer(nn.Module):
         save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "Seq2SeqTransformer":
+    def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> Seq2SeqTransformer:
         """Load what `save_pretrained` wrote. Reads JSON and safetensors only: no code runs."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file

@@ -43,7 +43,7 @@ class _Decoder:
     prefix: torch.Tensor | None = field(default=None)  # (N, t) tokens fed so far (uncached models)
 
     @classmethod
-    def start(cls, model, src_ids: torch.Tensor) -> "_Decoder":
+    def start(cls, model, src_ids: torch.Tensor) -> _Decoder:
         memory = model.encode(src_ids)
         cache = model.start_cache(memory, src_ids) if hasattr(model, "start_cache") else None
         return cls(model, src_ids, memory, cache)

@@ -97,7 +97,10 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
     sampler = TokenBatchSampler(corpus.splits["train"]["cost"], cfg.max_tokens, accelerator.process_index,
                                 accelerator.num_processes, cfg.accum_steps, cfg.seed)
     loader = DataLoader(corpus.splits["train"].select_columns(["src_ids", "tgt_ids"]), batch_sampler=sampler,
-                        collate_fn=Collator(pad_to_multiple_of=cfg.pad_to_multiple_of))
+                        collate_fn=Collator(pad_to_multiple_of=cfg.pad_to_multiple_of),
+                        # its own generator: each new iterator draws a seed, and drawing it from the global
+                        # RNG would shift dropout after a resume (which starts a fresh iterator mid-epoch)
+                        generator=torch.Generator())
     optimizer = make_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.optim.warmup_steps))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -135,7 +138,7 @@ class StopSignals:
         self.received: str | None = None
         self.previous: dict = {}
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         import threading
 
         if threading.current_thread() is threading.main_thread():

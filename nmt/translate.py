@@ -7,11 +7,9 @@ memory flat on inputs of any size by working through them a chunk at a time.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
-import numpy as np
 import torch
 
 from nmt.batching import eval_batches
@@ -48,7 +46,7 @@ class Translator:
         self.device = torch.device(device)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> "Translator":
+    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> Translator:
         """Load config.json, model.safetensors and tokenizer.json from a model directory."""
         directory = Path(directory)
         model = Seq2SeqTransformer.from_pretrained(directory)
@@ -57,40 +55,87 @@ class Translator:
         return cls(model, tokenizer, device)
 
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
-                  **search_kwargs) -> list[str] | list[list[tuple[str, float]]]:
-        """Translate sentences; returns strings, or (translation, score) lists when nbest > 1."""
+                  long_inputs: str = "truncate", **search_kwargs) -> list[str] | list[list[tuple[str, float]]]:
+        """Translate sentences; returns strings, or (translation, score) lists when nbest > 1.
+
+        A source longer than the model's max_positions is truncated (`long_inputs="truncate"`) or cut into
+        pieces translated one after the other (`"split"`), with a warning either way.
+        """
+        limit = self.model.cfg.max_positions
+        search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         search = SearchConfig(beam_size=beam_size, nbest=nbest, **search_kwargs)
-        src_ids = [self._fit(ids) for ids in self.tokenizer.encode_src(list(texts))]
+        pieces, owner = [], []  # model inputs, and the sentence each belongs to
+        for i, ids in enumerate(self.tokenizer.encode_src(list(texts))):
+            for piece in fit_length(ids, limit, long_inputs):
+                pieces.append(piece)
+                owner.append(i)
         with torch.inference_mode():
-            found = search_encoded(self.model, src_ids, search, batch_tokens, device=self.device)
-        hyps = [found[i] for i in range(len(src_ids))]
+            found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device)
         if nbest == 1:
-            return self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
+            decoded = self.tokenizer.decode_tgt([found[j][0].tokens for j in range(len(pieces))])
+            return _join_pieces(decoded, owner, len(texts))
+        hyps = [found[j] for j in range(len(pieces))]
         return [list(zip(self.tokenizer.decode_tgt([h.tokens for h in hs]), [h.score for h in hs])) for hs in hyps]
 
     def translate_stream(self, lines: Iterable[str], chunk_size: int = 2000, **kwargs) -> Iterator[str]:
-        """Translate an iterable of lines of any length, yielding outputs in input order."""
+        """Translate an iterable of lines of any length, yielding outputs in input order.
+
+        Memory stays flat (one chunk at a time). If a chunk fails (out of memory, say), its lines are
+        retried one by one; a line that still fails gives an empty output line and a warning, so the
+        other lines' translations are never lost.
+        """
         chunk: list[str] = []
+        start = 1
         for line in lines:
             chunk.append(line.rstrip("\r\n"))
             if len(chunk) == chunk_size:
-                yield from self._flat(self.translate(chunk, **kwargs))
-                chunk = []
+                yield from self._flat(self._translate_safely(chunk, start, kwargs))
+                start, chunk = start + len(chunk), []
         if chunk:
-            yield from self._flat(self.translate(chunk, **kwargs))
+            yield from self._flat(self._translate_safely(chunk, start, kwargs))
+
+    def _translate_safely(self, chunk: list[str], first_line: int, kwargs: dict) -> list:
+        try:
+            return self.translate(chunk, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any failure of a batch must not lose the other lines
+            log.warning("a batch of %d lines failed (%s); translating them one by one", len(chunk), e)
+        out = []
+        for n, line in enumerate(chunk, first_line):
+            try:
+                out.extend(self.translate([line], **kwargs))
+            except Exception as e:  # noqa: BLE001
+                log.warning("input line %d could not be translated (%s); writing an empty line", n, e)
+                out.append("" if kwargs.get("nbest", 1) == 1 else [])
+        return out
 
     @staticmethod
     def _flat(outputs) -> Iterator[str]:
         for out in outputs:
             yield out if isinstance(out, str) else "\t".join(f"{t}\t{s:.4f}" for t, s in out)
 
-    def _fit(self, ids: list[int]) -> list[int]:
-        """Truncate a source longer than the model's positions (keeping </s>), with a warning."""
-        limit = self.model.cfg.max_positions
-        if len(ids) <= limit:
-            return ids
-        log.warning("a source sentence of %d subwords was truncated to model.max_positions=%d", len(ids), limit)
-        return ids[: limit - 1] + ids[-1:]
+
+
+def fit_length(ids: list[int], limit: int, how: str) -> list[list[int]]:
+    """A source of at most `limit` ids as is; a longer one truncated or split into pieces (each ending in </s>)."""
+    if len(ids) <= limit:
+        return [ids]
+    body, eos = ids[:-1], ids[-1:]
+    if how == "split":
+        log.warning("a source sentence of %d subwords is longer than model.max_positions=%d: translating it "
+                    "in %d pieces", len(ids), limit, -(-len(body) // (limit - 1)))
+        return [body[i: i + limit - 1] + eos for i in range(0, len(body), limit - 1)]
+    if how != "truncate":
+        from nmt.errors import NmtError
+        raise NmtError(f"long_inputs must be 'truncate' or 'split', got {how!r}")
+    log.warning("a source sentence of %d subwords was truncated to model.max_positions=%d", len(ids), limit)
+    return [body[: limit - 1] + eos]
+
+
+def _join_pieces(decoded: list[str], owner: list[int], n: int) -> list[str]:
+    out: list[list[str]] = [[] for _ in range(n)]
+    for text, i in zip(decoded, owner):
+        out[i].append(text)
+    return [" ".join(parts) for parts in out]
 
 
 def _check_vocab(model: Seq2SeqTransformer, tokenizer: PairTokenizer, directory: Path) -> None:

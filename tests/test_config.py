@@ -92,4 +92,4 @@ def test_readme_config_reference_is_in_sync():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     start, end = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
     block = readme[readme.index(start) + len(start): readme.index(end)]
-    assert block == reference_markdown(), "regenerate the README table: python -c 'from nmt.config import reference_markdown; print(reference_markdown())'"
+    assert block == reference_markdown(), "regenerate: python -c 'from nmt.config import reference_markdown as r; print(r())'"

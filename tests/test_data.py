@@ -28,7 +28,8 @@ def read_all(tmp_path, train, **kw):
 
 
 def texts(corpus) -> set:
-    return {(s, t) for name in ("train", "valid", "test") for s, t in zip(corpus.splits[name]["src"], corpus.splits[name]["tgt"])}
+    splits = [corpus.splits[name] for name in ("train", "valid", "test")]
+    return {(s, t) for ds in splits for s, t in zip(ds["src"], ds["tgt"])}
 
 
 def test_text_pair_files(tmp_path):

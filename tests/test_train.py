@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
-
 from safetensors.torch import load_file
 
 from nmt import Translator, train

@@ -1,0 +1,230 @@
+"""Preemption, kills and numerical faults lose nothing; checkpoints never run code when loaded."""
+
+import json
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import load_file
+
+from nmt import Seq2SeqTransformer, train
+from nmt.checkpoint import COMPLETE, list_checkpoints, prune, resolve_resume
+from nmt.errors import NmtError
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def train_args(corpus_dir: Path, tmp: Path, run: str, steps: int) -> list[str]:
+    return ["--data.train", corpus_dir / "train", "--data.valid", corpus_dir / "valid", "--data.test",
+            corpus_dir / "test", "--data.cache_dir", tmp / "cache", "--output_dir", tmp / run, "--model.preset",
+            "tiny", "--model.dropout", "0.1", "--tokenizer.vocab_size", "300", "--max_tokens", "300",
+            "--max_steps", steps, "--save_every", "2", "--eval_every", "1000", "--log_every", "1",
+            "--eval_max_sentences", "4"]
+
+
+def start(cmd: list, tmp: Path, launcher: bool = False) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, *map(str, cmd)], cwd=tmp, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=launcher)
+
+
+def nmt_cmd(*args) -> list:
+    return ["-m", "nmt.cli", "train", *args]
+
+
+def launch_cmd(*args) -> list:
+    return ["-m", "accelerate.commands.launch", "--config_file", ROOT / "accelerate_configs" / "cpu_2proc.yaml",
+            ROOT / "run.py", *args]
+
+
+def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if metrics.is_file() and any(json.loads(x)["step"] >= step for x in metrics.read_text().splitlines() if x):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached")
+
+
+def losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def assert_same_params(a: Path, b: Path) -> None:
+    pa, pb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
+def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(corpus_dir, tmp_path, processes):
+    steps = 10
+    cmd = nmt_cmd if processes == 1 else launch_cmd
+    whole = start(cmd(*train_args(corpus_dir, tmp_path, "whole", steps)), tmp_path, launcher=True)
+    killed = start(cmd(*train_args(corpus_dir, tmp_path, "killed", steps)), tmp_path, launcher=True)
+    kill_at = random.Random().randint(3, 8)
+    wait_for_step(tmp_path / "killed", kill_at, killed)
+    os.killpg(killed.pid, signal.SIGKILL)  # the launcher and every worker, no chance to clean up
+    killed.wait()
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()[-2000:]
+    survivor = list_checkpoints(tmp_path / "killed")[-1]
+    resumed = start(cmd(*train_args(corpus_dir, tmp_path, "killed", steps), "--resume", "latest"), tmp_path)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-2000:]
+    a, b = losses(tmp_path / "whole"), losses(tmp_path / "killed")
+    assert max(b) == max(a) == steps  # same global step count
+    resume_step = int(survivor.name.split("_")[1])
+    for s in range(resume_step + 1, steps + 1):
+        assert b[s] == a[s], f"step {s}: the same batches in the same order give the same loss"
+    # bitwise equal with dropout on: data order, RNG streams and optimizer state all restored exactly
+    assert_same_params(tmp_path / "whole" / "checkpoints" / f"step_{steps}",
+                       tmp_path / "killed" / "checkpoints" / f"step_{steps}")
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(corpus_dir, tmp_path):
+    proc = start(nmt_cmd(*train_args(corpus_dir, tmp_path, "run", 500)), tmp_path)
+    wait_for_step(tmp_path / "run", 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err
+    last = list_checkpoints(tmp_path / "run")[-1]
+    step = json.loads((last / COMPLETE).read_text())["step"]
+    assert step == max(losses(tmp_path / "run"))  # the step in flight was finished and saved
+    assert "--resume latest" in out.splitlines()[-1] and f"after step {step}" in out
+
+
+@pytest.mark.slow
+def test_second_signal_exits_at_once(corpus_dir, tmp_path):
+    # a bigger model, so the step in flight and its checkpoint take long enough to be interrupted
+    args = train_args(corpus_dir, tmp_path, "run", 500) + ["--model.preset", "small", "--max_tokens", "2000"]
+    proc = start(nmt_cmd(*args), tmp_path)
+    wait_for_step(tmp_path / "run", 1, proc)
+    proc.send_signal(signal.SIGINT)
+    for line in proc.stderr:  # wait until the first signal is being handled
+        if "SIGINT received" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT
+    for d in list_checkpoints(tmp_path / "run"):
+        assert (d / COMPLETE).is_file()  # whatever was cut off is not taken as a checkpoint
+
+
+def test_half_written_checkpoint_is_never_latest(tmp_path, caplog):
+    root = tmp_path / "checkpoints"
+    for name, complete in (("step_2", True), ("step_4", True), ("step_6", False), (".tmp-step_8", True)):
+        (root / name).mkdir(parents=True)
+        if complete:
+            (root / name / COMPLETE).write_text(json.dumps({"step": int(name.split("_")[1])}))
+    assert resolve_resume("latest", tmp_path).name == "step_4"
+    assert "incomplete" in caplog.text
+    with pytest.raises(NmtError, match="not a complete nmt checkpoint"):
+        resolve_resume(str(root / "step_6"), tmp_path)
+
+
+def test_retention_keeps_the_newest_and_best(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (2, 4, 6):
+        (root / f"step_{step}").mkdir(parents=True)
+        (root / f"step_{step}" / COMPLETE).write_text("{}")
+    (tmp_path / "best").mkdir()
+    prune(tmp_path, keep_last=0)  # even 0 keeps the last good one
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_6"] and (tmp_path / "best").is_dir()
+
+
+class SometimesNaN(torch.nn.Module):
+    """Wraps a model; its forward returns NaN logits on the chosen calls (counted from 1)."""
+
+    def __init__(self, inner, bad_calls):
+        super().__init__()
+        self.inner, self.bad, self.calls = inner, set(bad_calls), 0
+        self.pad_id, self.bos_id, self.eos_id = 0, 2, 3
+
+    def forward(self, src_ids, tgt_in_ids):
+        logits = self.inner(src_ids, tgt_in_ids)
+        if self.training:
+            self.calls += 1
+            if self.calls in self.bad or "all" in self.bad:
+                return logits * float("nan")
+        return logits
+
+
+def test_nonfinite_steps_are_skipped_and_counted(tiny_cfg):
+    from nmt import ModelConfig
+    tiny_cfg.max_steps, tiny_cfg.log_every = 8, 8
+    model = SometimesNaN(Seq2SeqTransformer(ModelConfig.preset("tiny", src_vocab_size=300, tgt_vocab_size=300)),
+                         bad_calls={3, 5})
+    train(tiny_cfg, model=model)
+    rows = [json.loads(x) for x in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    row = next(r for r in rows if "loss" in r)
+    assert row["skipped_steps"] == 2
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_many_nonfinite_steps_in_a_row_stop_with_a_checkpoint(tiny_cfg):
+    from nmt import ModelConfig
+    tiny_cfg.max_bad_steps = 3
+    model = SometimesNaN(Seq2SeqTransformer(ModelConfig.preset("tiny", src_vocab_size=300, tgt_vocab_size=300)),
+                         bad_calls={"all"})
+    with pytest.raises(NmtError, match="3 steps in a row had a non-finite loss"):
+        train(tiny_cfg, model=model)
+    assert [p.name for p in list_checkpoints(tiny_cfg.output_dir)] == ["step_3"]
+
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, (f"touch {MARKER}",))
+
+
+MARKER = Path("/tmp/nmt-pickle-ran")
+
+
+def test_malicious_pickle_in_a_model_dir_is_never_run(tmp_path):
+    MARKER.unlink(missing_ok=True)
+    from nmt import ModelConfig
+    model = Seq2SeqTransformer(ModelConfig.preset("tiny", src_vocab_size=50, tgt_vocab_size=50))
+    model.save_pretrained(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(pickle.dumps(Boom()))  # planted beside: never read
+    Seq2SeqTransformer.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(pickle.dumps(Boom()))  # planted in place of the weights
+    with pytest.raises(NmtError, match="cannot read the weights"):
+        Seq2SeqTransformer.from_pretrained(tmp_path)
+    assert not MARKER.exists()
+
+
+def test_malicious_pickle_in_a_checkpoint_is_refused(tiny_cfg):
+    MARKER.unlink(missing_ok=True)
+    tiny_cfg.max_steps = 6
+    train(tiny_cfg)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    last = list_checkpoints(tiny_cfg.output_dir)[-1]
+    for name in ("optimizer.bin", "random_states_0.pkl"):
+        (last / name).write_bytes(pickle.dumps(Boom()))
+    tiny_cfg.resume, tiny_cfg.max_steps = "latest", 8
+    with pytest.raises(Exception) as info:
+        train(tiny_cfg)
+    assert "weights_only" in str(info.value) or "Weights only" in str(info.value)
+    assert not MARKER.exists()
