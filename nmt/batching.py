@@ -8,8 +8,8 @@ and N processes see exactly the same pairs per optimizer step, and every pair on
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 

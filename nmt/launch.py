@@ -28,7 +28,8 @@ import multiprocessing
 import os
 import socket
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -132,8 +132,14 @@ class DecoderLayer(nn.Module):
         self.ff = FeedForward(cfg)
         self.sub_self, self.sub_cross, self.sub_ff = Sublayer(cfg), Sublayer(cfg), Sublayer(cfg)
 
-    def forward(self, x: torch.Tensor, cross_kv: tuple, attend: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | tuple, attend: torch.Tensor | None,
                 self_kv: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+        """x (B, T, D); memory: the encoder output (B, S, D), or its cross-attention (K, V) from a cache.
+
+        Projecting the memory here, inside forward, matters under FSDP: a wrapped layer's weights are
+        gathered only while its forward runs.
+        """
+        cross_kv = self.cross_attn.project_kv(memory) if isinstance(memory, torch.Tensor) else memory
         # causality is a property of the decoder: full-prefix runs use is_causal; a cached call with
         # several new positions needs a mask aligned to the end (is_causal aligns to the start). Right
         # padding needs no target mask: real positions only ever look left, at real tokens.
@@ -235,9 +241,7 @@ class Seq2SeqTransformer(nn.Module):
                       cache: DecoderCache | None = None) -> torch.Tensor:
         """Like `decode`, but stops before the output projection: (B, T, D)."""
         if cache is None:
-            attend = key_attend(src_ids, self.cfg.pad_id)
-            cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder]
-            offset = 0
+            attend, cross, offset = key_attend(src_ids, self.cfg.pad_id), [memory] * len(self.decoder), 0
         else:
             attend, cross, offset = cache.attend, cache.cross_kv, cache.length
         x = self.embed(tgt_in_ids, self.tgt_embed, offset)

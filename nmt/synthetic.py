@@ -466,7 +466,7 @@ def _pick(rng: random.Random, seq: Sequence[T]) -> T:
     return seq[int(rng.random() * len(seq))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pronouns_for(kinds: str) -> list[Pronoun]:
     return [p for p in PRONOUNS if set(p.kinds) & set(kinds)]
 

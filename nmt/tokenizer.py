@@ -6,8 +6,8 @@ The one home of the `tokenizers` library. Ids 0-3 are <pad>, <unk>, <s>, </s> in
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -107,7 +107,7 @@ class PairTokenizer:
             self.tgt.save(str(directory / TGT_FILE))
 
     @classmethod
-    def load(cls, directory: str | Path) -> "PairTokenizer":
+    def load(cls, directory: str | Path) -> PairTokenizer:
         directory = Path(directory)
         if (directory / JOINT_FILE).is_file():
             return cls(_load_file(directory / JOINT_FILE))
@@ -115,7 +115,7 @@ class PairTokenizer:
             return cls(_load_file(directory / SRC_FILE), _load_file(directory / TGT_FILE))
         raise NmtError(f"{directory}: no {JOINT_FILE} (or {SRC_FILE} + {TGT_FILE}); is this an nmt model directory?")
 
-    def without_dropout(self) -> "PairTokenizer":
+    def without_dropout(self) -> PairTokenizer:
         """A copy whose BPE-dropout is off (for validation and translation)."""
         def plain(tok: Tokenizer) -> Tokenizer:
             data = json.loads(tok.to_str())

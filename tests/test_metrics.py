@@ -13,8 +13,7 @@ import pytest
 import sacrebleu
 
 from nmt.errors import NmtError
-from nmt.metrics import corpus_scores
-from nmt.metrics import load_metric
+from nmt.metrics import corpus_scores, load_metric
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,7 @@ Loaded by file path (``evaluate.load(path)``), so it needs no network and no Hub
 
 import datasets
 import evaluate
-from sacrebleu.metrics import BLEU
-from sacrebleu.metrics import CHRF
+from sacrebleu.metrics import BLEU, CHRF
 
 _DESCRIPTION = (
     "Corpus BLEU and chrF computed by sacreBLEU on detokenized, cased text, with one "
