@@ -60,6 +60,13 @@ class Attention(nn.Module):
         else:
             self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
+        # The key bias adds the same score to every key of a query: softmax cancels it, its gradient is 0
+        # up to rounding, and Adam would turn that rounding noise into +-lr updates (so runs split over
+        # processes would drift apart). It is masked to stay exactly zero.
+        fused = self.kv if cross else self.qkv
+        key = torch.ones_like(fused.bias)
+        key[(0 if cross else d): (d if cross else 2 * d)] = 0
+        self.register_buffer("bias_mask", key, persistent=False)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape
@@ -67,7 +74,7 @@ class Attention(nn.Module):
 
     def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention keys and values of the encoder output: computed once per sentence."""
-        k, v = self.kv(memory).chunk(2, dim=-1)
+        k, v = F.linear(memory, self.kv.weight, self.kv.bias * self.bias_mask).chunk(2, dim=-1)
         return self.heads(k), self.heads(v)
 
     def forward(self, x: torch.Tensor, attend: torch.Tensor | None = None, causal: bool = False,
@@ -79,7 +86,7 @@ class Attention(nn.Module):
         if self.cross:
             q, (k, v) = self.heads(self.q(x)), kv
         else:
-            q, k, v = map(self.heads, self.qkv(x).chunk(3, dim=-1))
+            q, k, v = map(self.heads, F.linear(x, self.qkv.weight, self.qkv.bias * self.bias_mask).chunk(3, dim=-1))
             if kv is not None:
                 k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, is_causal=causal,

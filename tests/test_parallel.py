@@ -21,8 +21,9 @@ from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).parent.parent
-# float32 sums over differently split batches (and gloo's all-reduce) differ in rounding only
-ATOL = 2e-5
+# float32 sums over differently split batches (and gloo's all-reduce) differ in rounding only;
+# seen: 4.5e-8 (DDP) and 3.0e-8 (accumulation) after 4 AdamW steps at lr ~1e-3
+ATOL = 1e-6
 
 
 def _reset():
@@ -60,7 +61,8 @@ def test_ddp_equals_one_process_equals_accumulation(corpus_dir, tmp_path):
         worst["accum"] = max(worst["accum"], float((p - c[name]).abs().max()))
     print(f"largest parameter difference vs 1 process: {worst} (tolerance {ATOL})")
     assert worst["ddp"] <= ATOL and worst["accum"] <= ATOL
-    moved = max(float((p - q).abs().max()) for p, q in zip(a.values(), _initial(one).values()))
+    initial = _initial(one)
+    moved = max(float((a[name] - initial[name]).abs().max()) for name in a)
     assert moved > 100 * ATOL  # the steps really changed the parameters
 
 
