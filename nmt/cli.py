@@ -1,4 +1,4 @@
-"""The `nmt` command: train, translate, evaluate. User errors print one line and exit with code 2.
+"""The `nmt` command: train, check, translate, evaluate, plot, info. User errors print one line and exit with code 2.
 
 `accelerate launch run.py ...` is `nmt train ...` on as many processes as the profile says.
 """
@@ -37,15 +37,57 @@ def overrides_from_flags(extra: list[str]) -> list[str]:
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.config import load_config
-    from nmt.train import train
 
     overrides = overrides_from_flags(extra)
     if args.resume:
         overrides.append(f"resume={args.resume}")
     cfg = load_config(args.config, overrides)
+    if args.dry_run:
+        return _preflight(cfg, args)
+    from nmt.train import train
+
     result = train(cfg)
     if _is_main():
         print(result.summary())
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.config import load_config
+
+    return _preflight(load_config(args.config, overrides_from_flags(extra)), args)
+
+
+def _preflight(cfg, args: argparse.Namespace) -> int:
+    """`nmt check` and `nmt train --dry-run`: print the report; exit 1 when it names a problem, else 0."""
+    from nmt.check import launch_processes, preflight
+
+    if not _is_main():
+        return 0  # under `accelerate launch` the main process checks for all
+    n, source = launch_processes(args.num_processes, args.profile)
+    print(f"nmt check: {args.config or 'default config'} for {n} process{'es' if n > 1 else ''} (from {source})",
+          flush=True)
+    report = preflight(cfg, n, args.probe_steps)
+    print("\n".join(report.lines()))
+    return 1 if report.problems else 0
+
+
+def cmd_plot(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.plot import plot_runs
+
+    _no_extra(extra)
+    print(f"wrote {plot_runs(args.run_dirs, args.output)}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace, extra: list[str]) -> int:
+    import json
+
+    from nmt.info import describe, lines
+
+    _no_extra(extra)
+    info = describe(args.model_dir)
+    print(json.dumps(info, indent=2) if args.json else "\n".join(lines(info)))
     return 0
 
 
@@ -113,7 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model (any config key can be overridden: --model.d_model 256)")
     p.add_argument("--config", help="a YAML file from configs/ or your own")
     p.add_argument("--resume", help="'latest' or a checkpoint folder (output_dir/checkpoints/step_N)")
+    p.add_argument("--dry-run", action="store_true", help="check data, batches, time and memory (as nmt check); no training")
+    _add_check_args(p)
     p.set_defaults(fn=cmd_train)
+    p = sub.add_parser("check", help="pre-flight check: data, lengths, vocabulary, batches, time, memory, problems")
+    p.add_argument("--config", help="a YAML file from configs/ or your own (overrides as for train)")
+    _add_check_args(p)
+    p.set_defaults(fn=cmd_check)
     for name, fn, help_ in (("translate", cmd_translate, "translate stdin or --input to stdout or --output"),
                             ("evaluate", cmd_evaluate, "BLEU and chrF of a model on a test set")):
         p = sub.add_parser(name, help=help_)
@@ -130,7 +178,22 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--src", required=True, help="source sentences, one per line")
             p.add_argument("--ref", required=True, help="reference translations, one per line")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("plot", help="draw loss, validation BLEU/chrF, learning rate and throughput of runs into a PNG")
+    p.add_argument("run_dirs", nargs="+", help="run directories (output_dir of nmt train); several are overlaid")
+    p.add_argument("-o", "--output", help="the image to write (.png, .svg, .pdf); default RUN_DIR/curves.png")
+    p.set_defaults(fn=cmd_plot)
+    p = sub.add_parser("info", help="architecture, size, vocabulary, training data and scores of a model directory")
+    p.add_argument("model_dir", help="a model directory (output_dir/model or output_dir/best)")
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.set_defaults(fn=cmd_info)
     return parser
+
+
+def _add_check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-processes", type=int, help="plan batches for this many processes (default: num_processes "
+                   "of --profile, else WORLD_SIZE or ACCELERATE_NUM_PROCESSES from the environment, else 1)")
+    p.add_argument("--profile", help="an accelerate config file (accelerate_configs/*.yaml) to read num_processes from")
+    p.add_argument("--probe-steps", type=int, default=3, help="timed training steps after one warm-up (0: no timing)")
 
 
 def main(argv: list[str] | None = None) -> int:

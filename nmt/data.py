@@ -11,11 +11,13 @@ import functools
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from contextlib import AbstractContextManager as ContextManager
 
 import datasets
 import numpy as np
@@ -375,11 +377,12 @@ def _cached_clean(train: datasets.Dataset, cfg: DataConfig, work: Path) -> tuple
         if stats["kept"] == 0:
             raise NmtError(f"no training pairs left after cleaning ({stats['read']} read; dropped: "
                            f"{stats['dropped']}); check the files or relax data.max_words / data.max_ratio")
-        tmp = work / "train.keep.tmp.npy"
+        # temporary names of our own: two runs may fill the same cache at once (the last rename wins)
+        tmp = work / f".train.keep.{os.getpid()}.npy"
         np.save(tmp, keep)
         os.replace(tmp, keep_file)  # written before the stats, which mark the pair complete
-        (work / "clean.tmp").write_text(json.dumps(stats))
-        os.replace(work / "clean.tmp", stats_file)
+        (work / f".clean.{os.getpid()}").write_text(json.dumps(stats))
+        os.replace(work / f".clean.{os.getpid()}", stats_file)
     return (train.select(keep) if len(keep) < len(train) else train), stats
 
 
@@ -392,8 +395,11 @@ def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: P
         return lambda: (text for batch in train.iter(batch_size=10_000) for text in batch[name])
 
     tokenizer = train_pair_tokenizer(column("src"), column("tgt"), tok_cfg, len(train))
-    tmp = work / "tokenizer.tmp"
-    tmp.mkdir(exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=work, prefix=".tokenizer-"))
     tokenizer.save(tmp)
-    os.replace(tmp, tok_dir)
+    try:
+        os.replace(tmp, tok_dir)
+    except OSError:  # another run filling the same cache got there first: use its (identical) tokenizer
+        shutil.rmtree(tmp, ignore_errors=True)
+        return PairTokenizer.load(tok_dir)
     return tokenizer

@@ -106,7 +106,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     state = resume(accelerator, cfg, sampler) if cfg.resume else TrainState()
     total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch()
-    start_run(accelerator, cfg, corpus, model)
+    start_run(accelerator, cfg, corpus, model, state.step)
     with StopSignals() as signals:
         stopped_by = run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, state, corpus, total,
                               signals)
@@ -200,10 +200,11 @@ def inverse_sqrt(warmup: int):
     return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
 
 
-def start_run(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, model) -> None:
+def start_run(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, model, step: int) -> None:
     out = Path(cfg.output_dir)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
+        trim_metrics(out / "metrics.jsonl", step)
         save_yaml(cfg, out / "config.yaml")
         (out / "data.json").write_text(json.dumps(corpus.stats, indent=2))
         n_params = sum(p.numel() for p in model.parameters())
@@ -212,6 +213,23 @@ def start_run(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, model)
               f"pairs {corpus.stats['pairs']}; cleaning dropped {corpus.stats['clean']['dropped']}", flush=True)
     if cfg.log_with:
         accelerator.init_trackers("nmt", config=_flat(to_dict(cfg)))
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """Keep the rows up to `step` (where this run starts): after a kill, rows past the checkpoint are
+    trained again, and a line cut off mid-write is dropped."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

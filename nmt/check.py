@@ -1,0 +1,409 @@
+"""Pre-flight check: what a config will train on, how long an epoch takes, and what looks wrong, before training.
+
+`preflight(cfg)` reads and encodes the data (through the same cache as training), plans the epoch with the
+training sampler for the launch's process count, times a few real AdamW steps of the configured model,
+and returns a `Report` of numbers plus the problems found, each naming the setting to change.
+No Accelerate here: the probe runs on one device, as one process of the launch would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nmt.batching import TokenBatchSampler, deal
+from nmt.collate import Collator
+from nmt.config import ModelConfig, TrainConfig, read_yaml
+from nmt.data import Corpus, prepare
+from nmt.errors import NmtError
+from nmt.loss import label_smoothed_nll
+from nmt.model import Seq2SeqTransformer
+from nmt.tokenizer import EOS, UNK
+
+MIN_VALID_PAIRS = 100  # fewer validation pairs make BLEU differences between checkpoints noise
+MAX_DROPPED_SHARE = 0.5  # cleaning dropping more than this usually means misaligned or mis-parsed files
+MAX_UNK_RATE = 0.01  # more unknown subwords than this on validation: the vocabulary misses characters
+PERCENTILES = (50, 90, 99)
+BYTES_FP32 = 4
+PROBE_BUDGET_S = 30.0  # the probe stops early (after at least one timed step) once it has taken this long
+
+
+@dataclass
+class Report:
+    """The numbers of a pre-flight check; `problems` says what to change, `lines()` is the printout."""
+
+    num_processes: int
+    pairs: dict[str, int]  # pairs per split after cleaning
+    read: int  # training pairs read before cleaning
+    dropped: dict[str, int]  # training pairs dropped by cleaning, by reason
+    carved: list[str]  # splits carved off train (valid_ratio / test_ratio)
+    src_len: dict[str, int]  # training source length percentiles ("p50", "p90", "p99", "max"), subwords + </s>
+    tgt_len: dict[str, int]  # the same for targets as the decoder sees them (subwords + </s>)
+    over_max_positions: dict[str, int]  # pairs per split with a side longer than model.max_positions
+    joint_vocab: bool
+    src_vocab_size: int
+    tgt_vocab_size: int
+    unk_rate: dict[str, float]  # share of <unk> subwords in the validation set, "src" and "tgt"
+    tokens_per_epoch: dict[str, int]  # real training tokens, "src" and "tgt" (with </s>)
+    padding_share: float  # share of the padded micro-batch tensors that is padding
+    steps_per_epoch: int  # optimizer steps per epoch (the same on every process)
+    micro_batches_per_epoch: int  # per process: steps_per_epoch * accum_steps
+    total_steps: int  # what the run will train: max_steps, or max_epochs * steps_per_epoch
+    n_params: int
+    memory: dict[str, int]  # bytes per process: "states" (16 B/param), "activations" (max_tokens batch), "total"
+    seconds_per_step: float | None = None  # from the timed probe (None: not probed)
+    seconds_per_epoch: float | None = None
+    probe_device: str = ""
+    probe_steps: int = 0
+    measured_peak: int | None = None  # bytes, CUDA only: torch.cuda.max_memory_allocated during the probe
+    cfg: TrainConfig | None = field(default=None, repr=False)
+    problems: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """A few lines for the terminal; the problems last, one per line."""
+        cfg = self.cfg
+        out = [f"data      {_pairs(self.pairs)} pairs{_carved(self.carved)}; cleaning kept {self.pairs['train']:,} "
+               f"of {self.read:,} training pairs read{_dropped(self.dropped)}",
+               f"lengths   subword tokens with </s>, training set: source {_pct(self.src_len)}; "
+               f"target {_pct(self.tgt_len)}",
+               f"vocab     {_vocab(self)}; unknown on validation: source {self.unk_rate['src']:.2%}, "
+               f"target {self.unk_rate['tgt']:.2%}",
+               f"epoch     {_n(self.tokens_per_epoch['src'])} source + {_n(self.tokens_per_epoch['tgt'])} target tokens; "
+               f"{self.steps_per_epoch:,} optimizer steps ({self.micro_batches_per_epoch:,} micro-batches per process: "
+               f"max_tokens {cfg.max_tokens:,} x {_processes(self.num_processes)} x {cfg.accum_steps} accum_steps); "
+               f"padding {self.padding_share:.0%}",
+               f"run       {self.total_steps:,} steps = {self.total_steps / self.steps_per_epoch:.1f} epochs "
+               f"({'max_steps' if cfg.max_steps else 'max_epochs'})"]
+        if self.seconds_per_step is not None:
+            out.append(f"time      {self.seconds_per_step:.3g} s/step on {self.probe_device} ({self.probe_steps} timed "
+                       f"step{'s' if self.probe_steps > 1 else ''} after a warm-up{_per_device(self)}) -> "
+                       f"{_duration(self.seconds_per_epoch)} per epoch, "
+                       f"{_duration(self.seconds_per_step * self.total_steps)} for the run (validation not included)")
+        peak = f"; measured peak {_gb(self.measured_peak)}" if self.measured_peak else ""
+        out.append(f"model     {self.n_params / 1e6:.2f}M parameters; memory per process ~{_gb(self.memory['total'])} = "
+                   f"{_gb(self.memory['states'])} weights+grads+Adam (16 B/param, fp32) + {_gb(self.memory['activations'])} "
+                   f"activations of a max_tokens batch{peak}")
+        out += [f"problem   {p}" for p in self.problems] or ["problems  none found"]
+        return out
+
+
+# --- the check --------------------------------------------------------------------------------------
+
+
+def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, device: str | None = None) -> Report:
+    """Check `cfg` for a launch of `num_processes` processes; time `probe_steps` AdamW steps (0: no probe).
+
+    Args:
+        cfg: the training config, as `nmt train` would use it.
+        num_processes: the launch's world size (processes over all nodes); batches are planned for it.
+        probe_steps: timed optimizer steps of the real model on real batches, after one untimed warm-up.
+        device: where to run the probe; default the first GPU, else the CPU.
+    """
+    if num_processes < 1:
+        raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
+    corpus = prepare(cfg.data, cfg.tokenizer)
+    model_cfg = model_config_for(cfg.model, corpus)
+    train, valid = corpus.splits["train"], corpus.splits["valid"]
+    src_len, tgt_len = side_lengths(train)
+    sampler = TokenBatchSampler(train["cost"], cfg.max_tokens, 0, num_processes, cfg.accum_steps, cfg.seed)
+    plan = sampler.plan(0)
+    clean = corpus.stats["clean"]
+    model = _build(model_cfg, cfg.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    states = 4 * BYTES_FP32 * n_params  # weights, gradients, Adam first and second moments
+    activations = activation_bytes(model_cfg, cfg.max_tokens, int(np.max(np.maximum(src_len, tgt_len))))
+    report = Report(
+        num_processes=num_processes, pairs=corpus.stats["pairs"], read=clean["read"], dropped=clean["dropped"],
+        carved=corpus.stats.get("carved_from_train", []), src_len=percentiles(src_len), tgt_len=percentiles(tgt_len),
+        over_max_positions={name: _count_over(ds, model_cfg.max_positions) for name, ds in corpus.splits.items()},
+        joint_vocab=corpus.tokenizer.joint, src_vocab_size=corpus.tokenizer.src_vocab_size,
+        tgt_vocab_size=corpus.tokenizer.tgt_vocab_size, unk_rate=unknown_rates(valid),
+        tokens_per_epoch={"src": int(src_len.sum()), "tgt": int(tgt_len.sum())},
+        padding_share=padding_share(plan, src_len, tgt_len), steps_per_epoch=len(plan),
+        micro_batches_per_epoch=len(plan) * cfg.accum_steps,
+        total_steps=cfg.max_steps or cfg.max_epochs * len(plan), n_params=n_params,
+        memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg)
+    if probe_steps > 0:
+        probe(report, model, cfg, corpus, plan, src_len, tgt_len, probe_steps, device)
+    report.problems = find_problems(report, cfg, model_cfg, int(np.max(train["cost"])))
+    return report
+
+
+def model_config_for(model: ModelConfig, corpus: Corpus) -> ModelConfig:
+    """The model config training would build: vocabulary sizes from the tokenizer (as nmt.train does)."""
+    return dataclasses.replace(model, src_vocab_size=corpus.tokenizer.src_vocab_size,
+                               tgt_vocab_size=corpus.tokenizer.tgt_vocab_size,
+                               share_embeddings=model.share_embeddings and corpus.tokenizer.joint)
+
+
+def _build(model_cfg: ModelConfig, seed: int) -> Seq2SeqTransformer:
+    with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
+        torch.manual_seed(seed)
+        return Seq2SeqTransformer(model_cfg)
+
+
+def side_lengths(ds) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>)."""
+    src, tgt = [], []
+    for batch in ds.select_columns(["src_ids", "tgt_ids"]).iter(batch_size=10_000):
+        src += [len(x) for x in batch["src_ids"]]
+        tgt += [len(x) + 1 for x in batch["tgt_ids"]]
+    return np.asarray(src, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
+
+
+def percentiles(lengths: np.ndarray) -> dict[str, int]:
+    out = {f"p{q}": int(np.percentile(lengths, q, method="higher")) for q in PERCENTILES}
+    return {**out, "max": int(lengths.max())}
+
+
+def _count_over(ds, limit: int) -> int:
+    src, tgt = side_lengths(ds)
+    return int(np.sum(np.maximum(src, tgt) > limit))
+
+
+def unknown_rates(ds) -> dict[str, float]:
+    """Share of <unk> among the validation subwords (the source's appended </s> not counted)."""
+    unk = {"src": 0, "tgt": 0}
+    total = {"src": 0, "tgt": 0}
+    for batch in ds.select_columns(["src_ids", "tgt_ids"]).iter(batch_size=10_000):
+        for side, rows in (("src", batch["src_ids"]), ("tgt", batch["tgt_ids"])):
+            for ids in rows:
+                ids = ids[:-1] if side == "src" and ids and ids[-1] == EOS else ids
+                unk[side] += ids.count(UNK)
+                total[side] += len(ids)
+    return {side: unk[side] / max(total[side], 1) for side in unk}
+
+
+def padding_share(plan, src_len: np.ndarray, tgt_len: np.ndarray) -> float:
+    """Padding share of all micro-batch tensors (source + target) of one epoch, over all processes."""
+    real = padded = 0
+    n_chunks = plan.world_size * plan.accum_steps
+    for batch in plan.batches:
+        for chunk in deal(batch, n_chunks):
+            if len(chunk):
+                real += int(src_len[chunk].sum() + tgt_len[chunk].sum())
+                padded += len(chunk) * int(src_len[chunk].max() + tgt_len[chunk].max())
+    return 1 - real / max(padded, 1)
+
+
+def activation_bytes(m: ModelConfig, max_tokens: int, longest: int) -> int:
+    """Activations autograd keeps for one micro-batch of `max_tokens` padded tokens on each side, fp32.
+
+    4 B x max_tokens x [n_enc (10D + 3F + 3HL) + n_dec (17D + 3F + 6HL) + 2V + 6D], with L = min(longest
+    pair, max_tokens): per token, an encoder layer keeps ~10 vectors of width D, 3 of width F (FFN input,
+    activation, dropout) and 3 attention rows of H x L (scores, probabilities, dropout); a decoder layer
+    has self- and cross-attention; the loss keeps the log-probabilities and backward adds the logits'
+    gradient (2V). Fitted to tensors saved by autograd on CPU (within ~10%); with dropout 0, or fused
+    attention on a GPU (no H x L rows kept), the real figure is lower.
+    """
+    D, F, H, V = m.d_model, m.d_ff, m.n_heads, max(m.src_vocab_size, m.tgt_vocab_size)
+    L = min(longest, max_tokens)
+    per_token = (m.n_encoder_layers * (10 * D + 3 * F + 3 * H * L)
+                 + m.n_decoder_layers * (17 * D + 3 * F + 6 * H * L) + 2 * V + 6 * D)
+    return BYTES_FP32 * max_tokens * per_token
+
+
+# --- the timed probe ----------------------------------------------------------------------------------
+
+
+def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, corpus: Corpus, plan, src_len: np.ndarray,
+          tgt_len: np.ndarray, steps: int, device: str | None) -> None:
+    """Time `steps` optimizer steps (forward, backward, AdamW) on this process's real micro-batches.
+
+    Seconds per epoch = (median over the timed steps of seconds per padded token) x this process's padded
+    tokens of an epoch, so a probe that happened to draw short or long batches does not skew the estimate.
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = model.to(device).train()
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                  weight_decay=o.weight_decay)
+    columns = corpus.splits["train"].select_columns(["src_ids", "tgt_ids"])
+    collate = Collator(pad_to_multiple_of=cfg.pad_to_multiple_of)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    per_token, started = [], time.perf_counter()  # seconds per padded token of each timed step
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(cfg.seed)
+        for i in range(steps + 1):  # step 0 warms up (allocator, kernels) and is not timed
+            window = [_batch(columns, chunk, collate, device) for chunk in plan.micro_batches(i % len(plan))]
+            seconds = _timed_step(model, optimizer, window, o.label_smoothing, device)
+            if i > 0:
+                per_token.append(seconds / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window))
+                if time.perf_counter() - started > PROBE_BUDGET_S:
+                    break  # a slow device: a long probe would not make the estimate much better
+    epoch_work = sum(_padded(chunk, src_len, tgt_len) for step in range(len(plan))
+                     for chunk in plan.micro_batches(step))
+    # the median step: one step slowed by a busy neighbour or a collection pause does not set the estimate
+    report.seconds_per_epoch = float(np.median(per_token)) * epoch_work
+    report.seconds_per_step = report.seconds_per_epoch / len(plan)
+    report.probe_device, report.probe_steps = str(device), len(per_token)
+    if device.type == "cuda":
+        report.measured_peak = int(torch.cuda.max_memory_allocated(device))
+
+
+def _batch(columns, chunk: np.ndarray, collate: Collator, device: torch.device) -> dict:
+    rows = columns[chunk.tolist()]
+    batch = collate([{"src_ids": s, "tgt_ids": t} for s, t in zip(rows["src_ids"], rows["tgt_ids"])])
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _padded(chunk: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray) -> int:
+    return len(chunk) * int(src_len[chunk].max() + tgt_len[chunk].max()) if len(chunk) else 0
+
+
+def _timed_step(model, optimizer, window: list[dict], smoothing: float, device: torch.device) -> float:
+    """One optimizer step as training takes it (loss summed, divided by the step's tokens); its seconds."""
+    _sync(device)
+    start = time.perf_counter()
+    n_tokens = sum(int(b["labels"].ne(0).sum()) for b in window)
+    for b in window:
+        loss, _, _ = label_smoothed_nll(model(b["src_ids"], b["tgt_in_ids"]), b["labels"], 0, smoothing)
+        (loss / max(n_tokens, 1)).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --- problems, each with what to change ------------------------------------------------------------------
+
+
+def find_problems(r: Report, cfg: TrainConfig, model_cfg: ModelConfig, longest_cost: int) -> list[str]:
+    problems = []
+    if r.pairs["valid"] < MIN_VALID_PAIRS:
+        problems.append(f"tiny validation set: {r.pairs['valid']} pairs (< {MIN_VALID_PAIRS}), so BLEU differences "
+                        "between checkpoints are mostly noise; give data.valid a larger set or raise data.valid_ratio")
+    n_dropped = sum(r.dropped.values())
+    if r.read and n_dropped / r.read > MAX_DROPPED_SHARE:
+        top = max(r.dropped, key=r.dropped.get)
+        problems.append(f"cleaning dropped {n_dropped:,} of {r.read:,} training pairs ({n_dropped / r.read:.0%}), "
+                        f"most as {top!r} ({r.dropped[top]:,}): {_drop_advice(top)}")
+    over = {k: v for k, v in r.over_max_positions.items() if v}
+    if over:
+        longest = max(r.src_len["max"], r.tgt_len["max"])
+        problems.append(f"pairs longer than model.max_positions={model_cfg.max_positions} tokens "
+                        f"({', '.join(f'{k} {v:,}' for k, v in over.items())}; the longest training pair has "
+                        f"{longest:,}): training or validation would fail on them; raise model.max_positions or "
+                        "lower data.max_words")
+    for side, name in (("src", "source"), ("tgt", "target")):
+        if r.unk_rate[side] > MAX_UNK_RATE:
+            size = r.src_vocab_size if side == "src" else r.tgt_vocab_size
+            problems.append(f"vocabulary too small: {r.unk_rate[side]:.1%} of the validation {name} subwords are <unk> "
+                            f"(> {MAX_UNK_RATE:.0%}); raise tokenizer.vocab_size (now {size:,}), or check that "
+                            f"the validation {name} is in the training {name}'s language and script")
+    if cfg.max_tokens < longest_cost:
+        problems.append(f"max_tokens={cfg.max_tokens:,} is smaller than the longest training pair "
+                        f"({longest_cost:,} padded tokens): such pairs get a batch of their own, over budget "
+                        f"(a memory spike); raise max_tokens to at least {longest_cost:,} or lower data.max_words")
+    return problems
+
+
+def _drop_advice(reason: str) -> str:
+    return {
+        "empty": "many empty sides: are the source and target files/columns the right ones?",
+        "nul_byte": "NUL bytes: is the file binary or in UTF-16? convert it to UTF-8",
+        "too_long": "raise data.max_words, or check that lines are sentences rather than documents",
+        "length_ratio": "are the files aligned line by line? if so, raise data.max_ratio",
+        "duplicate": "the corpus repeats itself; set data.dedupe: false to keep repeats on purpose",
+    }.get(reason, "check the files")
+
+
+# --- the launch's process count -------------------------------------------------------------------------
+
+
+def launch_processes(flag: int | None = None, profile: str | Path | None = None) -> tuple[int, str]:
+    """The number of training processes, and where it came from.
+
+    In order: `--num-processes N`; `num_processes` of an accelerate config file (`--profile`); the WORLD_SIZE
+    that torchrun / `accelerate launch` set in each process; ACCELERATE_NUM_PROCESSES; else 1.
+    """
+    if flag is not None:
+        return flag, "--num-processes"
+    if profile:
+        data = read_yaml(profile)
+        n = data.get("num_processes", 1)
+        if not isinstance(n, int) or n < 1:
+            raise NmtError(f"{profile}: num_processes must be a positive integer, got {n!r}")
+        return n, str(profile)
+    for name in ("WORLD_SIZE", "ACCELERATE_NUM_PROCESSES"):
+        value = os.environ.get(name)
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise NmtError(f"environment variable {name}={value!r}: expected a positive integer")
+            return int(value), name
+    return 1, "default: no --num-processes, --profile or WORLD_SIZE"
+
+
+# --- formatting ---------------------------------------------------------------------------------------------
+
+
+def _processes(n: int) -> str:
+    return f"{n} process{'es' if n > 1 else ''}"
+
+
+def _per_device(r: Report) -> str:
+    return f"; each of the {r.num_processes} processes on a {r.probe_device} like it" if r.num_processes > 1 else ""
+
+
+def _pairs(pairs: dict[str, int]) -> str:
+    return " / ".join(f"{name} {n:,}" for name, n in pairs.items())
+
+
+def _carved(carved: list[str]) -> str:
+    return f" ({' and '.join(carved)} carved off train)" if carved else ""
+
+
+def _dropped(dropped: dict[str, int]) -> str:
+    if not dropped:
+        return ", nothing dropped"
+    return ", dropped: " + ", ".join(f"{k} {v:,}" for k, v in sorted(dropped.items(), key=lambda kv: -kv[1]))
+
+
+def _pct(p: dict[str, int]) -> str:
+    return " / ".join(f"{k} {v}" for k, v in p.items())
+
+
+def _vocab(r: Report) -> str:
+    if r.joint_vocab:
+        return f"joint {r.src_vocab_size:,} subwords"
+    return f"separate: source {r.src_vocab_size:,}, target {r.tgt_vocab_size:,} subwords"
+
+
+def _n(x: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= size:
+            return f"{x / size:.3g}{unit}"
+    return f"{x:.0f}"
+
+
+def _gb(n_bytes: int | None) -> str:
+    n_bytes = n_bytes or 0
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= size / 10:
+            return f"{n_bytes / size:.3g} {unit}"
+    return f"{n_bytes} B"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.2g} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

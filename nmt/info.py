@@ -1,0 +1,132 @@
+"""What a trained model directory holds: architecture, size, vocabulary, training data, scores, provenance.
+
+Reads config.json, training.json, the tokenizer JSON and the safetensors header only: no weights are
+loaded and nothing is unpickled, so `describe` is safe on a directory from anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+from nmt.config import ModelConfig, from_dict, to_dict
+from nmt.errors import NmtError
+
+CONFIG_FILE, WEIGHTS_FILE, SUMMARY_FILE = "config.json", "model.safetensors", "training.json"
+
+
+def describe(model_dir: str | Path) -> dict:
+    """A plain dict describing the model in `model_dir` (output_dir/model or output_dir/best of a run).
+
+    Keys: model_dir, architecture (the ModelConfig fields), parameters, tensors, dtypes, vocab
+    ({"joint", "src", "tgt"}), and from training.json when present: step, best (validation metrics),
+    data (pairs per split, cleaning), num_processes, argv, command.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise NmtError(f"{model_dir}: no such model directory")
+    arch = _read_model_config(model_dir)
+    out = {"model_dir": str(model_dir), "architecture": to_dict(arch), **weights_summary(model_dir / WEIGHTS_FILE),
+           "vocab": vocab_sizes(model_dir)}
+    summary = _read_json(model_dir / SUMMARY_FILE) if (model_dir / SUMMARY_FILE).is_file() else {}
+    argv = summary.get("argv") or []
+    out.update(step=summary.get("step"), best=summary.get("metrics", {}), data=summary.get("data", {}),
+               num_processes=summary.get("num_processes"), argv=argv, command=command_line(argv))
+    return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NmtError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise NmtError(f"{path}: expected a JSON object")
+    return data
+
+
+def _read_model_config(model_dir: Path) -> ModelConfig:
+    path = model_dir / CONFIG_FILE
+    if not path.is_file():
+        raise NmtError(f"{path}: missing; {model_dir} is not an nmt model directory (give output_dir/model)")
+    return from_dict(ModelConfig, _read_json(path), "model")
+
+
+def weights_summary(path: Path) -> dict:
+    """Parameter count, tensor count and dtypes from the safetensors header (shapes only, no data read)."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise NmtError(f"{path}: missing; {path.parent} holds no weights")
+    n_params, dtypes = 0, {}
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            names = list(f.keys())
+            for name in names:
+                view = f.get_slice(name)
+                n_params += math.prod(view.get_shape())
+                dtypes[view.get_dtype()] = dtypes.get(view.get_dtype(), 0) + 1
+    except (SafetensorError, OSError) as e:
+        raise NmtError(f"{path}: not a readable safetensors file ({e})") from None
+    # a shared source/target/output embedding is stored once, so this is the unique parameter count
+    return {"parameters": n_params, "tensors": len(names), "dtypes": dtypes}
+
+
+def vocab_sizes(model_dir: Path) -> dict:
+    from nmt.tokenizer import PairTokenizer
+
+    tok = PairTokenizer.load(model_dir)
+    return {"joint": tok.joint, "src": tok.src_vocab_size, "tgt": tok.tgt_vocab_size}
+
+
+def command_line(argv: list[str]) -> str:
+    """The command that trained the model, as a shell line; the program by its name (`nmt`, `run.py`)."""
+    if not argv:
+        return ""
+    program = Path(argv[0]).name
+    program = "nmt" if program in ("cli.py", "__main__.py") else program  # python -m nmt.cli
+    return shlex.join([program, *argv[1:]])
+
+
+def lines(info: dict) -> list[str]:
+    """`describe`'s dict as a few lines for the terminal."""
+    a = info["architecture"]
+    arch = (f"{a['n_encoder_layers']}+{a['n_decoder_layers']} layers (encoder+decoder), d_model {a['d_model']}, "
+            f"{a['n_heads']} heads, d_ff {a['d_ff']}, {a['activation']}, {'pre' if a['pre_norm'] else 'post'}-norm, "
+            f"dropout {a['dropout']}, max_positions {a['max_positions']}"
+            f"{', shared embeddings' if a['share_embeddings'] and info['vocab']['joint'] else ''}")
+    v = info["vocab"]
+    vocab = f"joint, {v['src']:,} subwords" if v["joint"] else f"separate: source {v['src']:,}, target {v['tgt']:,}"
+    dtypes = ", ".join(f"{k} x{n}" for k, n in info["dtypes"].items())
+    out = [f"model         {info['model_dir']}",
+           f"architecture  {arch}",
+           f"parameters    {info['parameters'] / 1e6:.2f}M ({info['parameters']:,}) in {info['tensors']} tensors ({dtypes})",
+           f"vocabulary    {vocab}"]
+    if info["data"]:
+        out.append(f"data          {_data(info['data'])}")
+    if info["best"]:
+        out.append(f"validation    step {info['step']}: {_scores(info['best'])}")
+    if info["command"]:
+        procs = info.get("num_processes") or 1
+        out.append(f"command       {info['command']}  ({procs} process{'es' if procs > 1 else ''})")
+    if not info["data"] and not info["command"]:
+        out.append(f"training      unknown (no {SUMMARY_FILE})")
+    return out
+
+
+def _data(data: dict) -> str:
+    pairs = " / ".join(f"{k} {n:,}" for k, n in data.get("pairs", {}).items())
+    clean = data.get("clean", {})
+    dropped = ", ".join(f"{k} {n:,}" for k, n in clean.get("dropped", {}).items()) or "nothing"
+    carved = data.get("carved_from_train") or []
+    return (f"{pairs} pairs{' (' + ' and '.join(carved) + ' carved off train)' if carved else ''}; "
+            f"cleaning read {clean.get('read', 0):,} training pairs, dropped {dropped}")
+
+
+def _scores(best: dict) -> str:
+    names = {"bleu": "BLEU", "chrf": "chrF", "valid_nll": "NLL", "valid_ppl": "perplexity"}
+    shown = [f"{label} {best[key]:.2f}" for key, label in names.items() if isinstance(best.get(key), (int, float))]
+    sig = f" (sacreBLEU {best['bleu_signature']})" if best.get("bleu_signature") else ""
+    return ", ".join(shown) + sig

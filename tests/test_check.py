@@ -1,0 +1,180 @@
+"""`nmt check` / `nmt train --dry-run`: the numbers of a pre-flight check, and the problems it names."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
+
+from nmt.batching import TokenBatchSampler
+from nmt.check import activation_bytes, launch_processes, model_config_for, preflight
+from nmt.cli import main
+from nmt.config import DataConfig, ModelConfig
+from nmt.data import prepare
+from nmt.errors import NmtError
+from nmt.loss import label_smoothed_nll
+from nmt.model import Seq2SeqTransformer
+from nmt.synthetic import generate_pairs
+from tests.conftest import tiny_config, write_pairs
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def cfg(corpus_dir, tmp_path_factory):
+    return tiny_config(corpus_dir, tmp_path_factory.mktemp("check"))
+
+
+@pytest.fixture(scope="module")
+def report(cfg):
+    return preflight(cfg, num_processes=1, probe_steps=2, device="cpu")
+
+
+def test_counts_lengths_and_vocabulary(cfg, report):
+    corpus = prepare(cfg.data, cfg.tokenizer)  # the same cache: an independent look at what was checked
+    assert report.pairs == {"train": 600 - sum(report.dropped.values()), "valid": 40, "test": 40}
+    assert report.read == 600
+    src = np.array([len(x) for x in corpus.splits["train"]["src_ids"]])
+    tgt = np.array([len(x) + 1 for x in corpus.splits["train"]["tgt_ids"]])
+    for p, lengths in ((report.src_len, src), (report.tgt_len, tgt)):
+        assert p["p50"] <= p["p90"] <= p["p99"] <= p["max"] == lengths.max()
+        assert p["p50"] == int(np.percentile(lengths, 50, method="higher"))
+    assert report.tokens_per_epoch == {"src": src.sum(), "tgt": tgt.sum()}
+    assert report.joint_vocab and report.src_vocab_size == report.tgt_vocab_size == corpus.tokenizer.src_vocab_size
+    assert report.unk_rate == {"src": 0.0, "tgt": 0.0}
+    assert 0 <= report.padding_share < 0.5
+
+
+@pytest.mark.parametrize("world, accum", [(1, 1), (2, 1), (2, 3)])
+def test_steps_per_epoch_are_the_training_samplers(cfg, world, accum):
+    cfg = dataclasses.replace(cfg, accum_steps=accum, max_steps=None, max_epochs=2)
+    r = preflight(cfg, num_processes=world, probe_steps=0)
+    costs = prepare(cfg.data, cfg.tokenizer).splits["train"]["cost"]
+    plan = TokenBatchSampler(costs, cfg.max_tokens, 0, world, accum, cfg.seed).plan(0)
+    assert r.steps_per_epoch == len(plan) and r.micro_batches_per_epoch == len(plan) * accum
+    assert r.total_steps == 2 * len(plan)
+    assert r.seconds_per_step is None  # no probe asked for
+
+
+def test_more_processes_fewer_steps(cfg, report):
+    assert preflight(cfg, num_processes=2, probe_steps=0).steps_per_epoch < report.steps_per_epoch
+
+
+def test_probe_times_real_steps(report):
+    assert report.probe_steps == 2 and report.probe_device == "cpu"
+    assert 0 < report.seconds_per_step < 60
+    assert report.seconds_per_epoch == pytest.approx(report.seconds_per_step * report.steps_per_epoch)
+
+
+def test_parameters_and_memory(cfg, report):
+    model = Seq2SeqTransformer(model_config_for(cfg.model, prepare(cfg.data, cfg.tokenizer)))
+    assert report.n_params == model.num_parameters()
+    assert report.memory["states"] == 16 * report.n_params
+    assert report.memory["total"] == report.memory["states"] + report.memory["activations"] > 0
+
+
+def saved_activation_bytes(model: Seq2SeqTransformer, rows: int, length: int) -> int:
+    """Bytes autograd saves for backward in one training forward (parameters not counted)."""
+    params = {p.data_ptr() for p in model.parameters()}
+    storages = {}
+
+    def pack(t):
+        if t.layout == torch.strided and t.data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, model.cfg.tgt_vocab_size, (rows, length), generator=gen)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        label_smoothed_nll(model.train()(ids, ids), ids, 0, 0.1)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("length", [10, 40])
+def test_activation_formula_matches_what_autograd_saves(length):
+    m = ModelConfig.preset("tiny", src_vocab_size=300, tgt_vocab_size=300, dropout=0.1, n_encoder_layers=2)
+    torch.manual_seed(0)
+    measured = saved_activation_bytes(Seq2SeqTransformer(m), 400 // length, length)
+    # the formula also counts the logits' gradient of the backward pass (V per token), not a saved tensor
+    estimate = activation_bytes(m, 400, length) - 4 * 400 * m.tgt_vocab_size
+    assert estimate == pytest.approx(measured, rel=0.2)
+    no_dropout = saved_activation_bytes(Seq2SeqTransformer(dataclasses.replace(m, dropout=0.0)), 400 // length, length)
+    assert activation_bytes(m, 400, length) > no_dropout  # an upper bound without dropout
+
+
+def test_tiny_validation_set_is_named(report):
+    assert len(report.problems) == 1
+    assert "tiny validation set: 40 pairs (< 100)" in report.problems[0] and "data.valid" in report.problems[0]
+
+
+def test_a_sound_setup_has_no_problems(cfg, tmp_path):
+    write_pairs(tmp_path / "valid", generate_pairs(120, seed=11))
+    sound = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=str(tmp_path / "valid")))
+    r = preflight(sound, probe_steps=0)
+    assert r.pairs["valid"] == 120 and r.problems == []
+    assert r.lines()[-1] == "problems  none found"
+
+
+def test_dirty_corpus_counts_drops_by_reason(corpus_dir, tmp_path):
+    good = list(dict.fromkeys(generate_pairs(80, seed=3)))[:60]  # 60 distinct pairs
+    bad = ([("", "eine Zeile")] * 35 + [("a\x00b", "c d")] * 10 + [(" ".join(["w"] * 50), "x y")] * 5
+           + [("one two three four five six seven eight nine ten", "eins")] * 10 + [good[0]] * 5)
+    write_pairs(tmp_path / "train", good + bad)
+    cfg = tiny_config(corpus_dir, tmp_path, data=DataConfig(
+        train=str(tmp_path / "train"), valid=str(corpus_dir / "valid"), test=str(corpus_dir / "test"),
+        max_words=40, cache_dir=str(tmp_path / "cache")))
+    r = preflight(cfg, probe_steps=0)
+    assert r.read == 125
+    # identical bad pairs count under their reason, not as duplicates: reasons are checked first
+    assert r.dropped == {"empty": 35, "nul_byte": 10, "too_long": 5, "length_ratio": 10, "duplicate": 5}
+    assert r.pairs["train"] == 60
+    dropped = [p for p in r.problems if p.startswith("cleaning dropped")]
+    assert len(dropped) == 1 and "65 of 125 training pairs (52%)" in dropped[0] and "'empty' (35)" in dropped[0]
+    assert "dropped: empty 35, " in r.lines()[0]  # the largest first
+
+
+def test_length_and_budget_problems_name_the_setting(cfg):
+    cfg = dataclasses.replace(cfg, max_tokens=12, model=dataclasses.replace(cfg.model, max_positions=16))
+    problems = preflight(cfg, probe_steps=0).problems
+    assert any("model.max_positions=16" in p and "raise model.max_positions" in p for p in problems)
+    assert any("max_tokens=12 is smaller than the longest training pair" in p for p in problems)
+
+
+def test_unknown_characters_in_validation_are_named(cfg, tmp_path):
+    write_pairs(tmp_path / "valid", [("Съешь же ещё этих мягких булок", "да выпей чаю")] * 100)
+    odd = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=str(tmp_path / "valid")))
+    r = preflight(odd, probe_steps=0)
+    assert r.unk_rate["src"] > 0.5 and r.unk_rate["tgt"] > 0.5
+    assert sum("vocabulary too small" in p and "tokenizer.vocab_size" in p for p in r.problems) == 2
+
+
+def test_process_count_from_flag_profile_or_environment(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("ACCELERATE_NUM_PROCESSES", raising=False)
+    assert launch_processes()[0] == 1
+    monkeypatch.setenv("ACCELERATE_NUM_PROCESSES", "4")
+    assert launch_processes() == (4, "ACCELERATE_NUM_PROCESSES")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert launch_processes() == (8, "WORLD_SIZE")
+    assert launch_processes(profile=ROOT / "accelerate_configs" / "cpu_2proc.yaml")[0] == 2
+    assert launch_processes(flag=3, profile=ROOT / "accelerate_configs" / "cpu_2proc.yaml") == (3, "--num-processes")
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(NmtError, match="WORLD_SIZE='two'"):
+        launch_processes()
+
+
+def test_check_and_dry_run_print_the_same_report(corpus_dir, tmp_path, capsys):
+    args = ["--data.train", f"{corpus_dir}/train", "--data.valid", f"{corpus_dir}/valid", "--data.test",
+            f"{corpus_dir}/test", "--data.cache_dir", f"{tmp_path}/cache", "--output_dir", f"{tmp_path}/run",
+            "--model.preset", "tiny", "--tokenizer.vocab_size", "300", "--max_tokens", "400", "--max_steps", "10",
+            "--num-processes", "2", "--probe-steps", "1"]
+    assert main(["check", *args]) == 1  # a problem found: the tiny validation set
+    checked = capsys.readouterr().out.splitlines()
+    assert main(["train", "--dry-run", *args]) == 1
+    dry = capsys.readouterr().out.splitlines()
+    assert checked[0] == "nmt check: default config for 2 processes (from --num-processes)"
+    assert [line for line in checked if not line.startswith("time")] == [line for line in dry if not line.startswith("time")]
+    assert any(line.startswith("problem   tiny validation set") for line in checked)
+    assert not (tmp_path / "run").exists()  # a dry run trains and writes nothing
