@@ -64,9 +64,9 @@ class Attention(nn.Module):
         # up to rounding, and Adam would turn that rounding noise into +-lr updates (so runs split over
         # processes would drift apart). It is masked to stay exactly zero.
         fused = self.kv if cross else self.qkv
-        key = torch.ones_like(fused.bias)
-        key[(0 if cross else d): (d if cross else 2 * d)] = 0
-        self.register_buffer("bias_mask", key, persistent=False)
+        key = torch.zeros_like(fused.bias, dtype=torch.bool)
+        key[(0 if cross else d): (d if cross else 2 * d)] = True
+        self.register_buffer("key_slots", key, persistent=False)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape
@@ -74,7 +74,7 @@ class Attention(nn.Module):
 
     def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention keys and values of the encoder output: computed once per sentence."""
-        k, v = F.linear(memory, self.kv.weight, self.kv.bias * self.bias_mask).chunk(2, dim=-1)
+        k, v = F.linear(memory, self.kv.weight, self.kv.bias.masked_fill(self.key_slots, 0.0)).chunk(2, dim=-1)
         return self.heads(k), self.heads(v)
 
     def forward(self, x: torch.Tensor, attend: torch.Tensor | None = None, causal: bool = False,
@@ -86,7 +86,7 @@ class Attention(nn.Module):
         if self.cross:
             q, (k, v) = self.heads(self.q(x)), kv
         else:
-            q, k, v = map(self.heads, F.linear(x, self.qkv.weight, self.qkv.bias * self.bias_mask).chunk(3, dim=-1))
+            q, k, v = map(self.heads, F.linear(x, self.qkv.weight, self.qkv.bias.masked_fill(self.key_slots, 0.0)).chunk(3, dim=-1))
             if kv is not None:
                 k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, is_causal=causal,
@@ -146,7 +146,7 @@ class DecoderLayer(nn.Module):
         Projecting the memory here, inside forward, matters under FSDP: a wrapped layer's weights are
         gathered only while its forward runs.
         """
-        cross_kv = self.cross_attn.project_kv(memory) if isinstance(memory, torch.Tensor) else memory
+        cross_kv = self.cross_kv(memory) if isinstance(memory, torch.Tensor) else memory
         # causality is a property of the decoder: full-prefix runs use is_causal; a cached call with
         # several new positions needs a mask aligned to the end (is_causal aligns to the start). Right
         # padding needs no target mask: real positions only ever look left, at real tokens.
@@ -157,6 +157,11 @@ class DecoderLayer(nn.Module):
         x, _ = self.sub_cross(x, lambda h: self.cross_attn(h, attend=attend, kv=cross_kv))
         x, _ = self.sub_ff(x, self.ff)
         return x, new_kv
+
+
+    def cross_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention (K, V) of the encoder output (B, S, D) for this layer (a cache's start)."""
+        return self.cross_attn.project_kv(memory)
 
 
 class DecoderCache:
@@ -232,7 +237,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def start_cache(self, memory: torch.Tensor, src_ids: torch.Tensor) -> DecoderCache:
         """A cache holding the cross-attention K/V of `memory` (B, S, D) for every decoder layer."""
-        cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+        cross = [layer.cross_kv(memory) for layer in self.decoder]
         return DecoderCache(cross, key_attend(src_ids, self.cfg.pad_id))
 
     def decode(self, tgt_in_ids: torch.Tensor, memory: torch.Tensor, src_ids: torch.Tensor,

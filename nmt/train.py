@@ -104,6 +104,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
     optimizer = make_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.optim.warmup_steps))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    register_search_methods(accelerator, model)
     state = resume(accelerator, cfg, sampler) if cfg.resume else TrainState()
     total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch()
     start_run(accelerator, cfg, corpus, model, state.step)
@@ -156,6 +157,22 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def register_search_methods(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """Under FSDP2 a module's sharded weights are gathered only inside forward(); validation search calls
+    encode/decode/start_cache, so FSDP is told to gather around those methods too."""
+    if accelerator.distributed_type.value != "FSDP":
+        return
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    base = accelerator.unwrap_model(model)
+    for name in ("encode", "decode", "start_cache"):
+        if hasattr(base, name):
+            register_fsdp_forward_method(base, name)
+    for module in base.modules():
+        if hasattr(module, "cross_kv"):  # a decoder layer: called outside forward when a cache starts
+            register_fsdp_forward_method(module, "cross_kv")
 
 
 def check_contract(model: torch.nn.Module, tokenizer: PairTokenizer) -> None:
@@ -401,13 +418,27 @@ def valid_bleu(accelerator, cfg: TrainConfig, model, corpus: Corpus) -> dict:
     valid = corpus.splits["valid"]
     n = min(len(valid), cfg.eval_max_sentences or len(valid))
     src_ids = valid.select(range(n))["src_ids"]
-    found = search_encoded(base, src_ids, SearchConfig(beam_size=cfg.eval_beam), cfg.max_tokens,
-                           accelerator.process_index, accelerator.num_processes, accelerator.device)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    if accelerator.distributed_type.value == "FSDP":
+        # sharded weights: decode with a gathered full copy on the main process (validation only)
+        base, rank, world = gathered_copy(accelerator, model, base), 0, 1
+    found = {} if base is None else search_encoded(base, src_ids, SearchConfig(beam_size=cfg.eval_beam),
+                                                   cfg.max_tokens, rank, world, accelerator.device)
     mine = [(i, hyps[0].tokens) for i, hyps in found.items()]
     gathered = dict(accelerator.gather_for_metrics(mine, use_gather_object=True))  # index -> tokens, each once
     hyps = corpus.tokenizer.decode_tgt([gathered[i] for i in range(n)])
     scores = corpus_scores(hyps, valid.select(range(n))["tgt"])
     return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
+
+
+def gathered_copy(accelerator, model, base):
+    """On the main process, an unsharded copy of an FSDP model (None elsewhere)."""
+    state = accelerator.get_state_dict(model)  # every process takes part; the full weights land on the main one
+    if not accelerator.is_main_process:
+        return None
+    copy = type(base)(base.cfg).to(accelerator.device)
+    copy.load_state_dict(state)
+    return copy.eval()
 
 
 def evaluate_and_keep_best(accelerator, cfg: TrainConfig, model, corpus: Corpus, state: TrainState) -> None:
