@@ -199,6 +199,9 @@ def _from_generator(fn: Callable, kwargs: dict, cache: Path) -> datasets.Dataset
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise cause from None
+        if "corresponds to no data" in str(e):  # the generator yielded nothing
+            where = kwargs.get("path") or " + ".join(str(kwargs[k]) for k in ("src", "tgt") if k in kwargs)
+            raise NmtError(f"no training pairs in {where or kwargs} (empty file?)") from None
         raise
 
 

@@ -1,0 +1,224 @@
+"""The catalogue of malformed inputs: each gets a named outcome, never a traceback.
+
+Outcomes: ERROR = one line naming the file (and line), exit code 2, nothing written;
+SKIP = the pair is dropped and counted under the named reason; WORKS = read as intended.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from accelerate.state import AcceleratorState, GradientState
+
+from nmt.cli import main
+from nmt.config import DataConfig, TokenizerConfig
+from nmt.data import prepare
+from tests.conftest import write_pairs
+
+GOOD = [(f"sentence number {i} is here .", f"satz nummer {i} ist hier .") for i in range(40)]
+TOK = TokenizerConfig(vocab_size=150, min_frequency=1)
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def nmt_train(tmp_path, train_spec, capsys, *extra) -> tuple[int, str]:
+    code = main(["train", "--data.train", str(train_spec), "--data.src_lang", "en", "--data.tgt_lang", "de",
+                 "--data.cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "run"),
+                 "--model.preset", "tiny", "--tokenizer.vocab_size", "150", "--tokenizer.min_frequency", "1",
+                 "--max_steps", "1", "--data.valid_ratio", "0.1", "--data.test_ratio", "0.1", *map(str, extra)])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def assert_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def prepared(tmp_path, train_spec, **kw):
+    cfg = DataConfig(train=str(train_spec), src_lang="en", tgt_lang="de", cache_dir=str(tmp_path / "cache"), **kw)
+    return prepare(cfg, TOK)
+
+
+def pair_files(tmp_path, src: bytes, tgt: bytes, name="train") -> Path:
+    (tmp_path / f"{name}.en").write_bytes(src)
+    (tmp_path / f"{name}.de").write_bytes(tgt)
+    return tmp_path / name
+
+
+def good_bytes(side: int) -> bytes:
+    return "".join(p[side] + "\n" for p in GOOD).encode()
+
+
+# --- ERROR: one line, exit 2 -----------------------------------------------------------------------
+
+def test_empty_files(tmp_path, capsys):
+    assert_error(*nmt_train(tmp_path, pair_files(tmp_path, b"", b""), capsys), "no training pairs", "empty file")
+    assert not (tmp_path / "run").exists()
+
+
+def test_mismatched_line_counts(tmp_path, capsys):
+    spec = pair_files(tmp_path, good_bytes(0), good_bytes(1) + b"extra\n")
+    assert_error(*nmt_train(tmp_path, spec, capsys), "train.en has 40 lines", "train.de has 41")
+
+
+def test_tsv_line_with_one_column(tmp_path, capsys):
+    path = tmp_path / "c.tsv"
+    path.write_text("".join(f"{a}\t{b}\n" for a, b in GOOD[:5]) + "no tab here\n")
+    assert_error(*nmt_train(tmp_path, path, capsys), "c.tsv:6", "expected source<TAB>target")
+
+
+def test_invalid_utf8(tmp_path, capsys):
+    spec = pair_files(tmp_path, good_bytes(0) + b"caf\xc3\x28\n", good_bytes(1) + b"x\n")
+    assert_error(*nmt_train(tmp_path, spec, capsys), "train.en:41: not valid UTF-8")
+
+
+def test_jsonl_line_that_is_not_json(tmp_path, capsys):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"en": "a", "de": "b"}) + "\n{'en': 'single quotes'}\n")
+    assert_error(*nmt_train(tmp_path, path, capsys), "d.jsonl:2: not valid JSON")
+
+
+def test_jsonl_missing_field(tmp_path, capsys):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"en": "a", "fr": "b"}) + "\n")
+    assert_error(*nmt_train(tmp_path, path, capsys), "d.jsonl:1: missing field", "'de'")
+
+
+def test_empty_corpus_after_cleaning(tmp_path, capsys):
+    spec = pair_files(tmp_path, b"\n  \n\t\n", b"a\n\n \n")
+    assert_error(*nmt_train(tmp_path, spec, capsys), "no training pairs left after cleaning")
+
+
+def test_config_unknown_key_and_wrong_type(tmp_path, capsys):
+    spec = pair_files(tmp_path, good_bytes(0), good_bytes(1))
+    code, err = nmt_train(tmp_path, spec, capsys, "--optim.learning_rate", "1")
+    assert_error(code, err, "unknown config key 'optim.learning_rate'")
+    assert_error(*nmt_train(tmp_path, spec, capsys, "--max_tokens", "lots"), "'max_tokens'", "expected int")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from nmt import train
+    from tests.conftest import tiny_config
+    tmp = tmp_path_factory.mktemp("bad-model")
+    pair_files(tmp, good_bytes(0), good_bytes(1))
+    cfg = tiny_config(tmp, tmp, max_steps=2, eval_every=2, save_every=2)
+    cfg.data = DataConfig(train=str(tmp / "train"), src_lang="en", tgt_lang="de", cache_dir=str(tmp / "cache"),
+                          valid_ratio=0.2, test_ratio=0.1)
+    cfg.tokenizer = TOK
+    result = train(cfg)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return result.model_dir
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda d: (d / "config.json").unlink(), "config.json: missing"),
+    (lambda d: (d / "config.json").write_text("{not json"), "config.json: not valid JSON"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "cannot read the weights"),
+    (lambda d: (d / "model.safetensors").unlink(), "cannot read the weights"),
+    (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer.json"),
+    (lambda d: (d / "tokenizer.json").write_text("[]"), "not a readable tokenizer file"),
+])
+def test_model_dir_with_missing_or_corrupt_file(model_dir, tmp_path, capsys, damage, needle):
+    import shutil
+    broken = tmp_path / "model"
+    shutil.copytree(model_dir, broken)
+    damage(broken)
+    assert_error(main(["translate", str(broken)]), capsys.readouterr().err, needle)
+
+
+def test_tokenizer_that_does_not_match_the_model(model_dir, tmp_path, capsys):
+    import shutil
+
+    from nmt.tokenizer import TokenizerConfig as _  # noqa: F401
+    from nmt.tokenizer import train_tokenizer
+    broken = tmp_path / "model"
+    shutil.copytree(model_dir, broken)
+    other = train_tokenizer(["completely different words here"] * 20, TokenizerConfig(vocab_size=40, min_frequency=1))
+    other.save(str(broken / "tokenizer.json"))
+    assert_error(main(["translate", str(broken)]), capsys.readouterr().err, "does not match the model")
+
+
+# --- SKIP: dropped and counted -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("src, tgt, reason", [
+    (b"a\x00b c\n", b"d e\n", "nul_byte"),
+    ("x" * 100_000 + "\n", "y\n", "too_long"),
+    ("word " * 300 + "\n", "wort\n", "too_long"),
+    (b"   \t \n", b"text\n", "empty"),
+])
+def test_counted_skips(tmp_path, src, tgt, reason):
+    src, tgt = (s.encode() if isinstance(s, str) else s for s in (src, tgt))
+    corpus = prepared(tmp_path, pair_files(tmp_path, good_bytes(0) + src, good_bytes(1) + tgt),
+                      valid_ratio=0.1, test_ratio=0.1)
+    assert corpus.stats["clean"]["dropped"] == {reason: 1}
+
+
+def test_long_subword_sequences_are_counted(tmp_path):
+    long_src = " ".join(f"w{i}" for i in range(200))  # 200 words, many more subwords
+    corpus = prepared(tmp_path, pair_files(tmp_path, good_bytes(0) + (long_src + "\n").encode(),
+                                           good_bytes(1) + b"kurz\n"), valid_ratio=0.1, test_ratio=0.1,
+                      max_subwords=100, max_ratio=1000.0)
+    assert corpus.stats["clean"]["dropped"] == {"too_many_subwords": 1}
+
+
+# --- WORKS -----------------------------------------------------------------------------------------
+
+def test_crlf_bom_and_tabs_inside_fields(tmp_path):
+    src = "\ufeff" + "".join(p[0] + "\r\n" for p in GOOD[:-1]) + "a\ttab inside\r\n"
+    tgt = "".join(p[1] + "\r\n" for p in GOOD[:-1]) + "ein\tTab drin\r\n"
+    corpus = prepared(tmp_path, pair_files(tmp_path, src.encode(), tgt.encode()), valid_ratio=0.1, test_ratio=0.1)
+    texts = {s for name in ("train", "valid", "test") for s in corpus.splits[name]["src"]}
+    assert GOOD[0][0] in texts and "a\ttab inside" in texts  # BOM and CR gone, the tab kept as text
+    assert not any(s.endswith("\r") or s.startswith("\ufeff") for s in texts)
+
+
+def test_non_latin_scripts_and_emoji(tmp_path):
+    pairs = [(f"我爱你 {i} 🙂", f"Я люблю тебя {i} ❤️ مرحبا") for i in range(40)]
+    corpus = prepared(tmp_path, write_pairs(tmp_path / "u", pairs, "en", "de"), valid_ratio=0.1, test_ratio=0.1)
+    tok = corpus.tokenizer
+    for _, tgt in pairs[:5]:
+        assert tok.decode_tgt(tok.encode_tgt([tgt]))[0] == tgt  # round trip, nothing lost to <unk>
+    assert tok.unknown_rate([p[0] for p in pairs]) == 0.0
+
+
+# --- long inputs at translation time ---------------------------------------------------------------
+
+def test_a_sentence_longer_than_the_model_is_truncated_or_split(model_dir, caplog):
+    from nmt import Translator
+    tr = Translator.from_pretrained(model_dir)
+    very_long = " ".join(["sentence number 7 is here ."] * 400)  # ~2,400 words > max_positions subwords
+    out = tr.translate([very_long, "sentence number 1 is here ."], beam_size=2, max_new_tokens=20)
+    assert len(out) == 2 and "truncated to model.max_positions" in caplog.text
+    split = tr.translate([very_long], beam_size=1, max_new_tokens=5, long_inputs="split")
+    assert len(split) == 1 and "translating it in" in caplog.text
+
+
+def test_one_bad_line_does_not_lose_the_others(model_dir, monkeypatch, caplog):
+    from nmt import Translator
+    tr = Translator.from_pretrained(model_dir)
+    real = Translator.translate
+
+    def flaky(self, texts, **kw):
+        if any("POISON" in t for t in texts):
+            raise RuntimeError("simulated out of memory")
+        return real(self, texts, **kw)
+
+    monkeypatch.setattr(Translator, "translate", flaky)
+    lines = [f"sentence number {i} is here ." for i in range(5)]
+    lines[2] = "POISON line"
+    out = list(tr.translate_stream(lines, chunk_size=4, beam_size=1, max_new_tokens=8))
+    good = tr.translate([lines[i] for i in (0, 1, 3, 4)], beam_size=1, max_new_tokens=8)
+    assert out == [good[0], good[1], "", good[2], good[3]]  # only the bad line is empty, order kept
+    assert "input line 3 could not be translated" in caplog.text
