@@ -143,3 +143,17 @@ def test_accelerate_launch_two_processes_train_resume_translate(corpus_dir, tmp_
     from nmt import Translator
     out = Translator.from_pretrained(tmp_path / "run" / "model").translate(["The dog sleeps."], beam_size=2)
     assert len(out) == 1 and isinstance(out[0], str)
+
+
+def test_accelerate_notebook_launcher_trains_as_one_group(corpus_dir, tmp_path):
+    """The notebook recipe of the README: accelerate.notebook_launcher(train, (cfg,), num_processes=2).
+
+    On a CPU-only machine notebook_launcher's processes each believe they are rank 0 of 1 unless the
+    Accelerator is told it runs on CPU; train() does that, so the two form one gloo group."""
+    from accelerate import notebook_launcher
+
+    cfg = tiny_config(corpus_dir, tmp_path, max_steps=4, eval_every=4, save_every=4)
+    notebook_launcher(run_training, (cfg,), num_processes=2)
+    summary = json.loads((Path(cfg.output_dir) / "model" / "training.json").read_text())
+    assert summary["num_processes"] == 2
+    assert (Path(cfg.output_dir) / "checkpoints" / "step_4" / "random_states_1.pkl").is_file()
