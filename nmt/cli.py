@@ -1,4 +1,4 @@
-"""The `nmt` command: train, check, translate, evaluate, plot, info. User errors print one line and exit with code 2.
+"""The `nmt` command: train, check, translate, evaluate, export, plot, info. User errors print one line and exit with code 2.
 
 `accelerate launch run.py ...` is `nmt train ...` on as many processes as the profile says.
 """
@@ -95,33 +95,76 @@ def _search_kwargs(args: argparse.Namespace) -> dict:
     return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, alpha=args.alpha)
 
 
+def _translator(args: argparse.Namespace):
+    """The PyTorch model of MODEL_DIR, or with --ct2 DIR the CTranslate2 export."""
+    from nmt.translate import Translator
+
+    if args.ct2:
+        return Translator.from_ctranslate2(args.ct2, device=args.device)
+    if not args.model_dir:
+        raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")
+    return Translator.from_pretrained(args.model_dir, device=args.device)
+
+
 def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.translate import Translator
 
     _no_extra(extra)
-    translator = Translator.from_pretrained(args.model_dir, device=args.device)
+    if args.attention and not args.model_dir:
+        raise NmtError("--attention needs MODEL_DIR (the PyTorch model): CTranslate2 does not expose the weights")
+    translator = _translator(args)
     source = open(args.input, encoding="utf-8") if args.input else sys.stdin
     sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    first: list[str] = []  # the first input sentence, for --attention
+
+    def lines():
+        for line in source:
+            if not first:
+                first.append(line.rstrip("\r\n"))
+            yield line
+
     try:
-        for line in translator.translate_stream(source, nbest=args.nbest, **_search_kwargs(args)):
+        for line in translator.translate_stream(lines(), nbest=args.nbest, **_search_kwargs(args)):
             sink.write(line + "\n")
     finally:
         if args.input:
             source.close()
         if args.output:
             sink.close()
+    if args.attention:
+        if not first:
+            raise NmtError("--attention: the input is empty; there is no first sentence to draw")
+        torch_translator = translator if translator.backend == "torch" else Translator.from_pretrained(args.model_dir, args.device)
+        _draw_attention(torch_translator, first[0], args)
+    return 0
+
+
+def _draw_attention(translator, text: str, args: argparse.Namespace) -> None:
+    from nmt.attention import plot_alignment
+
+    src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam, alpha=args.alpha)
+    translation = translator.tokenizer.decode_tgt([[translator.tokenizer.tgt.token_to_id(t) for t in tgt]])[0]
+    out = plot_alignment(src, tgt, weights, args.attention, title=f"{text}  \u2192  {translation}")
+    print(f"wrote {out} (cross-attention of the first sentence)", file=sys.stderr)
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.export import export_ctranslate2
+
+    _no_extra(extra)
+    out = export_ctranslate2(args.model_dir, args.out, quantization=args.quantization, force=args.force)
+    print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}); translate with: nmt translate --ct2 {out}")
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.metrics import corpus_scores
-    from nmt.translate import Translator
 
     _no_extra(extra)
     src, ref = _read_lines(args.src), _read_lines(args.ref)
     if len(src) != len(ref):
         raise NmtError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    hyps = Translator.from_pretrained(args.model_dir, device=args.device).translate(src, **_search_kwargs(args))
+    hyps = _translator(args).translate(src, **_search_kwargs(args))
     if args.output:
         Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     scores = corpus_scores(hyps, ref)
@@ -165,7 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, help_ in (("translate", cmd_translate, "translate stdin or --input to stdout or --output"),
                             ("evaluate", cmd_evaluate, "BLEU and chrF of a model on a test set")):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
+        p.add_argument("model_dir", nargs="?", help="a model directory (output_dir/model of a run); "
+                       "optional with --ct2")
+        p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
+                       "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
         p.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
         p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
         p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch")
@@ -174,10 +220,22 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "translate":
             p.add_argument("--input", help="read here instead of stdin")
             p.add_argument("--nbest", type=int, default=1, help="hypotheses per sentence (tab-separated with scores)")
+            p.add_argument("--attention", metavar="PNG", help="also draw the cross-attention alignment of the FIRST "
+                           "input sentence into this image (.png/.svg/.pdf); needs MODEL_DIR, also with --ct2")
+            p.add_argument("--attention-layer", type=int, default=-1,
+                           help="decoder layer drawn by --attention, averaged over its heads (default: the last)")
         else:
             p.add_argument("--src", required=True, help="source sentences, one per line")
             p.add_argument("--ref", required=True, help="reference translations, one per line")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("export", help="export a model directory for another runtime (CTranslate2)")
+    p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
+    p.add_argument("--to", required=True, choices=["ctranslate2"], help="the target format")
+    p.add_argument("out", help="the directory to write (must be empty or absent unless --force)")
+    p.add_argument("--quantization", help="weight type: int8, int8_float32, int16, float16, bfloat16, ... "
+                   "(default: float32)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("plot", help="draw loss, validation BLEU/chrF, learning rate and throughput of runs into a PNG")
     p.add_argument("run_dirs", nargs="+", help="run directories (output_dir of nmt train); several are overlaid")
     p.add_argument("-o", "--output", help="the image to write (.png, .svg, .pdf); default RUN_DIR/curves.png")

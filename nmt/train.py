@@ -76,7 +76,23 @@ class TrainResult:
 
 def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult:
     """Train a model as `cfg` says; `model` (optional) is your own nn.Module following the contract
-    `forward(src_ids, tgt_in_ids) -> logits (B, T, V)`. Returns where the final model was saved."""
+    `forward(src_ids, tgt_in_ids) -> logits (B, T, V)`. Returns where the final model was saved.
+
+    In a single process (a notebook, a script) Accelerate's process-wide state is cleared again at the
+    end, so train() can be called again with other settings, or followed by notebook_launcher.
+    """
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    fresh = not PartialState._shared_state
+    try:
+        return _train(cfg, model)
+    finally:
+        if fresh and PartialState._shared_state and PartialState().num_processes == 1:
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+
+
+def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     accelerator = Accelerator(
         # without a GPU, processes started by torchrun (accelerate launch) must still join one gloo group
         cpu=not torch.cuda.is_available(),

@@ -2,6 +2,8 @@
 
 `Translator.from_pretrained(d).translate([...])` is the Python entry; `translate_stream` keeps
 memory flat on inputs of any size by working through them a chunk at a time.
+`Translator.from_ctranslate2(d)` decodes a model exported by `nmt export` with CTranslate2 instead
+(same methods, except `attention`, which needs the PyTorch model).
 """
 
 from __future__ import annotations
@@ -9,14 +11,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from nmt.batching import eval_batches
 from nmt.collate import pad
+from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.search import Hypothesis, SearchConfig, beam_search
 from nmt.tokenizer import PairTokenizer
+
+if TYPE_CHECKING:
+    from nmt.export import CT2Model
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +47,15 @@ def search_encoded(model, src_ids: list[list[int]], search: SearchConfig, batch_
 class Translator:
     """A trained model and its tokenizer, ready to translate sentences."""
 
-    def __init__(self, model: Seq2SeqTransformer, tokenizer: PairTokenizer, device: str | torch.device = "cpu"):
-        self.model = model.to(device).eval()
+    def __init__(self, model: Seq2SeqTransformer | CT2Model, tokenizer: PairTokenizer, device: str | torch.device = "cpu"):
+        self.model = model.to(device).eval() if isinstance(model, torch.nn.Module) else model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
+
+    @property
+    def backend(self) -> str:
+        """"torch" (nmt's own search) or "ctranslate2"."""
+        return "torch" if isinstance(self.model, torch.nn.Module) else "ctranslate2"
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> Translator:
@@ -53,6 +65,44 @@ class Translator:
         tokenizer = PairTokenizer.load(directory).without_dropout()
         _check_vocab(model, tokenizer, directory)
         return cls(model, tokenizer, device)
+
+    @classmethod
+    def from_ctranslate2(cls, directory: str | Path, device: str | torch.device = "cpu", compute_type: str = "default",
+                         threads: int = 0) -> Translator:
+        """A model exported by `nmt export MODEL_DIR --to ctranslate2 DIR`, decoded by CTranslate2.
+
+        `compute_type` is CTranslate2's ("default": as exported, e.g. int8; "float32", "int8", ...); `threads`
+        its intra-op threads (0: its default). Greedy translations equal the PyTorch model's (float32 export).
+        """
+        from nmt.export import CT2Model
+
+        directory = Path(directory)
+        model = CT2Model(directory, device=str(device), compute_type=compute_type, threads=threads)
+        tokenizer = PairTokenizer.load(directory).without_dropout()
+        _check_vocab(model, tokenizer, directory)
+        return cls(model, tokenizer, device)
+
+    def attention(self, text: str, layer: int = -1, beam_size: int = 4, **search_kwargs) -> tuple[list[str], list[str], torch.Tensor]:
+        """Translate one sentence and return its cross-attention alignment.
+
+        Returns (source subword tokens (S,) ending in </s>, target tokens (T,) ending in </s>, weights (T, S)):
+        row t is how the step that produced target token t attended over the source, averaged over the heads
+        of decoder layer `layer` (default: the last). Draw it with `nmt.attention.plot_alignment`.
+        """
+        from nmt.attention import cross_attention
+
+        if self.backend != "torch":
+            raise NmtError("attention pictures need the PyTorch model: use Translator.from_pretrained(MODEL_DIR)")
+        limit = self.model.cfg.max_positions
+        ids = fit_length(self.tokenizer.encode_src([text])[0], limit, "truncate")[0]
+        search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
+        src_ids = torch.tensor([ids], device=self.device)
+        with torch.inference_mode():
+            best = beam_search(self.model, src_ids, SearchConfig(beam_size=beam_size, **search_kwargs))[0][0].tokens
+            weights = cross_attention(self.model, src_ids, best, layer)
+        src_tokens = self.tokenizer.src_tokens(text)
+        src_tokens = src_tokens if len(src_tokens) == len(ids) else src_tokens[: len(ids) - 1] + ["</s>"]
+        return src_tokens, self.tokenizer.tgt_tokens(best), weights
 
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
                   long_inputs: str = "truncate", **search_kwargs) -> list[str] | list[list[tuple[str, float]]]:
@@ -69,8 +119,11 @@ class Translator:
             for piece in fit_length(ids, limit, long_inputs):
                 pieces.append(piece)
                 owner.append(i)
-        with torch.inference_mode():
-            found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device)
+        if self.backend == "torch":
+            with torch.inference_mode():
+                found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device)
+        else:
+            found = self.model.search(pieces, search, batch_tokens)
         if nbest == 1:
             decoded = self.tokenizer.decode_tgt([found[j][0].tokens for j in range(len(pieces))])
             return _join_pieces(decoded, owner, len(texts))
@@ -125,7 +178,6 @@ def fit_length(ids: list[int], limit: int, how: str) -> list[list[int]]:
                     "in %d pieces", len(ids), limit, -(-len(body) // (limit - 1)))
         return [body[i: i + limit - 1] + eos for i in range(0, len(body), limit - 1)]
     if how != "truncate":
-        from nmt.errors import NmtError
         raise NmtError(f"long_inputs must be 'truncate' or 'split', got {how!r}")
     log.warning("a source sentence of %d subwords was truncated to model.max_positions=%d", len(ids), limit)
     return [body[: limit - 1] + eos]
@@ -138,9 +190,7 @@ def _join_pieces(decoded: list[str], owner: list[int], n: int) -> list[str]:
     return [" ".join(parts) for parts in out]
 
 
-def _check_vocab(model: Seq2SeqTransformer, tokenizer: PairTokenizer, directory: Path) -> None:
-    from nmt.errors import NmtError
-
+def _check_vocab(model: Seq2SeqTransformer | CT2Model, tokenizer: PairTokenizer, directory: Path) -> None:
     if (model.cfg.src_vocab_size, model.cfg.tgt_vocab_size) != (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size):
         raise NmtError(f"{directory}: the tokenizer ({tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size} "
                        f"tokens) does not match the model ({model.cfg.src_vocab_size}/{model.cfg.tgt_vocab_size}); "
