@@ -142,12 +142,15 @@ class TrainConfig:
     resume: str | None = None  # "latest" or a checkpoint directory
     max_minutes: float | None = None  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
     max_bad_steps: int = 20  # stop (with a checkpoint) after this many non-finite steps in a row
+    patience: Optional[int] = None  # early stopping: stop after this many validations without a new best
+    average_last: int = 0  # at the end, average the last N checkpoints; kept if it validates at least as well
     pad_to_multiple_of: int | None = None  # pad batch lengths to a multiple of this (8 for tensor cores)
 
     def __post_init__(self) -> None:
         _check(self.max_tokens > 0, "max_tokens", "must be positive")
         _check(self.accum_steps > 0, "accum_steps", "must be positive")
         _check(self.max_steps is not None or self.max_epochs is not None, "max_steps", "set max_steps or max_epochs")
+        _check(self.keep_last >= self.average_last, "average_last", f"needs keep_last >= {self.average_last}")
         intervals = (self.eval_every, self.save_every, self.log_every)
         _check(min(intervals) > 0, "eval_every", "eval_every, save_every and log_every must be positive")
 

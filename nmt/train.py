@@ -51,6 +51,7 @@ class TrainState:
     step: int = 0
     best_score: float = -math.inf  # validation BLEU, or minus the validation loss for models without search
     best_step: int = -1
+    evals_since_best: int = 0  # for early stopping
     tokens_seen: int = 0
     skipped_steps: int = 0  # steps whose loss or gradient was not finite (no update made)
     bad_in_row: int = 0
@@ -307,6 +308,9 @@ def run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, sta
                                            "skipped_steps": state.skipped_steps}, state.step)
         if (state.step % cfg.eval_every == 0 or last) and stopped_by in (None, "time"):
             evaluate_and_keep_best(accelerator, cfg, model, corpus, state)
+            if cfg.patience is not None and state.evals_since_best >= cfg.patience and not last:
+                stopped_by = "patience"  # no better validation score for `patience` evaluations
+                log.info(f"early stop at step {state.step}: best was step {state.best_step}", main_process_only=True)
         if state.step % cfg.save_every == 0 or last or stopped_by:
             save_checkpoint(accelerator, cfg, state)
     bar.close()
@@ -447,6 +451,29 @@ def valid_bleu(accelerator, cfg: TrainConfig, model, corpus: Corpus) -> dict:
     return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
 
 
+def try_average(accelerator, cfg: TrainConfig, model, corpus: Corpus, state: TrainState) -> None:
+    """Average the last `average_last` checkpoints; it replaces best/ when it validates at least as well."""
+    from nmt.average import average_weights, load_into
+
+    found = ckpt.list_checkpoints(cfg.output_dir)[-cfg.average_last:]
+    if len(found) < 2 or accelerator.distributed_type.value == "FSDP":
+        if accelerator.distributed_type.value == "FSDP":
+            log.warning("average_last is not supported under FSDP yet: use `nmt average` on the checkpoints")
+        return
+    base = accelerator.unwrap_model(model)
+    load_into(base, average_weights(found))  # every process loads the same files, so all agree
+    metrics = validate(accelerator, cfg, model, corpus)
+    score = metrics.get("bleu", -metrics["valid_nll"])
+    names = ", ".join(d.name for d in found)
+    if accelerator.is_main_process:
+        print(f"average of {names}: " + " ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
+              + f" (best single: {state.best_score:.2f})", file=sys.stderr, flush=True)
+    if score >= state.best_score:
+        state.best_score = score
+        save_model_dir(accelerator, cfg, model, corpus, Path(cfg.output_dir) / "best",
+                       {**metrics, "averaged": names}, state)
+
+
 def gathered_copy(accelerator, model, base):
     """On the main process, an unsharded copy of an FSDP model (None elsewhere)."""
     state = accelerator.get_state_dict(model)  # every process takes part; the full weights land on the main one
@@ -461,6 +488,7 @@ def evaluate_and_keep_best(accelerator, cfg: TrainConfig, model, corpus: Corpus,
     metrics = validate(accelerator, cfg, model, corpus)
     score = metrics.get("bleu", -metrics["valid_nll"])
     improved = score > state.best_score
+    state.evals_since_best = 0 if improved else state.evals_since_best + 1
     if improved:
         state.best_score, state.best_step = score, state.step
         save_model_dir(accelerator, cfg, model, corpus, Path(cfg.output_dir) / "best", metrics, state)
@@ -509,9 +537,11 @@ def save_checkpoint(accelerator, cfg: TrainConfig, state: TrainState) -> None:
 
 
 def finish(accelerator, cfg: TrainConfig, model, corpus: Corpus, state: TrainState) -> TrainResult:
-    """The final model directory: a copy of best/ (by validation BLEU)."""
+    """The final model directory: the checkpoint average if asked for and no worse, else best/."""
     out = Path(cfg.output_dir)
     best, final = out / "best", out / "model"
+    if cfg.average_last > 1:
+        try_average(accelerator, cfg, model, corpus, state)
     if accelerator.is_main_process and best.is_dir():
         tmp = ckpt.temp_dir_for(final)
         shutil.rmtree(tmp, ignore_errors=True)

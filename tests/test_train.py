@@ -138,3 +138,34 @@ def test_coming_from_dataparallel_doc_model_trains(tiny_cfg):
     dp = torch.nn.DataParallel(model.eval())
     src, tgt = torch.tensor([[5, 6, 3, 0], [7, 8, 9, 3]]), torch.tensor([[2, 5, 0], [2, 7, 8]])
     assert torch.allclose(dp(src, tgt), model(src, tgt), atol=1e-6)
+
+
+def test_early_stopping_with_patience(tiny_cfg):
+    tiny_cfg.max_steps, tiny_cfg.eval_every, tiny_cfg.patience = 60, 2, 1
+    tiny_cfg.optim.lr = 0.0  # nothing changes, so the second validation cannot improve on the first
+    result = train(tiny_cfg)
+    assert result.steps == 4  # validations at 2 (best) and 4 (no better): patience 1 is used up
+
+
+def test_checkpoint_average_is_kept_when_not_worse(tiny_cfg):
+    tiny_cfg.max_steps, tiny_cfg.save_every, tiny_cfg.eval_every = 9, 3, 3
+    tiny_cfg.keep_last, tiny_cfg.average_last = 3, 3
+    tiny_cfg.optim.lr = 0.0  # identical checkpoints: the average validates exactly as well, so it is kept
+    result = train(tiny_cfg)
+    summary = json.loads((result.model_dir / "training.json").read_text())
+    assert summary["metrics"]["averaged"] == "step_3, step_6, step_9"
+
+
+def test_average_weights_is_the_mean(tmp_path):
+    from safetensors.torch import save_file
+
+    from nmt.average import average_weights
+
+    for i, value in enumerate((1.0, 2.0, 6.0)):
+        (tmp_path / str(i)).mkdir()
+        save_file({"w": torch.full((2, 2), value), "b": torch.tensor([value, -value])},
+                  str(tmp_path / str(i) / "model.safetensors"))
+    avg = average_weights([tmp_path / str(i) for i in range(3)])
+    assert torch.equal(avg["w"], torch.full((2, 2), 3.0)) and torch.equal(avg["b"], torch.tensor([3.0, -3.0]))
+    with pytest.raises(NmtError, match="cannot read"):
+        average_weights([tmp_path / "0", tmp_path / "missing"])

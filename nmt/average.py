@@ -1,0 +1,43 @@
+"""Checkpoint averaging: the element-wise mean of the weights of several checkpoints of one run.
+
+Averaging the last few checkpoints (Vaswani et al. 2017; fairseq's average_checkpoints) usually gains
+BLEU for free. Reads safetensors only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from nmt.errors import NmtError
+
+WEIGHTS = "model.safetensors"
+
+
+def average_weights(dirs: list[Path]) -> dict[str, torch.Tensor]:
+    """Mean of the `model.safetensors` of `dirs` (checkpoints or model directories), in float32."""
+    if not dirs:
+        raise NmtError("nothing to average: no checkpoints given")
+    total: dict[str, torch.Tensor] = {}
+    for d in dirs:
+        try:
+            state = load_file(str(Path(d) / WEIGHTS))
+        except (SafetensorError, OSError, FileNotFoundError) as e:
+            raise NmtError(f"{Path(d) / WEIGHTS}: cannot read ({e})") from None
+        if total and state.keys() != total.keys():
+            raise NmtError(f"{d}: its weights have other names than {dirs[0]}'s; average checkpoints of one run only")
+        for k, v in state.items():
+            total[k] = total[k] + v.float() if k in total else v.float().clone()
+    return {k: v / len(dirs) for k, v in total.items()}
+
+
+def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load averaged weights into `model` (shared embeddings stored once are filled in)."""
+    own = model.state_dict()
+    for name in own:
+        if name not in weights and name.startswith("src_embed") and "tgt_embed.weight" in weights:
+            weights[name] = weights["tgt_embed.weight"]
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items() if k in own}, strict=True)
