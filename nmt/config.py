@@ -142,7 +142,7 @@ class TrainConfig:
     resume: str | None = None  # "latest" or a checkpoint directory
     max_minutes: float | None = None  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
     max_bad_steps: int = 20  # stop (with a checkpoint) after this many non-finite steps in a row
-    patience: Optional[int] = None  # early stopping: stop after this many validations without a new best
+    patience: int | None = None  # early stopping: stop after this many validations without a new best
     average_last: int = 0  # at the end, average the last N checkpoints; kept if it validates at least as well
     pad_to_multiple_of: int | None = None  # pad batch lengths to a multiple of this (8 for tensor cores)
 
