@@ -1,0 +1,81 @@
+"""Translation quality for a wall-clock budget: train nmt on a corpus given by path, score the test set once.
+
+    python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25 \
+        --config configs/tatoeba-en-de.yaml [--output runs/quality] [key=value ...]
+
+Prints every setting that differs from nmt's defaults, the wall time of each phase, steps and tokens/s,
+and test BLEU and chrF (cased, detokenized sacreBLEU, 13a) with their signatures. Choices are made on the
+validation set during training; the test set is read once, at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from nmt import Translator, load_config, train
+from nmt.config import TrainConfig, to_dict
+from nmt.data import prepare
+from nmt.metrics import corpus_scores
+
+
+def non_defaults(cfg: TrainConfig) -> dict:
+    """Dotted keys whose value differs from TrainConfig()'s."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+    mine, default = flat(to_dict(cfg)), flat(to_dict(TrainConfig()))
+    return {k: v for k, v in mine.items() if default.get(k) != v}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="folder with train/valid/test.<src>/<tgt>")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--config", default="configs/tatoeba-en-de.yaml")
+    parser.add_argument("--minutes", type=float, default=25.0, help="training budget (wall clock)")
+    parser.add_argument("--output", default="runs/quality")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    args = parser.parse_args()
+    data = Path(args.data)
+    cfg = load_config(args.config, [f"data.train={data / 'train'}", f"data.valid={data / 'valid'}",
+                                    f"data.test={data / 'test'}", f"data.src_lang={args.src}",
+                                    f"data.tgt_lang={args.tgt}", f"output_dir={args.output}",
+                                    f"max_minutes={args.minutes}", *args.overrides])
+    print("settings that differ from nmt's defaults:")
+    for key, value in non_defaults(cfg).items():
+        print(f"  {key} = {value}")
+    phases = {}
+    t = time.perf_counter()
+    corpus = prepare(cfg.data, cfg.tokenizer, splits=("test",))  # fills the cache training then reads
+    phases["data + tokenizer"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result = train(cfg)
+    phases["training (incl. validation, checkpoints, averaging)"] = time.perf_counter() - t
+    rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+    t = time.perf_counter()
+    test = corpus.splits["test"]
+    hyps = Translator.from_pretrained(result.model_dir).translate(test["src"], beam_size=args.beam)
+    scores = corpus_scores(hyps, test["tgt"])
+    phases[f"test translation (beam {args.beam}, {len(hyps)} sentences)"] = time.perf_counter() - t
+    (Path(cfg.output_dir) / "test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    print("\nphases (wall time):")
+    for name, seconds in phases.items():
+        print(f"  {name}: {seconds / 60:.1f} min")
+    print(f"steps: {result.steps}; target tokens/s (median of log rows): {sorted(speeds)[len(speeds) // 2]:.0f}")
+    print(f"kept model: {result.best}")
+    print(f"test BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
+    print(f"test chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
+    for src, hyp, ref in list(zip(test["src"], hyps, test["tgt"]))[:5]:
+        print(f"  {src}\n    -> {hyp}\n    ref {ref}")
+
+
+if __name__ == "__main__":
+    main()
