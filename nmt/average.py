@@ -41,3 +41,28 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
         if name not in weights and name.startswith("src_embed") and "tgt_embed.weight" in weights:
             weights[name] = weights["tgt_embed.weight"]
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items() if k in own}, strict=True)
+
+
+def average_run(run_dir: str | Path, last: int, out: str | Path) -> Path:
+    """Average the last `last` checkpoints of a run into a new model directory `out`.
+
+    The architecture and tokenizer come from the run's model/ (or best/) directory."""
+    import json
+
+    from nmt.checkpoint import list_checkpoints
+    from nmt.model import Seq2SeqTransformer
+    from nmt.tokenizer import PairTokenizer
+
+    run_dir, out = Path(run_dir), Path(out)
+    found = list_checkpoints(run_dir)[-last:]
+    if len(found) < 2:
+        raise NmtError(f"{run_dir}: {len(found)} complete checkpoint(s) in checkpoints/; averaging needs 2 or more")
+    source = next((d for d in (run_dir / "model", run_dir / "best") if d.is_dir()), None)
+    if source is None:
+        raise NmtError(f"{run_dir}: no model/ or best/ to take the config and tokenizer from")
+    model = Seq2SeqTransformer.from_pretrained(source)
+    load_into(model, average_weights(found))
+    model.save_pretrained(out)
+    PairTokenizer.load(source).save(out)
+    (out / "training.json").write_text(json.dumps({"averaged": [str(d) for d in found], "from": str(source)}, indent=2))
+    return out

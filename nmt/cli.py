@@ -134,7 +134,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
     if args.attention:
         if not first:
             raise NmtError("--attention: the input is empty; there is no first sentence to draw")
-        torch_translator = translator if translator.backend == "torch" else Translator.from_pretrained(args.model_dir, args.device)
+        torch_translator = (translator if translator.backend == "torch"
+                            else Translator.from_pretrained(args.model_dir, args.device))
         _draw_attention(torch_translator, first[0], args)
     return 0
 
@@ -192,6 +193,14 @@ def _is_main() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.average import average_run
+
+    _no_extra(extra)
+    print(f"averaged model written to {average_run(args.run_dir, args.last, args.output)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt", description="Train and use neural machine translation models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -240,6 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+", help="run directories (output_dir of nmt train); several are overlaid")
     p.add_argument("-o", "--output", help="the image to write (.png, .svg, .pdf); default RUN_DIR/curves.png")
     p.set_defaults(fn=cmd_plot)
+    p = sub.add_parser("average", help="average the weights of a run's last N checkpoints into a model directory")
+    p.add_argument("run_dir", help="a run directory (output_dir of nmt train)")
+    p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
+    p.add_argument("-o", "--output", required=True, help="the model directory to write")
+    p.set_defaults(fn=cmd_average)
     p = sub.add_parser("info", help="architecture, size, vocabulary, training data and scores of a model directory")
     p.add_argument("model_dir", help="a model directory (output_dir/model or output_dir/best)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")

@@ -65,6 +65,18 @@ class _Decoder:
         if self.prefix is not None:
             self.prefix = self.prefix.index_select(0, rows)
 
+    def reorder_beams(self, rows: torch.Tensor) -> None:
+        """Like `keep`, for rows that move only among the beams of their own sentence.
+
+        The rows of one sentence share its source, memory and cross-attention K/V, so only the
+        self-attention K/V differ; re-indexing nothing else saves most of a step's copying.
+        """
+        self_kv = getattr(self.cache, "self_kv", None)
+        if self_kv is None:
+            return self.keep(rows)
+        self.cache.self_kv = [None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows))
+                              for kv in self_kv]
+
 
 def length_limits(src_ids: torch.Tensor, pad_id: int, cfg: SearchConfig) -> torch.Tensor:
     """(B,) most tokens to generate per sentence: min(a + b * source length, max_new_tokens)."""
@@ -81,19 +93,19 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None) -> lis
     """Best-first decoding, one hypothesis per sentence; finished rows leave the batch."""
     cfg = cfg or SearchConfig(beam_size=1)
     pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
-    B = src_ids.shape[0]
+    B, dev = src_ids.shape[0], src_ids.device
     limits = length_limits(src_ids, pad, cfg)
+    steps = int(limits.max())
     dec = _Decoder.start(model, src_ids)
-    alive = torch.arange(B, device=src_ids.device)  # sentence of each row
-    last = torch.full((B,), bos, dtype=torch.long, device=src_ids.device)
-    out: list[list[int]] = [[] for _ in range(B)]
-    logprob = [0.0] * B
-    for t in range(int(limits.max())):
-        lp = _constrain(dec.step(last), limits[alive] <= t + 1, (pad, bos), eos)  # (N, V)
+    alive = torch.arange(B, device=dev)  # sentence of each row
+    last = torch.full((B,), bos, dtype=torch.long, device=dev)
+    tokens = torch.full((B, steps), pad, dtype=torch.long, device=dev)  # <pad> is never emitted: it marks the end
+    logprob = torch.zeros(B, dtype=torch.float64, device=dev)  # summed in float64 like Python floats
+    for t in range(steps):
+        lp = _constrain(dec.step(last), limits[alive] <= t + 1, (pad, bos), eos)
         best, last = lp.max(-1)
-        for i, tok, s in zip(alive.tolist(), last.tolist(), best.tolist()):
-            out[i].append(tok)
-            logprob[i] += s
+        tokens[alive, t] = last
+        logprob.index_add_(0, alive, best.double())
         going = last.ne(eos)
         if not bool(going.all()):
             rows = going.nonzero().squeeze(1)
@@ -101,8 +113,9 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None) -> lis
             if len(alive) == 0:
                 break
             dec.keep(rows)
-    return [Hypothesis(toks, lp_ / _penalty(len(toks), cfg.alpha), lp_, toks[-1:] == [eos])
-            for toks, lp_ in zip(out, logprob)]
+    lengths, out, lps = tokens.ne(pad).sum(1).tolist(), tokens.tolist(), logprob.tolist()
+    return [Hypothesis(toks[:n], lp / _penalty(n, cfg.alpha), lp, toks[n - 1: n] == [eos])
+            for toks, n, lp in zip(out, lengths, lps)]
 
 
 def _penalty(length: int, alpha: float) -> float:
@@ -114,7 +127,8 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
     """Batched beam search; returns the cfg.nbest best hypotheses per sentence, best first.
 
     A sentence is done once it has beam_size finished hypotheses (or hits its length limit); its
-    rows then leave the batch and the cache.
+    rows then leave the batch and the cache. The first step runs one row per sentence (all beams
+    would be identical); the K beams branch from it.
     """
     if cfg.beam_size == 1:
         return [[h] for h in greedy(model, src_ids, cfg)]
@@ -122,35 +136,57 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
     B, K, dev = src_ids.shape[0], cfg.beam_size, src_ids.device
     limits = length_limits(src_ids, pad, cfg)
     dec = _Decoder.start(model, src_ids)
-    dec.keep(torch.arange(B, device=dev).repeat_interleave(K))  # (B*K) rows, beams of a sentence adjacent
-    sent = torch.arange(B, device=dev)  # sentence of each active group of K rows
-    scores = torch.full((B, K), -torch.inf, device=dev)
-    scores[:, 0] = 0.0  # all beams start identical: only the first may expand
-    history = torch.full((B * K, 0), pad, dtype=torch.long, device=dev)
-    last = torch.full((B * K,), bos, dtype=torch.long, device=dev)
+    sent, sent_list = torch.arange(B, device=dev), list(range(B))  # sentence of each active group of rows
+    scores = torch.zeros(B, 1, device=dev)  # (N, W) log-probability of each row's prefix; W = 1, then K
+    history = torch.full((B, 0), pad, dtype=torch.long, device=dev)  # (N*W, t) tokens of each row
+    last = torch.full((B,), bos, dtype=torch.long, device=dev)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(int(limits.max())):
-        lp = _constrain(dec.step(last), limits[sent].repeat_interleave(K) <= t + 1, (pad, bos), eos)
-        N, V = len(sent), lp.shape[1]
-        cand = (scores.view(N * K, 1) + lp).view(N, K * V)
-        top, idx = cand.topk(2 * K, dim=1)  # (N, 2K): at most K are </s>, so K others remain
-        beam, tok = idx // V, idx % V
-        _finalize(finished, sent, top, beam, tok, history, K, eos, cfg.alpha)
-        top = top.masked_fill(tok.eq(eos), -torch.inf)
-        top, pick = top.topk(K, dim=1)  # (N, K) best non-</s> continuations
-        rows = (torch.arange(N, device=dev)[:, None] * K + beam.gather(1, pick)).view(-1)
+        N, W = scores.shape
+        lp = _constrain(dec.step(last), limits[sent].repeat_interleave(W) <= t + 1, (pad, bos), eos)
+        top, beam, tok = _best_continuations(scores, lp, 2 * K)  # (N, 2K): at most K are </s>, K others remain
+        _finalize(finished, sent_list, top, beam, tok, history, W, K, eos, cfg.alpha)
+        top, pick = top.masked_fill(tok.eq(eos), -torch.inf).topk(K, dim=1)  # (N, K) best non-</s> continuations
+        rows = (torch.arange(N, device=dev)[:, None] * W + beam.gather(1, pick)).view(-1)
         last, scores = tok.gather(1, pick).view(-1), top
         history = torch.cat([history.index_select(0, rows), last[:, None]], 1)
-        going = torch.tensor([len(finished[s]) < K for s in sent.tolist()], device=dev) & (limits[sent] > t + 1)
+        going = [len(finished[s]) < K for s in sent_list]
+        going = torch.tensor(going, device=dev) & (limits[sent] > t + 1)
         if not bool(going.all()):
             keep_groups = going.nonzero().squeeze(1)
             rows_kept = (keep_groups[:, None] * K + torch.arange(K, device=dev)).view(-1)
             rows, sent, scores = rows.index_select(0, rows_kept), sent[keep_groups], scores[keep_groups]
             last, history = last[rows_kept], history[rows_kept]
-        dec.keep(rows)
-        if len(sent) == 0:
-            break
+            sent_list = [sent_list[g] for g in keep_groups.tolist()]
+            if not sent_list:
+                break
+            dec.keep(rows)
+        elif W == 1:
+            dec.keep(rows)  # the first step: each sentence's row becomes K rows
+        else:
+            dec.reorder_beams(rows)
     return [sorted(f, key=lambda h: -h.score)[: cfg.nbest] for f in finished]
+
+
+def _best_continuations(scores: torch.Tensor, lp: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """The n best (prefix, token) continuations of each sentence, best first.
+
+    scores (N, W) prefix log-probabilities, lp (N*W, V) next-token log-probabilities -> (top, beam, tok),
+    each (N, n): total log-probability, row within the sentence's W rows, token. A sentence's n best lie
+    within each row's n best tokens, so only N*W*n candidates are ranked instead of N*W*V. Sentences with
+    fewer than n candidates are filled up with -inf ones (row 0, token 0).
+    """
+    N, W = scores.shape
+    k = min(n, lp.shape[1])
+    row_top, row_tok = lp.topk(k, dim=1)  # (N*W, k)
+    cand = (scores.view(N * W, 1) + row_top).view(N, W * k)
+    top, idx = cand.topk(min(n, W * k), dim=1)
+    beam, tok = idx // k, row_tok.view(N, W * k).gather(1, idx)
+    if top.shape[1] < n:
+        fill = n - top.shape[1]
+        top = torch.cat([top, top.new_full((N, fill), -torch.inf)], 1)
+        beam, tok = (torch.cat([x, x.new_zeros(N, fill)], 1) for x in (beam, tok))
+    return top, beam, tok
 
 
 def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: tuple[int, ...], eos: int) -> torch.Tensor:
@@ -163,15 +199,18 @@ def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: tuple[int, ...],
     return lp
 
 
-def _finalize(finished, sent, top, beam, tok, history, K, eos, alpha) -> None:
+def _finalize(finished, sent_list, top, beam, tok, history, W, K, eos, alpha) -> None:
     """Move </s> candidates ranked within the first K of a sentence into its finished list."""
     ends = (tok[:, :K].eq(eos) & top[:, :K].isfinite()).nonzero().tolist()
+    if not ends:
+        return
+    top_list, beam_list = top.tolist(), beam.tolist()
     for g, j in ends:
-        s = int(sent[g])
+        s = sent_list[g]
         if len(finished[s]) >= K:
             continue
-        tokens = history[g * K + int(beam[g, j])].tolist() + [eos]
-        logprob = float(top[g, j])
+        tokens = history[g * W + beam_list[g][j]].tolist() + [eos]
+        logprob = top_list[g][j]
         finished[s].append(Hypothesis(tokens, logprob / _penalty(len(tokens), alpha), logprob, True))
 
 

@@ -82,7 +82,8 @@ class Translator:
         _check_vocab(model, tokenizer, directory)
         return cls(model, tokenizer, device)
 
-    def attention(self, text: str, layer: int = -1, beam_size: int = 4, **search_kwargs) -> tuple[list[str], list[str], torch.Tensor]:
+    def attention(self, text: str, layer: int = -1, beam_size: int = 4,
+                  **search_kwargs) -> tuple[list[str], list[str], torch.Tensor]:
         """Translate one sentence and return its cross-attention alignment.
 
         Returns (source subword tokens (S,) ending in </s>, target tokens (T,) ending in </s>, weights (T, S)):

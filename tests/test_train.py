@@ -169,3 +169,16 @@ def test_average_weights_is_the_mean(tmp_path):
     assert torch.equal(avg["w"], torch.full((2, 2), 3.0)) and torch.equal(avg["b"], torch.tensor([3.0, -3.0]))
     with pytest.raises(NmtError, match="cannot read"):
         average_weights([tmp_path / "0", tmp_path / "missing"])
+
+
+def test_nmt_average_command(tiny_cfg, tmp_path, capsys):
+    from nmt.cli import main
+
+    tiny_cfg.max_steps, tiny_cfg.save_every, tiny_cfg.keep_last = 6, 2, 3
+    train(tiny_cfg)
+    assert main(["average", tiny_cfg.output_dir, "--last", "3", "-o", str(tmp_path / "avg")]) == 0
+    assert Translator.from_pretrained(tmp_path / "avg").translate(["The dog sleeps."], beam_size=1)
+    summary = json.loads((tmp_path / "avg" / "training.json").read_text())
+    assert [Path(p).name for p in summary["averaged"]] == ["step_2", "step_4", "step_6"]
+    assert main(["average", str(tmp_path), "-o", str(tmp_path / "x")]) == 2
+    assert "averaging needs 2 or more" in capsys.readouterr().err
