@@ -150,10 +150,17 @@ def resume(accelerator: Accelerator, cfg: TrainConfig, sampler: TokenBatchSample
 
 class StopSignals:
     """SIGTERM/SIGINT (preemption, Ctrl-C): the first asks the loop to stop after the current step and
-    checkpoint; a second one exits at once. Only installed in the main thread."""
+    checkpoint; a second one exits at once. Only installed in the main thread.
+
+    A repeat within `echo_s` seconds counts as the same event: under SLURM every process gets SIGTERM and
+    the launcher (torchrun) forwards its own copy to the workers a moment later.
+    """
+
+    echo_s = 1.0
 
     def __init__(self):
         self.received: str | None = None
+        self.at = 0.0
         self.previous: dict = {}
 
     def __enter__(self) -> StopSignals:
@@ -166,8 +173,10 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None:
+            if time.monotonic() - self.at < self.echo_s:
+                return
             os._exit(128 + signum)
-        self.received = signal.Signals(signum).name
+        self.received, self.at = signal.Signals(signum).name, time.monotonic()
         print(f"\nnmt: {self.received} received: finishing this step and saving a checkpoint "
               "(send it again to exit at once)", file=sys.stderr, flush=True)
 

@@ -118,18 +118,34 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(corpus_dir, tmp_pa
 @pytest.mark.slow
 def test_second_signal_exits_at_once(corpus_dir, tmp_path):
     # a bigger model, so the step in flight and its checkpoint take long enough to be interrupted
-    args = train_args(corpus_dir, tmp_path, "run", 500) + ["--model.preset", "small", "--max_tokens", "2000"]
+    args = train_args(corpus_dir, tmp_path, "run", 500) + ["--model.preset", "small", "--max_tokens", "6000"]
     proc = start(nmt_cmd(*args), tmp_path)
     wait_for_step(tmp_path / "run", 1, proc)
     proc.send_signal(signal.SIGINT)
     for line in proc.stderr:  # wait until the first signal is being handled
         if "SIGINT received" in line:
             break
+    time.sleep(1.5)  # past the echo window: this is a person pressing Ctrl-C again
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT
     for d in list_checkpoints(tmp_path / "run"):
         assert (d / COMPLETE).is_file()  # whatever was cut off is not taken as a checkpoint
+
+
+def test_a_repeat_within_a_second_is_the_same_signal(monkeypatch):
+    """Under SLURM + torchrun a worker gets SIGTERM twice in a few milliseconds: still one graceful stop."""
+    from nmt.train import StopSignals
+
+    exits = []
+    monkeypatch.setattr(sys.modules["nmt.train"].os, "_exit", exits.append)
+    stop = StopSignals()
+    stop._handle(signal.SIGTERM, None)
+    stop._handle(signal.SIGTERM, None)
+    assert stop.received == "SIGTERM" and exits == []
+    stop.at -= 2 * stop.echo_s
+    stop._handle(signal.SIGTERM, None)
+    assert exits == [128 + signal.SIGTERM]
 
 
 def test_half_written_checkpoint_is_never_latest(tmp_path, caplog):
