@@ -93,12 +93,9 @@ def plot_alignment(src_tokens: list[str], tgt_tokens: list[str], weights: torch.
     if title:
         fig.suptitle("\n".join(textwrap.wrap(title, width=max(40, int(fig.get_figwidth() * 9)))), fontsize=11)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(out, dpi=dpi)
-    except ValueError as e:  # an unknown suffix
-        raise NmtError(f"{out}: cannot write this format ({e}); use .png, .svg or .pdf") from None
-    return out
+    from nmt.plot import save_figure
+
+    return save_figure(fig, out, dpi)
 
 
 

@@ -101,12 +101,16 @@ def make_figure(run_dirs: Sequence[str | Path]):
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
     """Draw the curves of one or more runs into `out` (default: first run's curves.png); returns the path."""
     fig = make_figure(run_dirs)
-    out = Path(out) if out else Path(run_dirs[0]) / "curves.png"
+    return save_figure(fig, Path(out) if out else Path(run_dirs[0]) / "curves.png", DPI)
+
+
+def save_figure(fig, out: Path, dpi: int) -> Path:
+    """Write a matplotlib figure; the format follows the suffix. An unknown suffix is a user error."""
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fig.savefig(out, dpi=DPI)
+        fig.savefig(out, dpi=dpi)
     except ValueError as e:  # an unknown extension
-        raise NmtError(f"{out}: cannot write ({e}); use .png, .svg or .pdf") from None
+        raise NmtError(f"{out}: cannot write this format ({e}); use .png, .svg or .pdf") from None
     return out
 
 
