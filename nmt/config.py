@@ -22,7 +22,7 @@ from nmt.errors import NmtError
 class DataConfig:
     """Where the parallel text comes from and how it is cleaned."""
 
-    train: str = "builtin:synthetic"  # <prefix> of .<lang> files, .tsv/.jsonl/.csv, save_to_disk dir, hub:NAME, builtin:synthetic
+    train: str = "builtin:synthetic"  # <prefix> of .<lang> files, .tsv/.jsonl/.csv, save_to_disk dir, hub:NAME or builtin
     valid: str | None = None  # same forms as train; None carves valid_ratio off train
     test: str | None = None  # same forms as train; None carves test_ratio off train
     src_lang: str = "en"  # source language code: file suffix, JSON field or translation key

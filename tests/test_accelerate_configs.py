@@ -28,7 +28,8 @@ EXPECTED = {
     # MULTI_GPU on purpose: it is the only type whose launcher (torchrun) really starts 2 processes on CPU.
     "cpu_2proc.yaml": dict(distributed_type=DistributedType.MULTI_GPU, num_processes=2, mixed_precision="no", use_cpu=True),
     "gpu.yaml": dict(distributed_type=DistributedType.NO, num_processes=1, mixed_precision="bf16", use_cpu=False),
-    "multi_gpu.yaml": dict(distributed_type=DistributedType.MULTI_GPU, num_processes=8, mixed_precision="bf16", use_cpu=False),
+    "multi_gpu.yaml": dict(distributed_type=DistributedType.MULTI_GPU, num_processes=8, mixed_precision="bf16",
+                           use_cpu=False),
     "fsdp.yaml": dict(distributed_type=DistributedType.FSDP, num_processes=8, mixed_precision="bf16", use_cpu=False),
     "deepspeed_zero2.yaml": dict(
         distributed_type=DistributedType.DEEPSPEED, num_processes=8, mixed_precision="bf16", use_cpu=False

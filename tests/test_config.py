@@ -92,4 +92,5 @@ def test_readme_config_reference_is_in_sync():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     start, end = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
     block = readme[readme.index(start) + len(start): readme.index(end)]
-    assert block == reference_markdown(), "regenerate: python -c 'from nmt.config import reference_markdown as r; print(r())'"
+    hint = "regenerate: python -c 'from nmt.config import reference_markdown as r; print(r())'"
+    assert block == reference_markdown(), hint
