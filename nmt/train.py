@@ -7,6 +7,7 @@ sampler and `TrainState`). The same code runs on 1 process, N processes or N nod
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -111,6 +112,8 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     cfg = dataclasses.replace(cfg, model=model_cfg)
     model = model if model is not None else Seq2SeqTransformer(model_cfg)
     check_contract(model, corpus.tokenizer)
+    if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
+        model.compile()
     sampler = TokenBatchSampler(corpus.splits["train"]["cost"], cfg.max_tokens, accelerator.process_index,
                                 accelerator.num_processes, cfg.accum_steps, cfg.seed)
     loader = DataLoader(corpus.splits["train"].select_columns(["src_ids", "tgt_ids"]), batch_sampler=sampler,
@@ -347,6 +350,15 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+@functools.cache
+def warn_if_bf16_is_slow(device_type: str, mixed_precision: str) -> None:
+    """Once per process: bf16 autocast on a CPU without bf16 matmul kernels (oneDNN's need AVX512 or AMX;
+    otherwise torch multiplies bf16 in a plain loop, 1-2 GFLOP/s against ~30 in fp32 on one AVX2 core)."""
+    if device_type == "cpu" and mixed_precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        log.warning("mixed_precision bf16 on a CPU without bf16 matmul units (no AVX512/AMX): training runs "
+                    "~15x slower than in fp32; use an fp32 profile (accelerate_configs/cpu.yaml)", main_process_only=True)
+
+
 def train_step(accelerator, cfg: TrainConfig, model, optimizer, scheduler, window: list[dict],
                stop: bool = False) -> dict:
     """One optimizer step over this process's micro-batches.
@@ -358,15 +370,22 @@ def train_step(accelerator, cfg: TrainConfig, model, optimizer, scheduler, windo
     lowers its scale). `stop` (this process wants to stop) is shared with all processes.
     """
     model.train()
+    warn_if_bf16_is_slow(accelerator.device.type, str(accelerator.mixed_precision))
     local = sum(int(b["labels"].ne(0).sum()) for b in window)
     n_tokens = int(accelerator.reduce(torch.tensor(local, device=accelerator.device), "sum"))
     scale = accelerator.num_processes * cfg.accum_steps / max(n_tokens, 1)
     loss_sum = nll_sum = 0.0
     grad_norm, finite = None, True
+    # nmt's own model scores the labels inside forward (no (B, T, V) logits); others return logits
+    own = isinstance(accelerator.unwrap_model(model, keep_torch_compile=False), Seq2SeqTransformer)
     for batch in window:
         with accelerator.accumulate(model):
-            logits = model(batch["src_ids"], batch["tgt_in_ids"])
-            loss, nll, _ = label_smoothed_nll(logits, batch["labels"], 0, cfg.optim.label_smoothing)
+            if own:
+                loss, nll, _ = model(batch["src_ids"], batch["tgt_in_ids"], labels=batch["labels"],
+                                     label_smoothing=cfg.optim.label_smoothing)
+            else:
+                logits = model(batch["src_ids"], batch["tgt_in_ids"])
+                loss, nll, _ = label_smoothed_nll(logits, batch["labels"], 0, cfg.optim.label_smoothing)
             accelerator.backward(loss * scale)
             loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll)
             if accelerator.sync_gradients:

@@ -207,7 +207,7 @@ def test_batch_leading_contract():
     """Every tensor that crosses the model's API or leaves the collator has dim 0 == B, and B=3 differs
     from every other dim (S=5, T=7, D=16, V=24, H=2), so a tensor laid out any other way would show."""
     B, S, T = 3, 5, 7
-    assert tensor_params(Seq2SeqTransformer.forward) == ["src_ids", "tgt_in_ids"]
+    assert tensor_params(Seq2SeqTransformer.forward) == ["src_ids", "tgt_in_ids", "labels"]  # labels: optional
     assert tensor_params(Seq2SeqTransformer.encode) == ["src_ids"]
     assert tensor_params(Seq2SeqTransformer.decode) == ["tgt_in_ids", "memory", "src_ids"]
     gen = torch.Generator().manual_seed(0)
@@ -219,6 +219,7 @@ def test_batch_leading_contract():
     model = tiny_model(seed=0, vocab=V)
     with torch.no_grad():
         assert model(batch["src_ids"], batch["tgt_in_ids"]).shape == (B, T, V)
+        assert model(batch["src_ids"], batch["tgt_in_ids"], labels=batch["labels"])[2] == int(batch["labels"].ne(PAD).sum())
         memory = model.encode(batch["src_ids"])
         assert memory.shape == (B, S, 16)
         cache = model.start_cache(memory, batch["src_ids"])
@@ -227,3 +228,52 @@ def test_batch_leading_contract():
     cached = [t for kv in cache.cross_kv + cache.self_kv for t in kv] + [cache.attend]
     assert all(t.shape[0] == B for t in cached)
 
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_loss_from_labels_equals_the_loss_of_the_logits(smoothing):
+    """forward(..., labels=) projects only real positions; its loss, nll, count and every parameter's
+    gradient equal those of label_smoothed_nll over the full (B, T, V) logits."""
+    from nmt.loss import label_smoothed_nll
+
+    gen = torch.Generator().manual_seed(6)
+    src_ids, tgt_in_ids = src_batch(gen, [5, 2, 7], V), tgt_in_batch(gen, [3, 6, 1], V)
+    labels = torch.cat([tgt_in_ids[:, 1:], torch.zeros_like(tgt_in_ids[:, :1])], 1)
+    labels[torch.arange(3), tgt_in_ids.ne(PAD).sum(1) - 1] = 3  # </s> after the last word, then padding
+    results = []
+    for path in ("labels", "logits"):
+        model = tiny_model(seed=7, vocab=V, layers=2)
+        if path == "labels":
+            loss, nll, n = model(src_ids, tgt_in_ids, labels=labels, label_smoothing=smoothing)
+        else:
+            loss, nll, n = label_smoothed_nll(model(src_ids, tgt_in_ids), labels, PAD, smoothing)
+        loss.backward()
+        results.append((loss.detach(), nll, n, {k: p.grad for k, p in model.named_parameters()}))
+    (loss_a, nll_a, n_a, grads_a), (loss_b, nll_b, n_b, grads_b) = results
+    assert n_a == n_b == int(labels.ne(PAD).sum())
+    torch.testing.assert_close(loss_a, loss_b, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(nll_a, nll_b, atol=1e-5, rtol=1e-6)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grad, grads_b[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_cpu_dropout_rate_scale_gradient_and_seed():
+    """The CPU dropout drops p of the elements (to within 5 sigma), scales the rest by 1/(1-p) so the mean
+    is kept, passes the same mask to the gradient, repeats under the same seed and is off in eval mode."""
+    from nmt.model import Dropout
+
+    drop, n, p = Dropout(0.1).train(), 1_000_000, 0.1
+    x = torch.ones(n, requires_grad=True)
+    torch.manual_seed(0)
+    y = drop(x)
+    dropped = float(y.eq(0).float().mean())
+    assert abs(dropped - p) < 5 * (p * (1 - p) / n) ** 0.5
+    kept = y[y.ne(0)]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / (1 - round(p * 65536) / 65536)))
+    y.backward(torch.full_like(y, 2.0))
+    torch.testing.assert_close(x.grad, 2 * y.detach())
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), y)
+    assert not torch.equal(drop(x), y)  # the next call draws a new mask
+    assert drop(torch.ones(4, 5, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert torch.equal(drop.eval()(x), x)

@@ -1,0 +1,139 @@
+"""The machine's GEMM ceiling and nmt's model FLOPs utilisation (MFU) in training.
+
+Ceiling: fp32 and bf16 torch.matmul at 2048^3 and at the model's own shapes (N tokens of a batch times
+the weight matrices, forward and backward). MFU: the training FLOPs a batch needs, counted from the model's
+shapes on its real (non-pad) tokens, times measured target tokens/s, over the fp32 ceiling. The GEMM
+ceiling and the training rounds are interleaved, so a load that comes and goes hits both alike.
+
+    python benchmarks/peak.py
+    python benchmarks/peak.py --data ../shared/data/tatoeba-en-de --profile
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_speed as ts  # noqa: E402  (the same batches and training step as the speed comparison)
+
+FORMULA = """training FLOPs of a pair with s source and t target tokens (non-pad), 3 x forward (backward = 2 x forward):
+  3 x 2 x [ Le x ( s (4D^2 + 2DF) + 2 s^2 D )                                 encoder: QKV+out, FFN, scores+values
+          + Ld x ( t (6D^2 + 2DF) + s 2D^2 + 2 t^2 D + 2 t s D )              decoder: self QKV+out, cross Q+out, FFN,
+                                                                                        cross K,V of memory, self and cross scores+values
+          + t D V ]                                                           output projection
+  (self-attention scores counted in full, as computed; embeddings, norms, softmax, dropout, optimizer not counted)
+MFU = (sum of FLOPs over the batches / target tokens) x target tokens/s / fp32 GEMM ceiling"""
+
+
+def pair_flops(s: int, t: int, d: ts.Dims) -> int:
+    D, F, V, L = d.d_model, d.ffn, d.vocab, d.layers
+    enc = L * (s * (4 * D * D + 2 * D * F) + 2 * s * s * D)
+    dec = L * (t * (6 * D * D + 2 * D * F) + s * 2 * D * D + 2 * t * t * D + 2 * t * s * D)
+    return 3 * 2 * (enc + dec + t * D * V)
+
+
+def batch_flops(b: dict, d: ts.Dims) -> int:
+    src_len = b["src_ids"].ne(ts.PAD).sum(1).tolist()
+    tgt_len = b["labels"].ne(ts.PAD).sum(1).tolist()
+    return sum(pair_flops(s, t, d) for s, t in zip(src_len, tgt_len))
+
+
+def gemm_rate(m: int, k: int, n: int, dtype: torch.dtype, seconds: float = 0.5) -> float:
+    """GFLOP/s of torch.matmul (m, k) @ (k, n), best of repeated timings over about `seconds`."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    start = time.perf_counter()
+    torch.matmul(a, b)  # warm-up; when one call already takes longer than `seconds` (bf16 without bf16
+    first = time.perf_counter() - start  # units: ~1 minute at 2048^3), it is the measurement
+    if first > seconds:
+        return 2 * m * k * n / first / 1e9
+    best, spent = float("inf"), 0.0
+    while spent < seconds:
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        elapsed = time.perf_counter() - start
+        best, spent = min(best, elapsed), spent + elapsed
+    return 2 * m * k * n / best / 1e9
+
+
+def model_shapes(d: ts.Dims, n: int) -> dict[str, tuple[int, int, int]]:
+    """(m, k, n) of the model's matmuls for a batch of n tokens, forward and the two backward products."""
+    D, F, V = d.d_model, d.ffn, d.vocab
+    return {"QKV fwd": (n, D, 3 * D), "out fwd": (n, D, D), "FFN up fwd": (n, D, F), "FFN down fwd": (n, F, D),
+            "vocab fwd": (n, D, V), "vocab bwd dX": (n, V, D), "vocab bwd dW": (V, n, D), "FFN up bwd dW": (F, n, D)}
+
+
+def ceilings(d: ts.Dims, n: int, dtypes=(torch.float32, torch.bfloat16)) -> list[tuple[str, str, float]]:
+    rows = []
+    for dtype in dtypes:
+        name = str(dtype).removeprefix("torch.")
+        rows.append((name, "2048^3", gemm_rate(2048, 2048, 2048, dtype)))
+        for label, shape in model_shapes(d, n).items():
+            rows.append((name, f"{label} {shape}", gemm_rate(*shape, dtype, seconds=0.3 if dtype == torch.float32 else 0.2)))
+    return rows
+
+
+def profile_step(batch: dict, d: ts.Dims) -> str:
+    """Share of one nmt training step's CPU time by operator: what is matmul and what is not."""
+    from torch.profiler import ProfilerActivity, profile
+
+    trainer = ts.Trainer("nmt", d, 0.1, bf16=False)
+    trainer.step(batch)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.step(batch)
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    total = sum(e.self_cpu_time_total for e in events)
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
+    lines = [f"profile of one step: matmuls (mm, addmm, bmm) {matmul / total:.1%} of aten time; top operators:"]
+    lines += [f"  {e.key:32s} {e.self_cpu_time_total / total:6.1%}  ({e.count} calls)" for e in top]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    p = ts.arg_parser()
+    p.add_argument("--profile", action="store_true", help="also print the operator breakdown of one step")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    d = ts.Dims(args.vocab, args.d_model, args.heads, args.layers, args.ffn, args.dropout)
+    batches = ts.load_batches(args)
+    tokens = sum(int(b["labels"].ne(ts.PAD).sum()) for b in batches)
+    flops_per_token = sum(batch_flops(b, d) for b in batches) / tokens
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}; {d}; max_tokens {args.max_tokens}; "
+          f"data {args.data or 'synthetic lognormal lengths'}")
+    print(ts.describe(batches))
+    print(FORMULA)
+    print(f"model training FLOPs per target token: {flops_per_token / 1e6:.1f} MFLOP")
+    print("GEMM ceiling (GFLOP/s, best of repeats):")
+    for dtype, shape, rate in ceilings(d, args.max_tokens):
+        print(f"  {dtype:9s} {shape:36s} {rate:7.1f}")
+    fp32_ceiling, speeds = [], []
+    trainer = ts.Trainer("nmt", d, 0.1, bf16=False)
+    for b in batches:
+        trainer.step(b)
+    for r in range(args.rounds):  # interleaved: ceiling, then a training round
+        fp32_ceiling.append(gemm_rate(2048, 2048, 2048, torch.float32))
+        start = time.perf_counter()
+        for b in batches:
+            trainer.step(b)
+        speeds.append(tokens / (time.perf_counter() - start))
+        print(f"  round {r + 1}/{args.rounds}: ceiling {fp32_ceiling[-1]:.1f} GFLOP/s, nmt {speeds[-1]:.0f} tokens/s, "
+              f"MFU {flops_per_token * speeds[-1] / 1e9 / fp32_ceiling[-1]:.1%}")
+    ceiling, speed = statistics.median(fp32_ceiling), statistics.median(speeds)
+    mfus = [flops_per_token * s / 1e9 / c for s, c in zip(speeds, fp32_ceiling)]
+    print(f"nmt fp32 training: {speed:.0f} target tokens/s (median of {args.rounds}; {min(speeds):.0f}-{max(speeds):.0f}) "
+          f"x {flops_per_token / 1e6:.1f} MFLOP = {flops_per_token * speed / 1e9:.1f} GFLOP/s; "
+          f"fp32 GEMM ceiling {ceiling:.1f} GFLOP/s (2048^3, median); "
+          f"MFU {flops_per_token * speed / 1e9 / ceiling:.1%} (per round {min(mfus):.1%}-{max(mfus):.1%})")
+    if args.profile:
+        print(profile_step(batches[len(batches) // 2], d))
+
+
+if __name__ == "__main__":
+    main()
