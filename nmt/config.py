@@ -145,7 +145,7 @@ class TrainConfig:
     patience: int | None = None  # early stopping: stop after this many validations without a new best
     average_last: int = 0  # at the end, average the last N checkpoints; kept if it validates at least as well
     pad_to_multiple_of: int | None = None  # pad batch lengths to a multiple of this (8 for tensor cores)
-    compile: bool = False  # torch.compile the model (in place); slower on a 2-core AVX2 CPU: see README Performance
+    compile: bool = False  # torch.compile the model; measured slower on a 2-core AVX2 CPU (benchmarks/train_speed.py)
 
     def __post_init__(self) -> None:
         _check(self.max_tokens > 0, "max_tokens", "must be positive")
