@@ -208,8 +208,13 @@ def _accelerate_launch(tmp_path: Path, profile: str, use_cpu_env: bool) -> list[
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(PROFILE_DIR / profile),
            str(script), str(out_dir)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads(p.read_text()) for p in sorted(out_dir.glob("pid*.json"))]
+    written = sorted(out_dir.glob("pid*.json"))
+    # Without ACCELERATE_USE_CPU the probes run as unrelated rank-0 processes over a live gloo group; on a
+    # loaded machine one of them can abort while exiting ("terminate called without an active exception")
+    # after it wrote its report. That is accelerate's trap, not the measurement: the reports are what count.
+    crashed_at_exit = "terminate called without an active exception" in proc.stderr and len(written) == 2
+    assert proc.returncode == 0 or (crashed_at_exit and not use_cpu_env), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(p.read_text()) for p in written]
 
 
 @pytest.mark.multiprocess
