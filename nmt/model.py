@@ -83,6 +83,33 @@ class Dropout(nn.Dropout):
         return _CpuDropout.apply(x, self.p)
 
 
+class Packing:
+    """The real (non-pad) positions of a right-padded (B, L) id batch, N of them.
+
+    Position-wise work (norms, projections, feed-forward, dropout, the output projection) runs on the N real
+    tokens only, packed as (N, ...); attention unpacks to (B, L, ...), zeros at padding. Padding costs no
+    matmul then, which on a CPU is nearly all the time. Without padding both are views.
+    """
+
+    def __init__(self, ids: torch.Tensor, pad_id: int):
+        self.B, self.L = ids.shape
+        real = ids.ne(pad_id).flatten()  # (B*L,)
+        # compiled graphs keep the padding: a data-dependent N would break them
+        unpacked = torch.compiler.is_compiling() or bool(real.all())
+        self.index = None if unpacked else real.nonzero().squeeze(1)  # (N,) rows of the flattened batch
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, ...) -> (N, ...)."""
+        x = x.flatten(0, 1)
+        return x if self.index is None else x.index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, L, ...), zeros at padding."""
+        if self.index is not None:
+            x = x.new_zeros(self.B * self.L, *x.shape[1:]).index_copy(0, self.index, x)
+        return x.unflatten(0, (self.B, self.L))
+
+
 class Attention(nn.Module):
     """Multi-head attention through SDPA; fused QKV for self-attention, fused KV for cross-attention."""
 
@@ -108,27 +135,33 @@ class Attention(nn.Module):
         B, L, D = x.shape
         return x.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, L, Dh)
 
-    def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention keys and values of the encoder output: computed once per sentence."""
-        k, v = F.linear(memory, self.kv.weight, self.kv.bias.masked_fill(self.key_slots, 0.0)).chunk(2, dim=-1)
+    def project_kv(self, memory: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values of the encoder output (B, S, D), or (N, D) packed by `packing`:
+        computed once per sentence."""
+        kv = F.linear(memory, self.kv.weight, self.kv.bias.masked_fill(self.key_slots, 0.0))
+        k, v = (kv if packing is None else packing.unpack(kv)).chunk(2, dim=-1)
         return self.heads(k), self.heads(v)
 
     def forward(self, x: torch.Tensor, attend: torch.Tensor | None = None, causal: bool = False,
-                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple]:
-        """x (B, L, D) -> (B, L, D), plus the (K, V) used, (B, H, L_kv, Dh) each.
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                packing: Packing | None = None) -> tuple[torch.Tensor, tuple]:
+        """x (B, L, D), or (N, D) packed by `packing` -> the same shape, plus the (K, V) used, (B, H, L_kv, Dh) each.
 
         Self-attention appends to `kv` (the cache of earlier steps); cross-attention uses `kv` as is.
         """
+        unpack = (lambda t: t) if packing is None else packing.unpack
         if self.cross:
-            q, (k, v) = self.heads(self.q(x)), kv
+            q, (k, v) = self.heads(unpack(self.q(x))), kv
         else:
-            q, k, v = map(self.heads, F.linear(x, self.qkv.weight, self.qkv.bias.masked_fill(self.key_slots, 0.0)).chunk(3, dim=-1))
+            qkv = F.linear(x, self.qkv.weight, self.qkv.bias.masked_fill(self.key_slots, 0.0))
+            q, k, v = map(self.heads, unpack(qkv).chunk(3, dim=-1))
             if kv is not None:
                 k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         B, H, L, Dh = y.shape
-        return self.out(y.transpose(1, 2).reshape(B, L, H * Dh)), (k, v)
+        y = y.transpose(1, 2).reshape(B, L, H * Dh)
+        return self.out(y if packing is None else packing.pack(y)), (k, v)
 
 
 class FeedForward(nn.Module):
@@ -162,8 +195,9 @@ class EncoderLayer(nn.Module):
         self.attn, self.ff = Attention(cfg, cross=False), FeedForward(cfg)
         self.sub_attn, self.sub_ff = Sublayer(cfg), Sublayer(cfg)
 
-    def forward(self, x: torch.Tensor, attend: torch.Tensor | None) -> torch.Tensor:
-        x, _ = self.sub_attn(x, lambda h: self.attn(h, attend=attend))
+    def forward(self, x: torch.Tensor, attend: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
+        """x (B, S, D), or (N, D) packed by `packing` -> the same shape."""
+        x, _ = self.sub_attn(x, lambda h: self.attn(h, attend=attend, packing=packing))
         x, _ = self.sub_ff(x, self.ff)
         return x
 
@@ -176,28 +210,31 @@ class DecoderLayer(nn.Module):
         self.sub_self, self.sub_cross, self.sub_ff = Sublayer(cfg), Sublayer(cfg), Sublayer(cfg)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | tuple, attend: torch.Tensor | None,
-                self_kv: tuple | None = None) -> tuple[torch.Tensor, tuple]:
-        """x (B, T, D); memory: the encoder output (B, S, D), or its cross-attention (K, V) from a cache.
+                self_kv: tuple | None = None, packing: Packing | None = None,
+                memory_packing: Packing | None = None) -> tuple[torch.Tensor, tuple]:
+        """x (B, T, D), or (N, D) packed by `packing`; memory: the encoder output (B, S, D) (or packed by
+        `memory_packing`), or its cross-attention (K, V) from a cache.
 
         Projecting the memory here, inside forward, matters under FSDP: a wrapped layer's weights are
         gathered only while its forward runs.
         """
-        cross_kv = self.cross_kv(memory) if isinstance(memory, torch.Tensor) else memory
+        cross_kv = self.cross_kv(memory, memory_packing) if isinstance(memory, torch.Tensor) else memory
         # causality is a property of the decoder: full-prefix runs use is_causal; a cached call with
         # several new positions needs a mask aligned to the end (is_causal aligns to the start). Right
         # padding needs no target mask: real positions only ever look left, at real tokens.
-        past, new = (0 if self_kv is None else self_kv[0].shape[2]), x.shape[1]
+        past, new = (0 if self_kv is None else self_kv[0].shape[2]), (x.shape[1] if packing is None else packing.L)
         causal = past == 0 and new > 1
         self_attend = causal_attend(new, past, x.device) if past and new > 1 else None
-        x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, attend=self_attend, causal=causal, kv=self_kv))
-        x, _ = self.sub_cross(x, lambda h: self.cross_attn(h, attend=attend, kv=cross_kv))
+        x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, attend=self_attend, causal=causal, kv=self_kv,
+                                                              packing=packing))
+        x, _ = self.sub_cross(x, lambda h: self.cross_attn(h, attend=attend, kv=cross_kv, packing=packing))
         x, _ = self.sub_ff(x, self.ff)
         return x, new_kv
 
-
-    def cross_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention (K, V) of the encoder output (B, S, D) for this layer (a cache's start)."""
-        return self.cross_attn.project_kv(memory)
+    def cross_kv(self, memory: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention (K, V) of the encoder output (B, S, D), or (N, D) packed by `packing`, for this
+        layer (a cache's start)."""
+        return self.cross_attn.project_kv(memory, packing)
 
 
 class DecoderCache:
@@ -264,11 +301,16 @@ class Seq2SeqTransformer(nn.Module):
         return self.drop(x)
 
     def encode(self, src_ids: torch.Tensor) -> torch.Tensor:
-        """src_ids (B, S) -> memory (B, S, D)."""
+        """src_ids (B, S) -> memory (B, S, D), zeros at padding."""
+        src = Packing(src_ids, self.cfg.pad_id)
+        return src.unpack(self.encode_packed(src_ids, src))
+
+    def encode_packed(self, src_ids: torch.Tensor, src: Packing) -> torch.Tensor:
+        """src_ids (B, S) -> memory (N, D) of the real source tokens only (`src` says where they are)."""
         attend = key_attend(src_ids, self.cfg.pad_id)
-        x = self.embed(src_ids, self.src_embed)
+        x = src.pack(self.embed(src_ids, self.src_embed))  # (N, D)
         for layer in self.encoder:
-            x = layer(x, attend)
+            x = layer(x, attend, src)
         return self.enc_norm(x)
 
     def start_cache(self, memory: torch.Tensor, src_ids: torch.Tensor) -> DecoderCache:
@@ -289,14 +331,21 @@ class Seq2SeqTransformer(nn.Module):
                       cache: DecoderCache | None = None) -> torch.Tensor:
         """Like `decode`, but stops before the output projection: (B, T, D)."""
         if cache is None:
-            attend, cross, offset = key_attend(src_ids, self.cfg.pad_id), [memory] * len(self.decoder), 0
-        else:
-            attend, cross, offset = cache.attend, cache.cross_kv, cache.length
-        x = self.embed(tgt_in_ids, self.tgt_embed, offset)
+            return self.run_decoder(tgt_in_ids, None, memory, None, src_ids)
+        x = self.embed(tgt_in_ids, self.tgt_embed, cache.length)
         for i, layer in enumerate(self.decoder):
-            x, kv = layer(x, cross[i], attend, None if cache is None else cache.self_kv[i])
-            if cache is not None:
-                cache.self_kv[i] = kv
+            x, cache.self_kv[i] = layer(x, cache.cross_kv[i], cache.attend, cache.self_kv[i])
+        return self.dec_norm(x)
+
+    def run_decoder(self, tgt_in_ids: torch.Tensor, tgt: Packing | None, memory: torch.Tensor, src: Packing | None,
+                    src_ids: torch.Tensor) -> torch.Tensor:
+        """The whole target prefix (B, T) run causally -> hidden states (B, T, D), or (N_tgt, D) of the real
+        tokens only when packed by `tgt`. `memory` is (B, S, D), or (N_src, D) packed by `src`."""
+        attend = key_attend(src_ids, self.cfg.pad_id)
+        x = self.embed(tgt_in_ids, self.tgt_embed)  # (B, T, D)
+        x = x if tgt is None else tgt.pack(x)  # (N_tgt, D)
+        for layer in self.decoder:
+            x, _ = layer(x, memory, attend, packing=tgt, memory_packing=src)
         return self.dec_norm(x)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -311,11 +360,16 @@ class Seq2SeqTransformer(nn.Module):
         loss sum, nll sum, number of real tokens), but projects only the real (non-pad) positions to the
         vocabulary and never builds (B, T, V). The training step calls this, through DDP/FSDP's forward.
         """
-        hidden = self.decode_hidden(tgt_in_ids, self.encode(src_ids), src_ids)  # (B, T, D)
-        if labels is None:
-            return self.project(hidden)
-        real = labels.ne(self.cfg.pad_id)  # (B, T)
-        loss, nll = smoothed_cross_entropy(self.project(hidden[real]), labels[real], label_smoothing)  # (N,) each
+        src = Packing(src_ids, self.cfg.pad_id)
+        memory = self.encode_packed(src_ids, src)  # (N_src, D)
+        if labels is None:  # every position, as cached decoding computes them
+            return self.project(self.run_decoder(tgt_in_ids, None, memory, src, src_ids))  # (B, T, V)
+        tgt = Packing(tgt_in_ids, self.cfg.pad_id)
+        hidden = self.run_decoder(tgt_in_ids, tgt, memory, src, src_ids)  # (N_tgt, D)
+        real = labels.ne(self.cfg.pad_id)  # (B, T): the collator's labels are real where tgt_in_ids are
+        if not torch.equal(real, tgt_in_ids.ne(self.cfg.pad_id)):
+            hidden = tgt.unpack(hidden)[real]
+        loss, nll = smoothed_cross_entropy(self.project(hidden), labels[real], label_smoothing)  # (N,) each
         return loss.sum(), nll.sum().detach(), int(real.sum())
 
     @torch.no_grad()

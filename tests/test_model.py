@@ -230,31 +230,41 @@ def test_batch_leading_contract():
 
 
 
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_loss_from_labels_equals_the_loss_of_the_logits(smoothing):
-    """forward(..., labels=) projects only real positions; its loss, nll, count and every parameter's
-    gradient equal those of label_smoothed_nll over the full (B, T, V) logits."""
+@settings(max_examples=20, deadline=None)
+@given(model=models(), batch=batches(), smoothing=st.sampled_from([0.0, 0.1]), shorter_labels=st.booleans())
+def test_loss_from_labels_equals_the_loss_of_the_logits(model, batch, smoothing, shorter_labels):
+    """forward(..., labels=) runs position-wise layers and the output projection on real tokens only; its
+    loss, nll, count and every parameter's gradient equal those of label_smoothed_nll over the full (B, T, V)
+    logits. Also when labels are padding where tgt_in_ids are not (`shorter_labels`)."""
     from nmt.loss import label_smoothed_nll
 
-    gen = torch.Generator().manual_seed(6)
-    src_ids, tgt_in_ids = src_batch(gen, [5, 2, 7], V), tgt_in_batch(gen, [3, 6, 1], V)
+    src_ids, tgt_in_ids = batch
+    lengths = tgt_in_ids.ne(PAD).sum(1)
     labels = torch.cat([tgt_in_ids[:, 1:], torch.zeros_like(tgt_in_ids[:, :1])], 1)
-    labels[torch.arange(3), tgt_in_ids.ne(PAD).sum(1) - 1] = 3  # </s> after the last word, then padding
+    labels[torch.arange(len(labels)), lengths - 1] = 3  # </s> after the last word, then padding
+    if shorter_labels:
+        labels[0, lengths[0] - 1] = PAD
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     results = []
     for path in ("labels", "logits"):
-        model = tiny_model(seed=7, vocab=V, layers=2)
+        model.load_state_dict(state)
+        model.zero_grad(set_to_none=True)
         if path == "labels":
             loss, nll, n = model(src_ids, tgt_in_ids, labels=labels, label_smoothing=smoothing)
         else:
             loss, nll, n = label_smoothed_nll(model(src_ids, tgt_in_ids), labels, PAD, smoothing)
-        loss.backward()
+        if n:
+            loss.backward()
         results.append((loss.detach(), nll, n, {k: p.grad for k, p in model.named_parameters()}))
     (loss_a, nll_a, n_a, grads_a), (loss_b, nll_b, n_b, grads_b) = results
     assert n_a == n_b == int(labels.ne(PAD).sum())
     torch.testing.assert_close(loss_a, loss_b, atol=1e-5, rtol=1e-6)
     torch.testing.assert_close(nll_a, nll_b, atol=1e-5, rtol=1e-6)
     for name, grad in grads_a.items():
-        torch.testing.assert_close(grad, grads_b[name], atol=1e-6, rtol=1e-5, msg=name)
+        if grad is None or grads_b[name] is None:
+            assert grad is None and grads_b[name] is None, name
+        else:
+            torch.testing.assert_close(grad, grads_b[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_cpu_dropout_rate_scale_gradient_and_seed():
