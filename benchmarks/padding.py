@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -83,28 +82,11 @@ def random_batches(cost: np.ndarray, budget: int, seed: int) -> list[np.ndarray]
     return batches
 
 
-def buckets_by_both_sides(cost: np.ndarray, src_len: np.ndarray, budget: int, seed: int) -> list[np.ndarray]:
-    """A variant of nmt.batching.global_batches: ties in cost broken by source length, not at random.
-
-    cost = max(source, target + 1) is nearly always the target side here, so buckets of equal cost mix all
-    source lengths; ordering by (cost, source length) makes each batch's source lengths alike too.
-    """
-    from nmt.batching import _batch_end
-
-    order = np.lexsort((np.random.default_rng(seed).permutation(len(cost)), src_len, cost))
-    batches, start = [], 0
-    while start < len(order):
-        end = _batch_end(cost, order, start, budget, 1)
-        batches.append(order[start:end])
-        start = end
-    return batches
-
-
 def padding(batches: list[np.ndarray], src_len: np.ndarray, tgt_len: np.ndarray) -> dict:
     """Padding fractions as the collator pads: source to its longest row, decoder side to the longest + 1."""
     real_src = padded_src = real_tgt = padded_tgt = 0
     for b in batches:
-        s, t = src_len[b], tgt_len[b] + 1  # <s> + target in, target + </s> out
+        s, t = src_len[b], tgt_len[b]  # tgt_len: <s> + target in, target + </s> out
         real_src, padded_src = real_src + s.sum(), padded_src + len(b) * s.max()
         real_tgt, padded_tgt = real_tgt + t.sum(), padded_tgt + len(b) * t.max()
     return {"batches": len(batches), "src": 1 - real_src / padded_src, "tgt": 1 - real_tgt / padded_tgt,
@@ -142,12 +124,13 @@ def main(argv=None) -> None:
           f"batches encoded {second['encoder'].calls}x: {'cache hit' if hit else 'CACHE MISS'}")
     table = train.with_format("arrow")[:]  # one Arrow table (row selections applied): columns without a Python loop
     cost = table.column("cost").to_numpy()
-    src_len, tgt_len = (pc.list_value_length(table.column(c)).to_numpy() for c in ("src_ids", "tgt_ids"))
-    sampler = TokenBatchSampler(cost, args.max_tokens, seed=args.seed)
-    rows = {"length buckets (TokenBatchSampler)": padding(sampler.plan(0).batches, src_len, tgt_len),
-            "buckets, cost ties by source length": padding(
-                buckets_by_both_sides(cost, src_len, args.max_tokens, args.seed), src_len, tgt_len),
-            "random batches, same budget": padding(random_batches(cost, args.max_tokens, args.seed), src_len, tgt_len)}
+    src_len, tgt_len = nmt.data.pair_lengths(train)  # tgt_len counts </s> (or <s>) too
+    trained = TokenBatchSampler(cost, args.max_tokens, seed=args.seed, ties=src_len)  # as nmt.train builds it
+    cost_only = TokenBatchSampler(cost, args.max_tokens, seed=args.seed)
+    rows = {"nmt: length buckets, ties by source": padding(trained.plan(0).batches, src_len, tgt_len),
+            "length buckets by cost only": padding(cost_only.plan(0).batches, src_len, tgt_len),
+            "random batches, same budget": padding(random_batches(cost, args.max_tokens, args.seed), src_len,
+                                                  tgt_len)}
     print(f"padding in one epoch of training batches (max_tokens {args.max_tokens}):")
     print(f"  {'batching':36s} {'batches':>7s} {'padded/side':>12s} {'source':>7s} {'target':>7s} {'both':>7s}")
     for name, r in rows.items():

@@ -21,7 +21,7 @@ import torch
 from nmt.batching import TokenBatchSampler, deal
 from nmt.collate import Collator
 from nmt.config import ModelConfig, TrainConfig, read_yaml
-from nmt.data import Corpus, prepare
+from nmt.data import Corpus, pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.model import Seq2SeqTransformer
@@ -111,8 +111,8 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     corpus = prepare(cfg.data, cfg.tokenizer)
     model_cfg = model_config_for(cfg.model, corpus)
     train, valid = corpus.splits["train"], corpus.splits["valid"]
-    src_len, tgt_len = side_lengths(train)
-    sampler = TokenBatchSampler(train["cost"], cfg.max_tokens, 0, num_processes, cfg.accum_steps, cfg.seed)
+    src_len, tgt_len = pair_lengths(train)
+    sampler = TokenBatchSampler(train["cost"], cfg.max_tokens, 0, num_processes, cfg.accum_steps, cfg.seed, src_len)
     plan = sampler.plan(0)
     clean = corpus.stats["clean"]
     model = _build(model_cfg, cfg.seed)
@@ -149,22 +149,13 @@ def _build(model_cfg: ModelConfig, seed: int) -> Seq2SeqTransformer:
         return Seq2SeqTransformer(model_cfg)
 
 
-def side_lengths(ds) -> tuple[np.ndarray, np.ndarray]:
-    """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>)."""
-    src, tgt = [], []
-    for batch in ds.select_columns(["src_ids", "tgt_ids"]).iter(batch_size=10_000):
-        src += [len(x) for x in batch["src_ids"]]
-        tgt += [len(x) + 1 for x in batch["tgt_ids"]]
-    return np.asarray(src, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
-
-
 def percentiles(lengths: np.ndarray) -> dict[str, int]:
     out = {f"p{q}": int(np.percentile(lengths, q, method="higher")) for q in PERCENTILES}
     return {**out, "max": int(lengths.max())}
 
 
 def _count_over(ds, limit: int) -> int:
-    src, tgt = side_lengths(ds)
+    src, tgt = pair_lengths(ds)
     return int(np.sum(np.maximum(src, tgt) > limit))
 
 

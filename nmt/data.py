@@ -21,6 +21,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow.compute as pc
 
 from nmt.config import DataConfig, TokenizerConfig, to_dict
 from nmt.errors import NmtError
@@ -294,6 +295,13 @@ def encode(ds: datasets.Dataset, tokenizer: PairTokenizer, cache_file: Path) -> 
     """Tokenize with Dataset.map(batched=True); a second call with the same cache file re-tokenizes nothing."""
     return ds.map(_encode_batch, batched=True, batch_size=1000, fn_kwargs={"tokenizer": tokenizer},
                   cache_file_name=str(cache_file), load_from_cache_file=True, new_fingerprint=cache_file.stem)
+
+
+def pair_lengths(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>)."""
+    table = ds.select_columns(["src_ids", "tgt_ids"]).with_format("arrow")[:]
+    side = lambda name: pc.list_value_length(table.column(name)).to_numpy().astype(np.int64)
+    return side("src_ids"), side("tgt_ids") + 1
 
 
 def drop_long(train: datasets.Dataset, max_subwords: int, stats: dict) -> tuple[datasets.Dataset, dict]:

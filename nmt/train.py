@@ -29,7 +29,7 @@ from nmt import checkpoint as ckpt
 from nmt.batching import TokenBatchSampler, eval_batches
 from nmt.collate import Collator
 from nmt.config import TrainConfig, save_yaml, to_dict
-from nmt.data import Corpus, prepare
+from nmt.data import Corpus, pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.metrics import corpus_scores
@@ -115,7 +115,8 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
         model.compile()
     sampler = TokenBatchSampler(corpus.splits["train"]["cost"], cfg.max_tokens, accelerator.process_index,
-                                accelerator.num_processes, cfg.accum_steps, cfg.seed)
+                                accelerator.num_processes, cfg.accum_steps, cfg.seed,
+                                ties=pair_lengths(corpus.splits["train"])[0])  # source lengths: less padding
     loader = DataLoader(corpus.splits["train"].select_columns(["src_ids", "tgt_ids"]), batch_sampler=sampler,
                         collate_fn=Collator(pad_to_multiple_of=cfg.pad_to_multiple_of),
                         # its own generator: each new iterator draws a seed, and drawing it from the global

@@ -179,3 +179,21 @@ def test_too_few_pairs_for_the_chunks_is_an_error():
         TokenBatchSampler([3, 4, 5], max_tokens=10, world_size=2, accum_steps=2)
     enough = TokenBatchSampler([3, 4, 5, 6], max_tokens=10, world_size=2, accum_steps=2)
     assert len(enough) == 2 and [len(c) for c in enough] == [1, 1]  # one step: a pair per micro-batch
+
+
+def test_ties_order_equal_cost_pairs_by_the_second_length():
+    """Pairs of equal cost are ordered by `ties` (the source length) inside the buckets, so a batch's source
+    side is as alike as its cost; without ties the order inside a cost is the seed's shuffle."""
+    rng = np.random.default_rng(3)
+    cost = rng.integers(10, 13, size=600)  # three costs: target-dominated pairs
+    src = rng.integers(1, 11, size=600)  # source lengths all over the place
+    padding = lambda bs: sum(len(b) * src[b].max() - src[b].sum() for b in bs)
+    with_ties = global_batches(cost, 120, 1, seed=4, ties=src)
+    without = global_batches(cost, 120, 1, seed=4)
+    for batches in (with_ties, without):
+        assert sorted(np.concatenate(batches).tolist()) == list(range(600))
+        assert all(len(b) * cost[b].max() <= 120 for b in batches)
+    assert all(np.all(np.diff(src[b][cost[b] == cost[b].max()]) >= 0) for b in with_ties)
+    assert padding(with_ties) < padding(without) / 3
+    plan = TokenBatchSampler(cost, 60, 1, 2, 1, seed=4, ties=src).plan(0)
+    assert [b.tolist() for b in plan.batches] == [b.tolist() for b in with_ties]
