@@ -20,7 +20,7 @@ import torch
 
 from nmt.batching import TokenBatchSampler, deal
 from nmt.collate import Collator
-from nmt.config import ModelConfig, TrainConfig, read_yaml
+from nmt.config import ModelConfig, TrainConfig, auto_sizes, read_yaml, resolve_sizes
 from nmt.data import Corpus, pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
@@ -63,6 +63,8 @@ class Report:
     probe_device: str = ""
     probe_steps: int = 0
     measured_peak: int | None = None  # bytes, CUDA only: torch.cuda.max_memory_allocated during the probe
+    sizing_pairs: int = 0  # training pairs after cleaning: what auto_sizes chooses vocabulary and model size by
+    auto_chosen: list[str] = field(default_factory=list)  # the sizes auto_sizes chose (those the config left null)
     cfg: TrainConfig | None = field(default=None, repr=False)
     problems: list[str] = field(default_factory=list)
 
@@ -75,6 +77,7 @@ class Report:
                f"target {_pct(self.tgt_len)}",
                f"vocab     {_vocab(self)}; unknown on validation: source {self.unk_rate['src']:.2%}, "
                f"target {self.unk_rate['tgt']:.2%}",
+               f"sizes     {_sizes(self)}",
                f"epoch     {_n(self.tokens_per_epoch['src'])} source + {_n(self.tokens_per_epoch['tgt'])} target tokens; "
                f"{self.steps_per_epoch:,} optimizer steps ({self.micro_batches_per_epoch:,} micro-batches per process: "
                f"max_tokens {cfg.max_tokens:,} x {_processes(self.num_processes)} x {cfg.accum_steps} accum_steps); "
@@ -109,6 +112,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     if num_processes < 1:
         raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
     corpus = prepare(cfg.data, cfg.tokenizer)
+    cfg, chosen = resolve_sizes(cfg, corpus.stats["sizing_pairs"])  # what training will choose
     model_cfg = model_config_for(cfg.model, corpus)
     train, valid = corpus.splits["train"], corpus.splits["valid"]
     src_len, tgt_len = pair_lengths(train)
@@ -129,7 +133,8 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         padding_share=padding_share(plan, src_len, tgt_len), steps_per_epoch=len(plan),
         micro_batches_per_epoch=len(plan) * cfg.accum_steps,
         total_steps=cfg.max_steps or cfg.max_epochs * len(plan), n_params=n_params,
-        memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg)
+        memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
+        sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen)
     if probe_steps > 0:
         probe(report, model, cfg, corpus, plan, src_len, tgt_len, probe_steps, device)
     report.problems = find_problems(report, cfg, model_cfg, int(np.max(train["cost"])))
@@ -371,6 +376,14 @@ def _vocab(r: Report) -> str:
     if r.joint_vocab:
         return f"joint {r.src_vocab_size:,} subwords"
     return f"separate: source {r.src_vocab_size:,}, target {r.tgt_vocab_size:,} subwords"
+
+
+def _sizes(r: Report) -> str:
+    if r.auto_chosen:
+        return f"chosen for {r.sizing_pairs:,} training pairs (auto): {'; '.join(r.auto_chosen)}"
+    auto = auto_sizes(r.sizing_pairs)
+    return (f"all given (for {r.sizing_pairs:,} training pairs auto_sizes would choose tokenizer.vocab_size "
+            f"{auto.vocab_size:,}, model.size {auto.model_size})")
 
 
 def _n(x: float) -> str:

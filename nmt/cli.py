@@ -92,7 +92,9 @@ def cmd_info(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _search_kwargs(args: argparse.Namespace) -> dict:
-    return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, alpha=args.alpha)
+    """--alpha only when given: otherwise the model directory's tuned alpha (search.json), else 0.6."""
+    alpha = {} if args.alpha is None else {"alpha": args.alpha}
+    return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, **alpha)
 
 
 def _translator(args: argparse.Namespace):
@@ -143,7 +145,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
 def _draw_attention(translator, text: str, args: argparse.Namespace) -> None:
     from nmt.attention import plot_alignment
 
-    src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam, alpha=args.alpha)
+    alpha = {} if args.alpha is None else {"alpha": args.alpha}
+    src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam, **alpha)
     translation = translator.tokenizer.decode_tgt([[translator.tokenizer.tgt.token_to_id(t) for t in tgt]])[0]
     out = plot_alignment(src, tgt, weights, args.attention, title=f"{text}  \u2192  {translation}")
     print(f"wrote {out} (cross-attention of the first sentence)", file=sys.stderr)
@@ -222,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
                        "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
         p.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
-        p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+        p.add_argument("--alpha", type=float, help="length penalty exponent (default: the model's tuned alpha, "
+                       "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
         p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch")
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
         p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")

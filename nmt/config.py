@@ -51,28 +51,32 @@ class TokenizerConfig:
     """The subword model trained on the training text."""
 
     kind: Literal["bpe", "unigram"] = "bpe"  # subword algorithm
-    vocab_size: int = 8000  # target vocabulary size (per tokenizer)
+    vocab_size: int | None = None  # target vocabulary size per tokenizer (null: from the training corpus size, auto_sizes)
     joint: bool = True  # one vocabulary for both languages (enables shared embeddings)
     min_frequency: int = 2  # BPE: merges need at least this many occurrences
-    dropout: float | None = None  # BPE-dropout probability during training (None: off)
+    dropout: float | None = None  # BPE-dropout: training pairs re-segmented each epoch, merges skipped with this probability
 
     def __post_init__(self) -> None:
-        _check(self.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
+        _check(self.vocab_size is None or self.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
         _check(self.dropout is None or 0 < self.dropout < 1, "tokenizer.dropout", "must be in (0, 1)")
+        _check(self.dropout is None or self.kind == "bpe", "tokenizer.dropout", "is BPE-dropout: needs kind bpe")
 
 
 @dataclass
 class ModelConfig:
-    """An encoder-decoder Transformer. Vocabulary sizes of 0 are filled in from the tokenizer."""
+    """An encoder-decoder Transformer. Vocabulary sizes of 0 are filled in from the tokenizer; the size fields
+    left null come from the preset `size` names, or, for size "auto", from the training corpus size (`auto_sizes`).
+    """
 
     src_vocab_size: int = 0  # source vocabulary (0: from the tokenizer)
     tgt_vocab_size: int = 0  # target vocabulary (0: from the tokenizer)
-    d_model: int = 256  # width of the residual stream
-    n_heads: int = 4  # attention heads; d_model must divide by it
-    n_encoder_layers: int = 3  # encoder depth
-    n_decoder_layers: int = 3  # decoder depth
-    d_ff: int = 1024  # feed-forward inner width
-    dropout: float = 0.1  # dropout on embeddings, residual branches and attention weights
+    size: Literal["auto", "tiny", "small", "base", "big"] = "auto"  # preset of the null fields below; auto: by corpus size
+    d_model: int | None = None  # width of the residual stream (null: from size)
+    n_heads: int | None = None  # attention heads; d_model must divide by it (null: from size)
+    n_encoder_layers: int | None = None  # encoder depth (null: from size)
+    n_decoder_layers: int | None = None  # decoder depth (null: from size)
+    d_ff: int | None = None  # feed-forward inner width (null: from size)
+    dropout: float | None = None  # dropout on embeddings, residual branches and attention weights (null: from size)
     activation: Literal["relu", "gelu"] = "relu"  # feed-forward non-linearity
     pre_norm: bool = True  # LayerNorm before each sublayer (stable); False: post-norm as in Vaswani et al.
     share_embeddings: bool = True  # one embedding table for source, target and output (joint vocab only)
@@ -82,9 +86,18 @@ class ModelConfig:
     eos_id: int = 3  # end-of-sentence id
 
     def __post_init__(self) -> None:
-        _check(self.d_model % self.n_heads == 0, "model.d_model", f"{self.d_model} must divide by n_heads={self.n_heads}")
-        _check(0 <= self.dropout < 1, "model.dropout", "must be in [0, 1)")
-        _check(self.n_encoder_layers > 0 and self.n_decoder_layers > 0, "model.n_encoder_layers", "layers must be positive")
+        if self.size != "auto":
+            _check(self.size in MODEL_PRESETS, "model.size", f"unknown size {self.size!r}; choose auto or one of "
+                   f"{', '.join(MODEL_PRESETS)}")
+            for name, value in MODEL_PRESETS[self.size].items():
+                if getattr(self, name) is None:
+                    setattr(self, name, value)
+        if self.d_model is not None and self.n_heads is not None:
+            _check(self.d_model % self.n_heads == 0, "model.d_model",
+                   f"{self.d_model} must divide by n_heads={self.n_heads}")
+        _check(self.dropout is None or 0 <= self.dropout < 1, "model.dropout", "must be in [0, 1)")
+        layers = [n for n in (self.n_encoder_layers, self.n_decoder_layers) if n is not None]
+        _check(all(n > 0 for n in layers), "model.n_encoder_layers", "layers must be positive")
         if self.share_embeddings and self.src_vocab_size and self.tgt_vocab_size:
             _check(self.src_vocab_size == self.tgt_vocab_size, "model.share_embeddings",
                    "needs equal source and target vocabularies (a joint tokenizer); set it to false")
@@ -94,7 +107,11 @@ class ModelConfig:
         """A named size (tiny, small, base, big) with field overrides."""
         if name not in MODEL_PRESETS:
             raise NmtError(f"model.preset: unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
-        return cls(**{**MODEL_PRESETS[name], **overrides})
+        return cls(size=name, **overrides)
+
+    def unresolved(self) -> list[str]:
+        """The size fields still null (size "auto" before the corpus size is known)."""
+        return [name for name in SIZE_FIELDS if getattr(self, name) is None]
 
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
@@ -103,6 +120,53 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1),
     "big": dict(d_model=1024, n_heads=16, n_encoder_layers=6, n_decoder_layers=6, d_ff=4096, dropout=0.3),
 }
+SIZE_FIELDS = tuple(MODEL_PRESETS["base"])
+
+
+# (training pairs below, tokenizer.vocab_size, model.size): the rows of auto_sizes' table
+AUTO_SIZES = (
+    (1_000, 1_000, "tiny"),
+    (20_000, 2_000, "small"),
+    (100_000, 4_000, "small"),
+    (300_000, 8_000, "small"),
+    (1_000_000, 8_000, "base"),
+    (5_000_000, 16_000, "base"),
+    (None, 32_000, "base"),
+)
+
+
+@dataclass(frozen=True)
+class AutoSizes:
+    """What `auto_sizes` chooses for a corpus."""
+
+    train_pairs: int
+    vocab_size: int
+    model_size: str
+
+
+def auto_sizes(train_pairs: int) -> AutoSizes:
+    """Vocabulary and model size for a corpus of `train_pairs` training pairs (after cleaning).
+
+    | training pairs   | tokenizer.vocab_size | model.size |
+    |------------------|----------------------|------------|
+    | < 1k             | 1,000                | tiny       |
+    | 1k - 20k         | 2,000                | small      |
+    | 20k - 100k       | 4,000                | small      |
+    | 100k - 300k      | 8,000                | small      |
+    | 300k - 1M        | 8,000                | base       |
+    | 1M - 5M          | 16,000               | base       |
+    | >= 5M            | 32,000               | base       |
+
+    Small corpora want small vocabularies and small models (Sennrich & Zhang 2019, "Revisiting Low-Resource
+    Neural Machine Translation": a few thousand BPE merges rather than the 30k+ of high-resource systems, and
+    models adapted to the data size); 32k joint subwords with Transformer base is the WMT-scale setting of
+    Vaswani et al. 2017. Under 1k pairs nothing learns to translate, so such runs are smoke tests and get the
+    tiny model. "big" is never chosen: it pays off only with large GPU budgets; ask for it by name.
+    """
+    for below, vocab_size, size in AUTO_SIZES:
+        if below is None or train_pairs < below:
+            return AutoSizes(train_pairs, vocab_size, size)
+    raise AssertionError("AUTO_SIZES ends with an open row")
 
 
 @dataclass
@@ -144,6 +208,7 @@ class TrainConfig:
     max_bad_steps: int = 20  # stop (with a checkpoint) after this many non-finite steps in a row
     patience: int | None = None  # early stopping: stop after this many validations without a new best
     average_last: int = 0  # at the end, average the last N checkpoints; kept if it validates at least as well
+    tune_alpha: list[float] | None = None  # alphas tried on validation at the end (and 0.6); the best is the model's default
     pad_to_multiple_of: int | None = None  # pad batch lengths to a multiple of this (8 for tensor cores)
     compile: bool = False  # torch.compile the model; measured slower on a 2-core AVX2 CPU (benchmarks/train_speed.py)
 
@@ -154,6 +219,36 @@ class TrainConfig:
         _check(self.keep_last >= self.average_last, "average_last", f"needs keep_last >= {self.average_last}")
         intervals = (self.eval_every, self.save_every, self.log_every)
         _check(min(intervals) > 0, "eval_every", "eval_every, save_every and log_every must be positive")
+        if self.tune_alpha is not None:
+            _check(len(self.tune_alpha) > 0 and min(self.tune_alpha) >= 0, "tune_alpha", "needs alphas >= 0")
+            _check(self.eval_beam > 1, "tune_alpha", "needs eval_beam > 1: greedy search ignores the length penalty")
+
+
+def resolve_sizes(cfg: TrainConfig, train_pairs: int) -> tuple[TrainConfig, list[str]]:
+    """`cfg` with tokenizer.vocab_size and the model's size fields that it leaves null chosen by
+    `auto_sizes(train_pairs)`; explicit values are kept. Also returns what was chosen, for the log."""
+    auto = auto_sizes(train_pairs)
+    chosen, tok, model = [], cfg.tokenizer, cfg.model
+    if tok.vocab_size is None:
+        tok = dataclasses.replace(tok, vocab_size=auto.vocab_size)
+        chosen.append(f"tokenizer.vocab_size {auto.vocab_size:,}")
+    if model.unresolved():
+        filled = ", ".join(f"{name} {MODEL_PRESETS[auto.model_size][name]}" for name in model.unresolved())
+        model = dataclasses.replace(model, size=auto.model_size)  # __post_init__ fills only the null fields
+        chosen.append(f"model.size {auto.model_size} ({filled})")
+    return dataclasses.replace(cfg, tokenizer=tok, model=model), chosen
+
+
+def pin_sizes(cfg: TrainConfig, previous: dict) -> TrainConfig:
+    """Take the sizes `cfg` leaves to the corpus from `previous`, the resolved config.yaml of the run being
+    resumed: a resumed run builds the model it saved, even if the sizing rule has changed since."""
+    tok, model = previous.get("tokenizer") or {}, previous.get("model") or {}
+    vocab_size = cfg.tokenizer.vocab_size or tok.get("vocab_size")
+    fields = {name: model[name] for name in cfg.model.unresolved() if model.get(name) is not None}
+    if fields and model.get("size") in MODEL_PRESETS:
+        fields["size"] = model["size"]  # the preset auto_sizes chose then (it fills nothing now: all are given)
+    return dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, vocab_size=vocab_size),
+                               model=dataclasses.replace(cfg.model, **fields))
 
 
 def _check(ok: bool, key: str, what: str) -> None:
@@ -169,12 +264,13 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
     if not isinstance(data, dict):
         raise NmtError(f"config key {where or '<root>'!r}: expected a mapping, got {type(data).__name__}")
     data = dict(data)
-    if cls is ModelConfig and "preset" in data:
+    if cls is ModelConfig and "preset" in data:  # the older name of `size`
         preset = data.pop("preset")
         if preset not in MODEL_PRESETS:
             raise NmtError(f"config key '{where}.preset': unknown preset {preset!r}; "
                            f"choose one of {', '.join(MODEL_PRESETS)}")
-        data = {**MODEL_PRESETS[preset], **data}
+        if data.setdefault("size", preset) != preset:
+            raise NmtError(f"config key '{where}.preset': {preset!r} contradicts size {data['size']!r}; give one")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}

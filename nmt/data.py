@@ -7,10 +7,12 @@ The one home of the `datasets` library. Every input becomes a Dataset with strin
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
 from collections import Counter
@@ -23,9 +25,9 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
-from nmt.config import DataConfig, TokenizerConfig, to_dict
+from nmt.config import DataConfig, TokenizerConfig, auto_sizes, to_dict
 from nmt.errors import NmtError
-from nmt.tokenizer import PairTokenizer, train_pair_tokenizer
+from nmt.tokenizer import EOS, DropoutSegmenter, PairTokenizer, train_pair_tokenizer
 
 datasets.disable_progress_bars()
 datasets.logging.set_verbosity_error()
@@ -324,7 +326,8 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     """Read, carve, clean, train the tokenizer (unless given) and encode, all cached by content.
 
     `main_first` (e.g. accelerator.main_process_first) lets the main process fill the cache while the
-    others wait and then read it.
+    others wait and then read it. A null `tok_cfg.vocab_size` is chosen by `auto_sizes` from the number of
+    training pairs left after cleaning, recorded as stats["sizing_pairs"].
     """
     from contextlib import nullcontext
 
@@ -336,11 +339,14 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
         work = cache_root / "prepared" / key
         work.mkdir(parents=True, exist_ok=True)
         raw["train"], clean_stats = _cached_clean(raw["train"], cfg, work)
+        sizing_pairs = len(raw["train"])
+        if tok_cfg.vocab_size is None:
+            tok_cfg = dataclasses.replace(tok_cfg, vocab_size=auto_sizes(sizing_pairs).vocab_size)
         tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
         encoded = {name: encode(raw[name], tokenizer, work / f"{name}.arrow") for name in splits}
     if "train" in encoded:
         encoded["train"], clean_stats = drop_long(encoded["train"], cfg.max_subwords, clean_stats)
-    stats = {**split_stats, "clean": clean_stats, "cache": str(work),
+    stats = {**split_stats, "clean": clean_stats, "cache": str(work), "sizing_pairs": sizing_pairs,
              "pairs": {name: len(ds) for name, ds in encoded.items()}}
     return Corpus(encoded, tokenizer, stats)
 
@@ -373,7 +379,9 @@ def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: Tok
     h = hashlib.sha256()
     for name in SPLITS:
         h.update(f"{name}:{raw[name]._fingerprint}:{len(raw[name])};".encode())
-    h.update(json.dumps({"data": to_dict(cfg) | {"cache_dir": None}, "tok": to_dict(tok_cfg)}, sort_keys=True).encode())
+    # BPE-dropout changes only the training pairs' per-epoch segmentation (DropoutEpochs), not what is cached here
+    tok = to_dict(tok_cfg) | {"dropout": None}
+    h.update(json.dumps({"data": to_dict(cfg) | {"cache_dir": None}, "tok": tok}, sort_keys=True).encode())
     if tokenizer is not None:
         h.update(tokenizer.src.to_str().encode() + tokenizer.tgt.to_str().encode())
     return h.hexdigest()[:16]
@@ -414,3 +422,76 @@ def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: P
         shutil.rmtree(tmp, ignore_errors=True)
         return PairTokenizer.load(tok_dir)
     return tokenizer
+
+
+# --- BPE-dropout: the training split re-segmented each epoch ---------------------------------------
+
+
+class DropoutEpochs:
+    """The training split re-segmented with BPE-dropout (Provilkov et al. 2020) for every epoch.
+
+    Pair i of epoch e is segmented by a generator seeded with (seed, e, i): an epoch's segmentation is the
+    same on every process, in a resumed run and however the batches are cut, and differs between epochs.
+    Each process encodes the epoch it is in by itself (no cache to share, nothing to wait for) and keeps
+    that one; the costs of the epochs seen are kept for batch planning. A pair whose noisy segmentation
+    would be longer than `max_cost` keeps its deterministic one. Validation and test are never touched.
+    """
+
+    def __init__(self, train: datasets.Dataset, tokenizer: PairTokenizer, p: float, seed: int, max_cost: int):
+        self.train, self.p, self.seed, self.max_cost = train, p, seed, max_cost
+        self.segmenters = DropoutSegmenter(tokenizer.src, p), DropoutSegmenter(tokenizer.tgt, p)
+        self._costs: dict[int, np.ndarray] = {}
+        self._epoch: tuple[int, datasets.Dataset] | None = None
+
+    def encoded(self, epoch: int) -> datasets.Dataset:
+        """Columns src_ids and tgt_ids of `epoch`'s segmentation (in memory)."""
+        if self._epoch is None or self._epoch[0] != epoch:
+            ds = self.train.map(_dropout_batch, batched=True, batch_size=1000, with_indices=True, keep_in_memory=True,
+                                fn_kwargs={"segmenters": self.segmenters, "epoch_seed": f"{self.seed}:{epoch}",
+                                           "max_cost": self.max_cost},
+                                new_fingerprint=f"{self.train._fingerprint}-dropout-{self.p}-{self.seed}-{epoch}")
+            self._epoch = epoch, ds.select_columns(["src_ids", "tgt_ids"])
+            self._costs[epoch] = np.asarray(ds["cost"], dtype=np.int64)
+        return self._epoch[1]
+
+    def costs(self, epoch: int) -> np.ndarray:
+        """(N,) padded cost of every pair in `epoch`'s segmentation (what the batch sampler plans with)."""
+        if epoch not in self._costs:
+            self.encoded(epoch)
+        return self._costs[epoch]
+
+    def view(self, epoch: Callable[[], int]) -> EpochView:
+        """A map-style dataset for a DataLoader, reading the epoch that `epoch()` names at each fetch."""
+        return EpochView(self, epoch)
+
+
+@dataclass
+class EpochView:
+    """DataLoader dataset over `DropoutEpochs`; `epoch` is the batch sampler's (read in the loading process,
+    so the DataLoader must run without worker processes, as nmt.train's does)."""
+
+    epochs: DropoutEpochs
+    epoch: Callable[[], int]
+
+    def __len__(self) -> int:
+        return len(self.epochs.train)
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        return self.epochs.encoded(self.epoch()).__getitems__(indices)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.__getitems__([index])[0]
+
+
+def _dropout_batch(batch: dict, indices: list[int], segmenters: tuple[DropoutSegmenter, DropoutSegmenter],
+                   epoch_seed: str, max_cost: int) -> dict:
+    src_ids, tgt_ids, cost = [], [], []
+    for i, src, tgt, plain_src, plain_tgt in zip(indices, batch["src"], batch["tgt"], batch["src_ids"], batch["tgt_ids"]):
+        rng = random.Random(f"{epoch_seed}:{i}")  # str seeds hash with SHA-512: the same in every process
+        s, t = segmenters[0].encode(src, rng) + [EOS], segmenters[1].encode(tgt, rng)
+        if max(len(s), len(t) + 1) > max_cost:
+            s, t = plain_src, plain_tgt
+        src_ids.append(s)
+        tgt_ids.append(t)
+        cost.append(max(len(s), len(t) + 1))
+    return {"src_ids": src_ids, "tgt_ids": tgt_ids, "cost": cost}

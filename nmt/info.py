@@ -15,6 +15,7 @@ from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.errors import NmtError
 
 CONFIG_FILE, WEIGHTS_FILE, SUMMARY_FILE = "config.json", "model.safetensors", "training.json"
+SEARCH_FILE = "search.json"  # nmt.translate.SEARCH_FILE: the alpha tuned on validation (training's tune_alpha)
 
 
 def describe(model_dir: str | Path) -> dict:
@@ -22,7 +23,8 @@ def describe(model_dir: str | Path) -> dict:
 
     Keys: model_dir, architecture (the ModelConfig fields), parameters, tensors, dtypes, vocab
     ({"joint", "src", "tgt"}), and from training.json when present: step, best (validation metrics),
-    data (pairs per split, cleaning), num_processes, argv, command.
+    data (pairs per split, cleaning), num_processes, argv, command; search (the tuned length penalty, from
+    search.json) when training tuned it.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -34,6 +36,8 @@ def describe(model_dir: str | Path) -> dict:
     argv = summary.get("argv") or []
     out.update(step=summary.get("step"), best=summary.get("metrics", {}), data=summary.get("data", {}),
                num_processes=summary.get("num_processes"), argv=argv, command=command_line(argv))
+    if (model_dir / SEARCH_FILE).is_file():
+        out["search"] = _read_json(model_dir / SEARCH_FILE)
     return out
 
 
@@ -108,6 +112,10 @@ def lines(info: dict) -> list[str]:
         out.append(f"data          {_data(info['data'])}")
     if info["best"]:
         out.append(f"validation    step {info['step']}: {_scores(info['best'])}")
+    if info.get("search"):
+        s = info["search"]
+        out.append(f"search        alpha {s.get('alpha')} by default (tuned on {s.get('tuned_on', 'validation')} "
+                   f"with beam {s.get('beam_size')}; --alpha overrides)")
     if info["command"]:
         procs = info.get("num_processes") or 1
         out.append(f"command       {info['command']}  ({procs} process{'es' if procs > 1 else ''})")

@@ -6,6 +6,7 @@ The one home of the `tokenizers` library. Ids 0-3 are <pad>, <unk>, <s>, </s> in
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -21,9 +22,15 @@ SRC_FILE, TGT_FILE = "tokenizer.src.json", "tokenizer.tgt.json"
 
 
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None) -> Tokenizer:
-    """Train one subword model on an iterator of sentences (memory stays flat)."""
+    """Train one subword model on an iterator of sentences (memory stays flat).
+
+    The tokenizer is deterministic even when `cfg.dropout` is set: BPE-dropout is applied to the training
+    pairs only, by `DropoutSegmenter`, never by the saved tokenizer.
+    """
+    if cfg.vocab_size is None:
+        raise NmtError("tokenizer.vocab_size is null: resolve it first (nmt.config.resolve_sizes)")
     if cfg.kind == "bpe":
-        tok = Tokenizer(models.BPE(unk_token="<unk>", dropout=cfg.dropout))
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
         trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
                                       special_tokens=SPECIALS, show_progress=False)
     else:
@@ -124,6 +131,50 @@ class PairTokenizer:
             return Tokenizer.from_str(json.dumps(data))
         src = plain(self.src)
         return PairTokenizer(src, None if self.joint else plain(self.tgt))
+
+
+class DropoutSegmenter:
+    """BPE-dropout (Provilkov et al. 2020) over a trained BPE tokenizer, with a seeded random generator.
+
+    Each merge that could apply is skipped with probability `p`; the best remaining one is made; a word is
+    done when every possible merge was skipped. `tokenizers` can do this itself (BPE(dropout=p)), but draws
+    from a thread-local generator that cannot be seeded, so no two processes or runs would agree. Here the
+    segmentation of a text is a function of (text, p, the generator's seed) only. With p = 0 it equals the
+    tokenizer's own encoding.
+    """
+
+    def __init__(self, tok: Tokenizer, p: float):
+        model = json.loads(tok.to_str())["model"]
+        if model["type"] != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
+                or model.get("byte_fallback"):
+            raise NmtError("BPE-dropout needs a plain BPE tokenizer as nmt trains it (tokenizer.kind: bpe)")
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        self.ranks = {pair: rank for rank, pair in enumerate(merges)}
+        self.vocab: dict[str, int] = model["vocab"]
+        self.tok, self.p = tok, p
+        self.specials = [t.content for t in tok.get_added_tokens_decoder().values()]
+
+    def encode(self, text: str, rng: random.Random) -> list[int]:
+        """Subword ids of `text` (no specials added), drawing from `rng`."""
+        if any(s in text for s in self.specials):  # "<unk>" written in the text: the tokenizer's own ids
+            return self.tok.encode(text, add_special_tokens=False).ids
+        ids: list[int] = []
+        for word, _ in self.tok.pre_tokenizer.pre_tokenize_str(self.tok.normalizer.normalize_str(text)):
+            ids += [self.vocab.get(piece, UNK) for piece in self._merge(list(word), rng.random)]
+        return ids
+
+    def _merge(self, symbols: list[str], draw) -> list[str]:
+        ranks, p = self.ranks, self.p
+        while len(symbols) > 1:
+            candidates = sorted((rank, i) for i, pair in enumerate(zip(symbols, symbols[1:]))
+                                if (rank := ranks.get(pair)) is not None)
+            for _, i in candidates:  # in merge order, each skipped with probability p
+                if draw() >= p:
+                    symbols[i: i + 2] = [symbols[i] + symbols[i + 1]]
+                    break
+            else:
+                break
+        return symbols
 
 
 def _load_file(path: Path) -> Tokenizer:

@@ -28,15 +28,15 @@ from torch.utils.data import DataLoader
 from nmt import checkpoint as ckpt
 from nmt.batching import TokenBatchSampler, eval_batches
 from nmt.collate import Collator
-from nmt.config import TrainConfig, save_yaml, to_dict
-from nmt.data import Corpus, pair_lengths, prepare
+from nmt.config import TrainConfig, pin_sizes, read_yaml, resolve_sizes, save_yaml, to_dict
+from nmt.data import Corpus, DropoutEpochs, pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
 from nmt.search import SearchConfig
 from nmt.tokenizer import PairTokenizer
-from nmt.translate import search_encoded
+from nmt.translate import SEARCH_FILE, search_encoded
 
 log = get_logger(__name__)
 
@@ -105,19 +105,22 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
         dataloader_config=DataLoaderConfiguration(split_batches=True),
     )
     set_seed(cfg.seed)
+    if cfg.resume and (Path(cfg.output_dir) / "config.yaml").is_file():
+        cfg = pin_sizes(cfg, read_yaml(Path(cfg.output_dir) / "config.yaml"))  # the sizes the run was started with
     corpus = prepare(cfg.data, cfg.tokenizer, accelerator.main_process_first)
-    model_cfg = dataclasses.replace(cfg.model, src_vocab_size=corpus.tokenizer.src_vocab_size,
-                                    tgt_vocab_size=corpus.tokenizer.tgt_vocab_size,
-                                    share_embeddings=cfg.model.share_embeddings and corpus.tokenizer.joint)
-    cfg = dataclasses.replace(cfg, model=model_cfg)
-    model = model if model is not None else Seq2SeqTransformer(model_cfg)
+    cfg = sized_config(accelerator, cfg, corpus)
+    model = model if model is not None else Seq2SeqTransformer(cfg.model)
     check_contract(model, corpus.tokenizer)
     if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
         model.compile()
+    dropout = bpe_dropout(cfg, corpus)
     sampler = TokenBatchSampler(corpus.splits["train"]["cost"], cfg.max_tokens, accelerator.process_index,
                                 accelerator.num_processes, cfg.accum_steps, cfg.seed,
-                                ties=pair_lengths(corpus.splits["train"])[0])  # source lengths: less padding
-    loader = DataLoader(corpus.splits["train"].select_columns(["src_ids", "tgt_ids"]), batch_sampler=sampler,
+                                ties=pair_lengths(corpus.splits["train"])[0],  # source lengths: less padding
+                                epoch_lengths=dropout.costs if dropout else None)
+    plain = corpus.splits["train"].select_columns(["src_ids", "tgt_ids"])
+    # no worker processes: the BPE-dropout view reads sampler.epoch when a batch is fetched
+    loader = DataLoader(dropout.view(lambda: sampler.epoch) if dropout else plain, batch_sampler=sampler,
                         collate_fn=Collator(pad_to_multiple_of=cfg.pad_to_multiple_of),
                         # its own generator: each new iterator draws a seed, and drawing it from the global
                         # RNG would shift dropout after a resume (which starts a fresh iterator mid-epoch)
@@ -127,7 +130,8 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     register_search_methods(accelerator, model)
     state = resume(accelerator, cfg, sampler) if cfg.resume else TrainState()
-    total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch()
+    # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
+    total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch(0)
     start_run(accelerator, cfg, corpus, model, state.step)
     with StopSignals() as signals:
         stopped_by = run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, state, corpus, total,
@@ -136,6 +140,27 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
         accelerator.end_training()
         return TrainResult(None, state.step, stopped_by=stopped_by, checkpoint=ckpt.list_checkpoints(cfg.output_dir)[-1])
     return finish(accelerator, cfg, model, corpus, state)
+
+
+def sized_config(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus) -> TrainConfig:
+    """`cfg` with every size resolved: the tokenizer and model sizes it leaves null chosen from the number of
+    training pairs (`auto_sizes`, printed), the model's vocabulary sizes from the tokenizer."""
+    cfg, chosen = resolve_sizes(cfg, corpus.stats["sizing_pairs"])
+    if chosen and accelerator.is_main_process:
+        print(f"nmt: sizes chosen for {corpus.stats['sizing_pairs']:,} training pairs (auto_sizes; set them to "
+              f"override): {'; '.join(chosen)}", flush=True)
+    model_cfg = dataclasses.replace(cfg.model, src_vocab_size=corpus.tokenizer.src_vocab_size,
+                                    tgt_vocab_size=corpus.tokenizer.tgt_vocab_size,
+                                    share_embeddings=cfg.model.share_embeddings and corpus.tokenizer.joint)
+    return dataclasses.replace(cfg, model=model_cfg)
+
+
+def bpe_dropout(cfg: TrainConfig, corpus: Corpus) -> DropoutEpochs | None:
+    """The training pairs re-segmented each epoch when tokenizer.dropout is set; None when it is off."""
+    if not cfg.tokenizer.dropout:
+        return None
+    return DropoutEpochs(corpus.splits["train"], corpus.tokenizer, cfg.tokenizer.dropout, cfg.seed,
+                         max_cost=min(cfg.data.max_subwords, cfg.model.max_positions))
 
 
 def resume(accelerator: Accelerator, cfg: TrainConfig, sampler: TokenBatchSampler) -> TrainState:
@@ -464,15 +489,22 @@ def valid_bleu(accelerator, cfg: TrainConfig, model, corpus: Corpus) -> dict:
     base = accelerator.unwrap_model(model)
     if not (hasattr(base, "encode") and hasattr(base, "decode")):
         return {}  # a user's model without encode/decode: loss only
-    valid = corpus.splits["valid"]
-    n = min(len(valid), cfg.eval_max_sentences or len(valid))
-    src_ids = valid.select(range(n))["src_ids"]
     rank, world = accelerator.process_index, accelerator.num_processes
     if accelerator.distributed_type.value == "FSDP":
         # sharded weights: decode with a gathered full copy on the main process (validation only)
         base, rank, world = gathered_copy(accelerator, model, base), 0, 1
-    found = {} if base is None else search_encoded(base, src_ids, SearchConfig(beam_size=cfg.eval_beam),
-                                                   cfg.max_tokens, rank, world, accelerator.device)
+    return score_valid(accelerator, cfg, base, corpus, SearchConfig(beam_size=cfg.eval_beam), rank, world)
+
+
+def score_valid(accelerator, cfg: TrainConfig, base, corpus: Corpus, search: SearchConfig, rank: int,
+                world: int) -> dict:
+    """BLEU/chrF of `base` (an unwrapped model, or None on processes that decode nothing) searching with
+    `search` on the validation set: this process decodes share `rank` of `world`, the main one scores."""
+    valid = corpus.splits["valid"]
+    n = min(len(valid), cfg.eval_max_sentences or len(valid))
+    src_ids = valid.select(range(n))["src_ids"]
+    found = {} if base is None else search_encoded(base, src_ids, search, cfg.max_tokens, rank, world,
+                                                   accelerator.device)
     mine = [(i, hyps[0].tokens) for i, hyps in found.items()]
     gathered = dict(accelerator.gather_for_metrics(mine, use_gather_object=True))  # index -> tokens, each once
     hyps = corpus.tokenizer.decode_tgt([gathered[i] for i in range(n)])
@@ -577,6 +609,45 @@ def finish(accelerator, cfg: TrainConfig, model, corpus: Corpus, state: TrainSta
         shutil.copytree(best, tmp)
         ckpt.publish(tmp, final)
     accelerator.wait_for_everyone()
+    tuned = tune_alpha(accelerator, cfg, model, corpus, final, state) if cfg.tune_alpha else {}
     accelerator.end_training()
     summary = json.loads((final / "training.json").read_text())
-    return TrainResult(final, state.step, summary["metrics"])
+    return TrainResult(final, state.step, {**summary["metrics"], **tuned})
+
+
+@torch.no_grad()
+def tune_alpha(accelerator, cfg: TrainConfig, model, corpus: Corpus, model_dir: Path, state: TrainState) -> dict:
+    """Decode the validation set with the model kept in `model_dir`, with beam eval_beam, once for each length
+    penalty of cfg.tune_alpha and the default; the best BLEU's alpha (`best_alpha`) is written to
+    `model_dir/search.json`, where Translator takes its default alpha from, and logged to metrics.jsonl."""
+    if not isinstance(accelerator.unwrap_model(model), Seq2SeqTransformer):
+        log.warning("tune_alpha: only nmt's own model can be reloaded for tuning; skipped", main_process_only=True)
+        return {}
+    kept = Seq2SeqTransformer.from_pretrained(model_dir).to(accelerator.device).eval()  # every process: its share
+    default = SearchConfig().alpha
+    bleu = {}
+    for alpha in sorted({*cfg.tune_alpha, default}):
+        search = SearchConfig(beam_size=cfg.eval_beam, alpha=alpha)
+        bleu[alpha] = score_valid(accelerator, cfg, kept, corpus, search, accelerator.process_index,
+                                  accelerator.num_processes)["bleu"]
+    alpha = best_alpha(bleu, default)
+    if accelerator.is_main_process:
+        n = min(len(corpus.splits["valid"]), cfg.eval_max_sentences or len(corpus.splits["valid"]))
+        found = {"alpha": alpha, "beam_size": cfg.eval_beam, "tuned_on": f"{n} validation pairs",
+                 "bleu": {str(a): b for a, b in bleu.items()}}
+        tmp = model_dir / f".{SEARCH_FILE}.{os.getpid()}"
+        tmp.write_text(json.dumps(found, indent=2))
+        os.replace(tmp, model_dir / SEARCH_FILE)
+        print(f"length penalty tuned on validation (beam {cfg.eval_beam}): alpha {alpha} "
+              f"(BLEU {bleu[alpha]:.2f}; " + ", ".join(f"{a}: {b:.2f}" for a, b in bleu.items()) + ")",
+              file=sys.stderr, flush=True)
+    log_metrics(accelerator, cfg, {"tuned_alpha": alpha, "tuned_alpha_bleu": bleu[alpha],
+                                   "default_alpha_bleu": bleu[default]}, state.step)
+    accelerator.wait_for_everyone()
+    return {"alpha": alpha}
+
+
+def best_alpha(bleu: dict[float, float], default: float) -> float:
+    """The alpha of the highest BLEU; among equals the default, else the one nearest to it (then the smaller)."""
+    top = max(bleu.values())
+    return min((a for a, b in bleu.items() if b == top), key=lambda a: (abs(a - default), a))

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from nmt.export import CT2Model
 
 log = logging.getLogger(__name__)
+SEARCH_FILE = "search.json"  # a model directory's own search defaults (the alpha tuned by training's tune_alpha)
 
 
 def search_encoded(model, src_ids: list[list[int]], search: SearchConfig, batch_tokens: int,
@@ -47,10 +48,12 @@ def search_encoded(model, src_ids: list[list[int]], search: SearchConfig, batch_
 class Translator:
     """A trained model and its tokenizer, ready to translate sentences."""
 
-    def __init__(self, model: Seq2SeqTransformer | CT2Model, tokenizer: PairTokenizer, device: str | torch.device = "cpu"):
+    def __init__(self, model: Seq2SeqTransformer | CT2Model, tokenizer: PairTokenizer, device: str | torch.device = "cpu",
+                 search_defaults: dict | None = None):
         self.model = model.to(device).eval() if isinstance(model, torch.nn.Module) else model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
+        self.search_defaults = search_defaults or {}  # SearchConfig fields used unless a call gives them
 
     @property
     def backend(self) -> str:
@@ -64,7 +67,7 @@ class Translator:
         model = Seq2SeqTransformer.from_pretrained(directory)
         tokenizer = PairTokenizer.load(directory).without_dropout()
         _check_vocab(model, tokenizer, directory)
-        return cls(model, tokenizer, device)
+        return cls(model, tokenizer, device, search_defaults(directory))
 
     @classmethod
     def from_ctranslate2(cls, directory: str | Path, device: str | torch.device = "cpu", compute_type: str = "default",
@@ -96,6 +99,7 @@ class Translator:
             raise NmtError("attention pictures need the PyTorch model: use Translator.from_pretrained(MODEL_DIR)")
         limit = self.model.cfg.max_positions
         ids = fit_length(self.tokenizer.encode_src([text])[0], limit, "truncate")[0]
+        search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         src_ids = torch.tensor([ids], device=self.device)
         with torch.inference_mode():
@@ -113,6 +117,7 @@ class Translator:
         pieces translated one after the other (`"split"`), with a warning either way.
         """
         limit = self.model.cfg.max_positions
+        search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         search = SearchConfig(beam_size=beam_size, nbest=nbest, **search_kwargs)
         pieces, owner = [], []  # model inputs, and the sentence each belongs to
@@ -189,6 +194,22 @@ def _join_pieces(decoded: list[str], owner: list[int], n: int) -> list[str]:
     for text, i in zip(decoded, owner):
         out[i].append(text)
     return [" ".join(parts) for parts in out]
+
+
+def search_defaults(directory: Path) -> dict:
+    """{"alpha": ...} from a model directory's search.json (written when training tuned it), else {}."""
+    import json
+
+    path = Path(directory) / SEARCH_FILE
+    if not path.is_file():
+        return {}
+    try:
+        alpha = json.loads(path.read_text(encoding="utf-8"))["alpha"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise NmtError(f"{path}: not a readable search defaults file ({e}); delete it to use the defaults") from None
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise NmtError(f"{path}: alpha must be a number, got {alpha!r}")
+    return {"alpha": float(alpha)}
 
 
 def _check_vocab(model: Seq2SeqTransformer | CT2Model, tokenizer: PairTokenizer, directory: Path) -> None:

@@ -178,3 +178,16 @@ def test_check_and_dry_run_print_the_same_report(corpus_dir, tmp_path, capsys):
     assert [line for line in checked if not line.startswith("time")] == [line for line in dry if not line.startswith("time")]
     assert any(line.startswith("problem   tiny validation set") for line in checked)
     assert not (tmp_path / "run").exists()  # a dry run trains and writes nothing
+
+
+def test_sizes_line_says_what_the_corpus_size_chose(cfg, report, tmp_path):
+    given = next(line for line in report.lines() if line.startswith("sizes"))
+    assert "all given" in given and "tokenizer.vocab_size 1,000, model.size tiny" in given  # 600 pairs
+    auto = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, vocab_size=None),
+                               model=ModelConfig(d_model=48, n_heads=2))
+    r = preflight(auto, probe_steps=0)
+    line = next(line for line in r.lines() if line.startswith("sizes"))
+    assert line.startswith("sizes     chosen for 600 training pairs (auto): tokenizer.vocab_size 1,000; model.size tiny")
+    assert (r.cfg.model.d_model, r.cfg.model.n_encoder_layers, r.cfg.tokenizer.vocab_size) == (48, 1, 1000)
+    built = ModelConfig.preset("tiny", d_model=48, src_vocab_size=r.src_vocab_size, tgt_vocab_size=r.tgt_vocab_size)
+    assert r.n_params == Seq2SeqTransformer(built).num_parameters()  # the probe measured the model training builds

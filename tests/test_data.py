@@ -6,8 +6,8 @@ from pathlib import Path
 import datasets
 import pytest
 
-from nmt.config import DataConfig, TokenizerConfig
-from nmt.data import count_lines, drop_reason, prepare
+from nmt.config import AutoSizes, DataConfig, TokenizerConfig
+from nmt.data import DropoutEpochs, count_lines, drop_reason, prepare
 from nmt.errors import NmtError
 from nmt.tokenizer import BOS, EOS, PairTokenizer
 from tests.conftest import write_pairs
@@ -201,3 +201,69 @@ def test_crlf_and_bom_are_handled(tmp_path):
 def test_count_lines_without_final_newline(tmp_path):
     (tmp_path / "f").write_bytes(b"a\nb")
     assert count_lines(tmp_path / "f") == 2
+
+
+def synthetic_cfg(corpus_dir, tmp_path) -> DataConfig:
+    return DataConfig(train=str(corpus_dir / "train"), valid=str(corpus_dir / "valid"), test=str(corpus_dir / "test"),
+                      cache_dir=str(tmp_path / "cache"))
+
+
+def test_vocab_size_left_null_is_chosen_from_the_cleaned_pairs(corpus_dir, tmp_path, monkeypatch):
+    from nmt import data
+
+    asked = []
+    monkeypatch.setattr(data, "auto_sizes", lambda n: asked.append(n) or AutoSizes(n, 100, "tiny"))
+    corpus = prepare(synthetic_cfg(corpus_dir, tmp_path), TokenizerConfig(vocab_size=None))
+    assert asked == [600] and corpus.stats["sizing_pairs"] == 600
+    assert corpus.tokenizer.src_vocab_size == 100  # the rule's answer, not a default
+
+
+@pytest.fixture(scope="module")
+def dropout_corpus(corpus_dir, tmp_path_factory):
+    return prepare(synthetic_cfg(corpus_dir, tmp_path_factory.mktemp("drop")), TokenizerConfig(vocab_size=300, dropout=0.1))
+
+
+def test_bpe_dropout_changes_each_epoch_and_is_the_same_in_every_process(dropout_corpus):
+    train, tok = dropout_corpus.splits["train"], dropout_corpus.tokenizer
+    process_a, process_b = (DropoutEpochs(train, tok, 0.1, seed=1, max_cost=512) for _ in range(2))
+    e0, e1 = process_a.encoded(0), process_a.encoded(1)
+    assert e0["src_ids"] != e1["src_ids"] and e0["tgt_ids"] != e1["tgt_ids"]  # re-segmented each epoch
+    assert e0["src_ids"] != train["src_ids"]  # not the deterministic segmentation
+    for epoch, mine in ((1, e1), (0, e0)):  # another process, or a resumed run, in any order
+        theirs = process_b.encoded(epoch)
+        assert theirs["src_ids"] == mine["src_ids"] and theirs["tgt_ids"] == mine["tgt_ids"]
+    assert process_a.encoded(0)["tgt_ids"] == e0["tgt_ids"]  # recomputed after epoch 1: the same
+    assert DropoutEpochs(train, tok, 0.1, seed=2, max_cost=512).encoded(0)["src_ids"] != e0["src_ids"]
+    assert list(process_a.costs(1)) == [max(len(s), len(t) + 1) for s, t in zip(e1["src_ids"], e1["tgt_ids"])]
+    assert tok.decode_tgt(e1["tgt_ids"][:50]) == tok.decode_tgt(train["tgt_ids"][:50])  # same text, other pieces
+
+
+def test_bpe_dropout_view_serves_the_samplers_epoch(dropout_corpus):
+    epochs = DropoutEpochs(dropout_corpus.splits["train"], dropout_corpus.tokenizer, 0.1, seed=1, max_cost=512)
+    now = {"epoch": 0}
+    view = epochs.view(lambda: now["epoch"])
+    assert len(view) == 600
+    first = view.__getitems__([5, 3])
+    now["epoch"] = 1
+    rows = lambda epoch: [epochs.encoded(epoch)[i] for i in (5, 3)]
+    assert view.__getitems__([5, 3]) == rows(1) != rows(0) == first
+    assert sorted(first[0]) == ["src_ids", "tgt_ids"]
+
+
+def test_bpe_dropout_keeps_the_plain_segmentation_of_pairs_it_would_make_too_long(dropout_corpus):
+    train = dropout_corpus.splits["train"]
+    limit = int(sorted(train["cost"])[300])  # the median pair is at the limit already
+    epochs = DropoutEpochs(train, dropout_corpus.tokenizer, 0.5, seed=1, max_cost=limit)
+    noisy = epochs.encoded(0)
+    assert all(c <= limit or c == plain for c, plain in zip(epochs.costs(0), train["cost"]))
+    kept = [i for i, c in enumerate(train["cost"]) if c > limit]
+    assert all(noisy[i]["src_ids"] == train[i]["src_ids"] for i in kept)
+
+
+def test_bpe_dropout_leaves_validation_test_and_the_cache_alone(corpus_dir, tmp_path, dropout_corpus):
+    plain = prepare(synthetic_cfg(corpus_dir, tmp_path), TokenizerConfig(vocab_size=300))
+    for name in ("train", "valid", "test"):
+        assert plain.splits[name]["src_ids"] == dropout_corpus.splits[name]["src_ids"]
+        assert plain.splits[name]["tgt_ids"] == dropout_corpus.splits[name]["tgt_ids"]
+    assert Path(plain.stats["cache"]).name == Path(dropout_corpus.stats["cache"]).name  # one cache entry for both
+    assert TokenizerConfig().dropout is None  # off by default

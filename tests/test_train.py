@@ -58,21 +58,26 @@ def test_resume_without_checkpoint_is_a_clear_error(tiny_cfg):
         train(tiny_cfg)
 
 
-def test_resumed_run_equals_uninterrupted_run(corpus_dir, tmp_path):
+@pytest.mark.parametrize("bpe_dropout", [None, 0.1])
+def test_resumed_run_equals_uninterrupted_run(corpus_dir, tmp_path, bpe_dropout):
+    from nmt.config import TokenizerConfig
     from tests.conftest import tiny_config
 
-    whole = tiny_config(corpus_dir, tmp_path / "a", max_steps=8, save_every=4, eval_every=100)
+    tok = TokenizerConfig(vocab_size=300, dropout=bpe_dropout)  # BPE-dropout: the same noisy segmentation too
+    # max_tokens 2000: 8 (9 with BPE-dropout) steps an epoch, so the resumed half crosses into epoch 1
+    common = dict(max_steps=12, save_every=6, eval_every=100, tokenizer=tok, max_tokens=2000)
+    whole = tiny_config(corpus_dir, tmp_path / "a", **common)
     train(whole)
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    split = tiny_config(corpus_dir, tmp_path / "b", max_steps=4, save_every=4, eval_every=100)
+    split = tiny_config(corpus_dir, tmp_path / "b", **common | {"max_steps": 6})
     train(split)
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    split.max_steps, split.resume = 8, "latest"
+    split.max_steps, split.resume = 12, "latest"
     train(split)
-    a = load_file(Path(whole.output_dir) / "checkpoints" / "step_8" / "model.safetensors")
-    b = load_file(Path(split.output_dir) / "checkpoints" / "step_8" / "model.safetensors")
+    a = load_file(Path(whole.output_dir) / "checkpoints" / "step_12" / "model.safetensors")
+    b = load_file(Path(split.output_dir) / "checkpoints" / "step_12" / "model.safetensors")
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name  # bitwise: same data order, same RNG, same updates
@@ -154,6 +159,79 @@ def test_checkpoint_average_is_kept_when_not_worse(tiny_cfg):
     result = train(tiny_cfg)
     summary = json.loads((result.model_dir / "training.json").read_text())
     assert summary["metrics"]["averaged"] == "step_3, step_6, step_9"
+
+
+def test_sizes_left_to_the_corpus_are_chosen_recorded_and_kept_on_resume(corpus_dir, tmp_path, capsys, monkeypatch):
+    from nmt.config import AutoSizes, ModelConfig, TokenizerConfig, read_yaml
+    from nmt.info import describe
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(corpus_dir, tmp_path, tokenizer=TokenizerConfig(), model=ModelConfig(), max_steps=4,
+                      save_every=4, eval_every=4)
+    result = train(cfg)
+    assert "sizes chosen for 600 training pairs (auto_sizes" in capsys.readouterr().out
+    run = read_yaml(Path(cfg.output_dir) / "config.yaml")  # 600 pairs: 1,000 subwords and the tiny model
+    assert run["tokenizer"]["vocab_size"] == 1000 and run["model"]["size"] == "tiny" and run["model"]["d_model"] == 32
+    info = describe(result.model_dir)
+    assert info["architecture"]["d_model"] == 32 and info["architecture"]["size"] == "tiny"
+    assert info["vocab"]["src"] <= 1000
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    monkeypatch.setattr("nmt.config.auto_sizes", lambda n: AutoSizes(n, 500, "small"))  # the rule changed since
+    cfg.max_steps, cfg.resume = 6, "latest"
+    assert train(cfg).steps == 6  # the checkpoint's model and tokenizer again, not the new rule's
+    assert read_yaml(Path(cfg.output_dir) / "config.yaml") == run | {"max_steps": 6, "resume": "latest"}
+
+
+def test_tune_alpha_decodes_validation_only_and_the_model_keeps_the_best(tiny_cfg, monkeypatch, capsys):
+    import importlib
+
+    from nmt.cli import main
+    from nmt.info import describe, lines
+
+    train_module = importlib.import_module("nmt.train")  # `nmt.train` itself is the function
+    decoded = []
+    real = train_module.search_encoded
+
+    def spy(model, src_ids, search, *args, **kwargs):
+        decoded.append((search.alpha, search.beam_size, list(src_ids)))
+        return real(model, src_ids, search, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "search_encoded", spy)
+    tiny_cfg.eval_beam, tiny_cfg.tune_alpha = 2, [0.0, 2.0]
+    result = train(tiny_cfg)
+    tuning = decoded[-3:]  # after the validations: one decode per alpha, the default 0.6 included
+    assert [(a, k) for a, k, _ in tuning] == [(0.0, 2), (0.6, 2), (2.0, 2)]
+    from nmt.data import prepare
+    corpus = prepare(tiny_cfg.data, tiny_cfg.tokenizer)
+    assert all(ids == corpus.splits["valid"]["src_ids"][:16] for _, _, ids in tuning)  # never the test set
+    search = json.loads((result.model_dir / "search.json").read_text())
+    bleu = {float(a): b for a, b in search["bleu"].items()}
+    assert search["alpha"] == train_module.best_alpha(bleu, 0.6) == result.best["alpha"]
+    last = json.loads((Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["tuned_alpha"] == search["alpha"] and last["default_alpha_bleu"] == bleu[0.6]
+    assert Translator.from_pretrained(result.model_dir).search_defaults == {"alpha": search["alpha"]}
+    assert any(line.startswith("search        alpha") for line in lines(describe(result.model_dir)))
+
+    (result.model_dir / "search.json").write_text(json.dumps({"alpha": 1.7}))
+    used = []
+    monkeypatch.setattr("nmt.translate.search_encoded",
+                        lambda model, ids, search, *a, **k: used.append(search.alpha) or real(model, ids, search, *a, **k))
+    src = Path(tiny_cfg.output_dir) / "in.txt"
+    src.write_text("The dog sleeps.\n")
+    capsys.readouterr()
+    assert main(["translate", str(result.model_dir), "--input", str(src), "--beam", "2"]) == 0
+    assert main(["translate", str(result.model_dir), "--input", str(src), "--beam", "2", "--alpha", "0.2"]) == 0
+    assert used == [1.7, 0.2]  # the model's own default, and an explicit --alpha over it
+
+
+def test_best_alpha_prefers_the_default_among_equals():
+    from nmt.train import best_alpha
+
+    assert best_alpha({0.6: 30.0, 1.0: 31.0, 1.4: 29.0}, 0.6) == 1.0
+    assert best_alpha({0.0: 31.0, 0.6: 31.0, 1.0: 31.0}, 0.6) == 0.6
+    assert best_alpha({0.2: 31.0, 0.6: 30.0, 1.0: 31.0, 1.2: 31.0}, 0.6) == 0.2  # equally near: the smaller
+    assert best_alpha({0.6: 30.0, 0.8: 31.0, 1.0: 31.0}, 0.6) == 0.8
 
 
 def test_average_weights_is_the_mean(tmp_path):
