@@ -269,6 +269,10 @@ class Seq2SeqTransformer(nn.Module):
         super().__init__()
         if cfg.src_vocab_size <= 0 or cfg.tgt_vocab_size <= 0:
             raise NmtError("model.src_vocab_size and model.tgt_vocab_size must be set (train fills them from the tokenizer)")
+        if cfg.unresolved():
+            raise NmtError(f"model.{', model.'.join(cfg.unresolved())} not set: give them, or a size preset "
+                           "(ModelConfig(size='small'), or ModelConfig.preset('small')); size 'auto' is resolved by "
+                           "train() from the corpus size")
         self.cfg = cfg
         shared = cfg.share_embeddings and cfg.src_vocab_size == cfg.tgt_vocab_size
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)

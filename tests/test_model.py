@@ -287,3 +287,13 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert not torch.equal(drop(x), y)  # the next call draws a new mask
     assert drop(torch.ones(4, 5, dtype=torch.bfloat16)).dtype == torch.bfloat16
     assert torch.equal(drop.eval()(x), x)
+
+
+def test_model_without_sizes_is_named():
+    """size 'auto' is resolved by train() from the corpus; a model built directly needs sizes or a preset."""
+    from nmt import ModelConfig
+    from nmt.errors import NmtError
+
+    with pytest.raises(NmtError, match=r"model.d_model, .*model.dropout not set.*size preset"):
+        Seq2SeqTransformer(ModelConfig(src_vocab_size=10, tgt_vocab_size=10))
+    assert Seq2SeqTransformer(ModelConfig(src_vocab_size=10, tgt_vocab_size=10, size="tiny")).cfg.d_model == 32
