@@ -29,16 +29,19 @@ if [ "${1:-}" = "test" ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
 
-OUT=$(.venv/bin/python -c "from nmt.config import load_config; import sys; print(load_config(sys.argv[1], sys.argv[2:]).output_dir)" "$CONFIG" "$@")
+# extra arguments are flags (--max_steps 300) or key=value, as for nmt train
+OUT=$(.venv/bin/python -c "import sys; from nmt.cli import overrides_from_flags as o; from nmt.config import load_config
+print(load_config(sys.argv[1], o(sys.argv[2:])).output_dir)" "$CONFIG" "$@")
 start=$(date +%s)
 .venv/bin/accelerate launch --config_file "$PROFILE" run.py --config "$CONFIG" "$@"
 echo "training took $(( $(date +%s) - start )) s"
 SRC=$(mktemp) REF=$(mktemp)
 .venv/bin/python - "$CONFIG" "$SRC" "$REF" "$@" <<'PY'
 import sys
+from nmt.cli import overrides_from_flags
 from nmt.config import load_config
 from nmt.data import prepare
-cfg = load_config(sys.argv[1], sys.argv[4:])
+cfg = load_config(sys.argv[1], overrides_from_flags(sys.argv[4:]))
 test = prepare(cfg.data, cfg.tokenizer).splits["test"]
 open(sys.argv[2], "w").write("".join(s + "\n" for s in test["src"]))
 open(sys.argv[3], "w").write("".join(s + "\n" for s in test["tgt"]))
