@@ -324,10 +324,11 @@ def run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, sta
              signals: StopSignals) -> str | None:
     """Train until `total` steps; returns why it stopped early ("SIGTERM", "SIGINT", "time"), or None."""
     batches = micro_batches(loader)
-    meter, started = Meter(), time.monotonic()
+    meter, started, rate = Meter(), time.monotonic(), TokenRate()
     bar = progress(accelerator, total, state.step)
     stopped_by = None
     while state.step < total and stopped_by is None:
+        step_start = time.perf_counter()
         window = [to_device(next(batches), accelerator.device) for _ in range(cfg.accum_steps)]
         out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
         stats = train_step(accelerator, cfg, model, optimizer, scheduler, window, stop=bool(signals.received) or out_of_time)
@@ -336,8 +337,10 @@ def run_loop(accelerator, cfg, model, optimizer, scheduler, loader, sampler, sta
         state.sampler = sampler.state_dict()
         note_finite(accelerator, cfg, state, stats["finite"])
         meter.add(stats)
+        # refresh=False: the line is redrawn by update() at most every 0.1 s, not on every step
+        bar.set_postfix({"epoch": sampler.epoch, "loss": f"{stats['loss']:.3f}", "lr": f"{scheduler.get_last_lr()[0]:.2e}",
+                         "tok/s": rate.update(stats["tokens"], time.perf_counter() - step_start)}, refresh=False)
         bar.update(1)
-        bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", epoch=sampler.epoch)
         if stats["stop"]:  # any process was signalled or is out of time: all stop after this same step
             stopped_by = signals.received or ("time" if out_of_time else "SIGTERM")
         last = state.step == total or stopped_by == "time"
@@ -450,10 +453,25 @@ class Meter:
 
 
 def progress(accelerator, total: int, initial: int):
+    """The main process's one live line: `train: 40%|...| 200/500 [01:10<01:45, 2.9step/s, epoch=3, loss=3.412,
+    lr=1.2e-03, tok/s=14210]` (steps done/total, elapsed<ETA, then the postfix set by run_loop). Other ranks are silent."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, disable=not accelerator.is_main_process, desc="train",
+    return tqdm(total=total, initial=initial, disable=not accelerator.is_main_process, desc="train", unit="step",
                 dynamic_ncols=True, file=sys.stderr)
+
+
+class TokenRate:
+    """Target tokens per second of the training steps themselves (validation and checkpoints not counted),
+    smoothed exponentially as tqdm smooths its own rate."""
+
+    def __init__(self, smoothing: float = 0.3):
+        self.smoothing, self.value = smoothing, None
+
+    def update(self, tokens: int, seconds: float) -> str:
+        now = tokens / max(seconds, 1e-9)
+        self.value = now if self.value is None else self.smoothing * now + (1 - self.smoothing) * self.value
+        return f"{self.value:.0f}"
 
 
 def log_metrics(accelerator, cfg: TrainConfig, metrics: dict, step: int) -> None:

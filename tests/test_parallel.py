@@ -131,6 +131,7 @@ def test_accelerate_launch_two_processes_train_resume_translate(corpus_dir, tmp_
             "--eval_every", "4", "--save_every", "4", "--eval_max_sentences", "8"]
     first = accelerate_launch(*args, "--max_steps", "4", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stderr.count("valid @ step 4:") == 1  # the main process reports; rank 1 stays quiet
     step4 = tmp_path / "run" / "checkpoints" / "step_4"
     assert json.loads((step4 / "nmt_checkpoint.json").read_text())["num_processes"] == 2
     assert (step4 / "random_states_1.pkl").is_file()  # rank 1 existed and saved its RNG

@@ -260,3 +260,22 @@ def test_nmt_average_command(tiny_cfg, tmp_path, capsys):
     assert [Path(p).name for p in summary["averaged"]] == ["step_2", "step_4", "step_6"]
     assert main(["average", str(tmp_path), "-o", str(tmp_path / "x")]) == 2
     assert "averaging needs 2 or more" in capsys.readouterr().err
+
+
+def test_progress_line_and_one_line_validation(tiny_cfg, capsys):
+    """The main process keeps one live line (steps done/total, elapsed<ETA, epoch, loss, lr, target tokens/s);
+    each validation prints one compact line."""
+    import re
+
+    tiny_cfg.max_steps, tiny_cfg.eval_every, tiny_cfg.save_every = 4, 2, 4
+    train(tiny_cfg)
+    err = capsys.readouterr().err
+    bar = [s for s in re.split(r"[\r\n]", err) if s.startswith("train:")][-1]  # the line as it was left
+    m = re.search(r"\| (\d+)/(\d+) \[[\d:]+<([\d:]+),\s+[\d.]+(?:step/s|s/step), epoch=(\d+), loss=([\d.]+), "
+                  r"lr=([\d.e+-]+), tok/s=(\d+)\]$", bar)
+    assert m, bar
+    assert (m[1], m[2], m[3]) == ("4", "4", "00:00") and float(m[5]) > 0 and float(m[6]) > 0 and int(m[7]) > 0
+    valid = [line for line in err.splitlines() if line.startswith("valid @")]
+    assert [line.split(":")[0] for line in valid] == ["valid @ step 2", "valid @ step 4"]
+    for line in valid:
+        assert re.fullmatch(r"valid @ step \d: valid_nll [\d.]+ valid_ppl [\d.]+ bleu [\d.]+ chrf [\d.]+( \(best\))?", line)
