@@ -22,7 +22,7 @@ PROFILE_DIR = ROOT / "accelerate_configs"
 PROFILES = sorted(p.name for p in PROFILE_DIR.glob("*.yaml"))
 
 # What each profile must be. A new file in accelerate_configs/ fails test_every_profile_is_described
-# until it is added here (and to docs/profiles.md).
+# until it is added here (and to the profiles table of README.md).
 EXPECTED = {
     "cpu.yaml": dict(distributed_type=DistributedType.NO, num_processes=1, mixed_precision="no", use_cpu=True),
     # MULTI_GPU on purpose: it is the only type whose launcher (torchrun) really starts 2 processes on CPU.
@@ -64,6 +64,9 @@ KEYS_ACCELERATE_WRITES = {
 def test_every_profile_is_described():
     assert PROFILES, f"no profiles found in {PROFILE_DIR}"
     assert set(PROFILES) == set(EXPECTED), "accelerate_configs/ and EXPECTED in this test disagree"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = {line.split("`")[1] for line in readme.splitlines() if line.startswith("| `") and ".yaml`" in line}
+    assert set(PROFILES) <= table, f"profiles missing from README's profiles table: {set(PROFILES) - table}"
 
 
 @pytest.mark.parametrize("name", PROFILES)
