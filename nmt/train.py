@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import math
 import os
 import shutil
@@ -598,6 +599,17 @@ def save_model_dir(accelerator, cfg: TrainConfig, model, corpus: Corpus, final: 
         ckpt.publish(tmp, final)
     del weights
     accelerator.wait_for_everyone()
+
+
+class _TiedEmbeddingNotice(logging.Filter):
+    """Drops accelerate's "Removed shared tensor {'src_embed.weight'} while saving" warning, printed at every
+    checkpoint: the shared embedding is stored once on purpose and tied again when the model is built."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor {'src_embed.weight'}" not in record.getMessage()  # after a [RANK n] prefix
+
+
+logging.getLogger("accelerate.utils.other").addFilter(_TiedEmbeddingNotice())
 
 
 def save_checkpoint(accelerator, cfg: TrainConfig, state: TrainState) -> None:
