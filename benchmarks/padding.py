@@ -134,7 +134,8 @@ def main(argv=None) -> None:
     print(f"padding in one epoch of training batches (max_tokens {args.max_tokens}):")
     print(f"  {'batching':36s} {'batches':>7s} {'padded/side':>12s} {'source':>7s} {'target':>7s} {'both':>7s}")
     for name, r in rows.items():
-        print(f"  {name:36s} {r['batches']:7d} {r['tokens_per_batch']:12.0f} {r['src']:7.1%} {r['tgt']:7.1%} {r['all']:7.1%}")
+        print(f"  {name:36s} {r['batches']:7d} {r['tokens_per_batch']:12.0f} "
+              f"{r['src']:7.1%} {r['tgt']:7.1%} {r['all']:7.1%}")
     if not hit:
         sys.exit(1)
 

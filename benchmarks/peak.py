@@ -23,8 +23,9 @@ import train_speed as ts  # noqa: E402  (the same batches and training step as t
 
 FORMULA = """training FLOPs of a pair with s source and t target tokens (non-pad), 3 x forward (backward = 2 x forward):
   3 x 2 x [ Le x ( s (4D^2 + 2DF) + 2 s^2 D )                                 encoder: QKV+out, FFN, scores+values
-          + Ld x ( t (6D^2 + 2DF) + s 2D^2 + 2 t^2 D + 2 t s D )              decoder: self QKV+out, cross Q+out, FFN,
-                                                                                        cross K,V of memory, self and cross scores+values
+          + Ld x ( t (6D^2 + 2DF) + s 2D^2 + 2 t^2 D + 2 t s D )              decoder: self QKV+out, cross Q+out,
+                                                                              FFN, cross K,V of memory, self and
+                                                                              cross scores+values
           + t D V ]                                                           output projection
   (self-attention scores counted in full, as computed; embeddings, norms, softmax, dropout, optimizer not counted)
 MFU = (sum of FLOPs over the batches / target tokens) x target tokens/s / fp32 GEMM ceiling"""

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import warnings
 import math
 import os
 import statistics
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
