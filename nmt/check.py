@@ -89,6 +89,10 @@ class Report:
                        f"step{'s' if self.probe_steps > 1 else ''} after a warm-up{_per_device(self)}) -> "
                        f"{_duration(self.seconds_per_epoch)} per epoch, "
                        f"{_duration(self.seconds_per_step * self.total_steps)} for the run (validation not included)")
+            if cfg.max_minutes is not None:  # the wall-clock budget stops the run first when it is shorter
+                steps = min(self.total_steps, int(60 * cfg.max_minutes / self.seconds_per_step))
+                out[-1] += (f"; max_minutes {cfg.max_minutes:g} allows ~{steps:,} steps "
+                            f"({steps / self.steps_per_epoch:.1f} epochs)")
         peak = f"; measured peak {_gb(self.measured_peak)}" if self.measured_peak else ""
         out.append(f"model     {self.n_params / 1e6:.2f}M parameters; memory per process ~{_gb(self.memory['total'])} = "
                    f"{_gb(self.memory['states'])} weights+grads+Adam (16 B/param, fp32) + {_gb(self.memory['activations'])} "

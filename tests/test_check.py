@@ -12,7 +12,7 @@ from nmt.batching import TokenBatchSampler
 from nmt.check import activation_bytes, launch_processes, model_config_for, preflight
 from nmt.cli import main
 from nmt.config import DataConfig, ModelConfig
-from nmt.data import prepare
+from nmt.data import pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.model import Seq2SeqTransformer
@@ -51,8 +51,8 @@ def test_counts_lengths_and_vocabulary(cfg, report):
 def test_steps_per_epoch_are_the_training_samplers(cfg, world, accum):
     cfg = dataclasses.replace(cfg, accum_steps=accum, max_steps=None, max_epochs=2)
     r = preflight(cfg, num_processes=world, probe_steps=0)
-    costs = prepare(cfg.data, cfg.tokenizer).splits["train"]["cost"]
-    plan = TokenBatchSampler(costs, cfg.max_tokens, 0, world, accum, cfg.seed).plan(0)
+    train = prepare(cfg.data, cfg.tokenizer).splits["train"]
+    plan = TokenBatchSampler(train["cost"], cfg.max_tokens, 0, world, accum, cfg.seed, pair_lengths(train)[0]).plan(0)
     assert r.steps_per_epoch == len(plan) and r.micro_batches_per_epoch == len(plan) * accum
     assert r.total_steps == 2 * len(plan)
     assert r.seconds_per_step is None  # no probe asked for
@@ -66,6 +66,15 @@ def test_probe_times_real_steps(report):
     assert report.probe_steps == 2 and report.probe_device == "cpu"
     assert 0 < report.seconds_per_step < 60
     assert report.seconds_per_epoch == pytest.approx(report.seconds_per_step * report.steps_per_epoch)
+
+
+def test_time_line_says_how_far_max_minutes_gets(report):
+    """With a wall-clock budget the time line adds the steps and epochs it allows at the probed speed."""
+    timed = dataclasses.replace(report, seconds_per_step=2.0, steps_per_epoch=50, total_steps=100_000,
+                                cfg=dataclasses.replace(report.cfg, max_minutes=25))
+    line = next(x for x in timed.lines() if x.startswith("time"))
+    assert line.endswith("; max_minutes 25 allows ~750 steps (15.0 epochs)"), line
+    assert "max_minutes" not in next(x for x in report.lines() if x.startswith("time"))
 
 
 def test_parameters_and_memory(cfg, report):
