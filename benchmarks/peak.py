@@ -68,11 +68,11 @@ def model_shapes(d: ts.Dims, n: int) -> dict[str, tuple[int, int, int]]:
             "vocab fwd": (n, D, V), "vocab bwd dX": (n, V, D), "vocab bwd dW": (V, n, D), "FFN up bwd dW": (F, n, D)}
 
 
-def ceilings(d: ts.Dims, n: int, dtypes=(torch.float32, torch.bfloat16)) -> list[tuple[str, str, float]]:
+def ceilings(d: ts.Dims, n: int, dtypes=(torch.float32, torch.bfloat16), size: int = 2048) -> list[tuple[str, str, float]]:
     rows = []
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
-        rows.append((name, "2048^3", gemm_rate(2048, 2048, 2048, dtype)))
+        rows.append((name, f"{size}^3", gemm_rate(size, size, size, dtype)))
         for label, shape in model_shapes(d, n).items():
             rows.append((name, f"{label} {shape}", gemm_rate(*shape, dtype, seconds=0.3 if dtype == torch.float32 else 0.2)))
     return rows
@@ -98,6 +98,8 @@ def profile_step(batch: dict, d: ts.Dims) -> str:
 def main(argv=None) -> None:
     p = ts.arg_parser()
     p.add_argument("--profile", action="store_true", help="also print the operator breakdown of one step")
+    p.add_argument("--ceiling-size", type=int, default=2048, help="the square GEMM that measures the ceiling")
+    p.add_argument("--no-bf16", action="store_true", help="skip the bf16 ceilings (minutes without bf16 units)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -112,14 +114,15 @@ def main(argv=None) -> None:
     print(FORMULA)
     print(f"model training FLOPs per target token: {flops_per_token / 1e6:.1f} MFLOP")
     print("GEMM ceiling (GFLOP/s, best of repeats):")
-    for dtype, shape, rate in ceilings(d, args.max_tokens):
+    dtypes = (torch.float32,) if args.no_bf16 else (torch.float32, torch.bfloat16)
+    for dtype, shape, rate in ceilings(d, args.max_tokens, dtypes, args.ceiling_size):
         print(f"  {dtype:9s} {shape:36s} {rate:7.1f}")
     fp32_ceiling, speeds = [], []
     trainer = ts.Trainer("nmt", d, 0.1, bf16=False)
     for b in batches:
         trainer.step(b)
     for r in range(args.rounds):  # interleaved: ceiling, then a training round
-        fp32_ceiling.append(gemm_rate(2048, 2048, 2048, torch.float32))
+        fp32_ceiling.append(gemm_rate(*[args.ceiling_size] * 3, torch.float32))
         start = time.perf_counter()
         for b in batches:
             trainer.step(b)
@@ -130,7 +133,7 @@ def main(argv=None) -> None:
     mfus = [flops_per_token * s / 1e9 / c for s, c in zip(speeds, fp32_ceiling)]
     print(f"nmt fp32 training: {speed:.0f} target tokens/s (median of {args.rounds}; {min(speeds):.0f}-{max(speeds):.0f}) "
           f"x {flops_per_token / 1e6:.1f} MFLOP = {flops_per_token * speed / 1e9:.1f} GFLOP/s; "
-          f"fp32 GEMM ceiling {ceiling:.1f} GFLOP/s (2048^3, median); "
+          f"fp32 GEMM ceiling {ceiling:.1f} GFLOP/s ({args.ceiling_size}^3, median); "
           f"MFU {flops_per_token * speed / 1e9 / ceiling:.1%} (per round {min(mfus):.1%}-{max(mfus):.1%})")
     if args.profile:
         print(profile_step(batches[len(batches) // 2], d))

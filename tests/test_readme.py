@@ -65,11 +65,19 @@ CONTINUES = [
 ]
 
 # Shown but not run, and why. Keys are the command (Python: the block), comments and extra blanks removed.
+BENCHMARK = "a benchmark of minutes, run alone for its figures; tests/test_benchmarks.py runs each script in a tiny setting"
 NOT_RUN = {
     "srun bash -c '...'": "a fragment of the SLURM script, which runs under fake srun (run_slurm)",
     "pip install deepspeed": "DeepSpeed is not installed here and does not run on CPU",
-    "python benchmarks/decode_speed.py": "a benchmark of several minutes (benchmarks/ is checked on its own)",
-    "python benchmarks/decode_speed.py --profile": "a benchmark of several minutes (benchmarks/ is checked on its own)",
+    "python benchmarks/decode_speed.py": BENCHMARK,
+    "python benchmarks/decode_speed.py --profile": BENCHMARK,
+    "python benchmarks/decode_speed.py --rounds 3": BENCHMARK,
+    "python benchmarks/decode_speed.py --rounds 3 --threads 2": BENCHMARK,
+    "python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25": BENCHMARK,
+    "python benchmarks/train_speed.py --mode fp32 --rounds 5": BENCHMARK,
+    "python benchmarks/train_speed.py --mode bf16 --systems nmt,hf --bf16-rounds 1 --max-tokens 1024": BENCHMARK,
+    "python benchmarks/peak.py": BENCHMARK,
+    "python benchmarks/padding.py ../shared/data/tatoeba-en-de": BENCHMARK,
     "tgt_mask = get_tgt_mask(sequence_length)\npred = model(X, y_input, tgt_mask=tgt_mask, src_pad_mask=src_pad_mask, "
     "tgt_pad_mask=tgt_pad_mask)": "the seed's failing code that the page explains (its names are the seed's)",
 }

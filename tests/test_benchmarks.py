@@ -1,0 +1,64 @@
+"""Every script in benchmarks/ runs end to end, in a tiny setting, so the commands README shows cannot rot.
+
+The figures themselves are measured by running the scripts alone on a quiet machine (README, "Performance");
+here only that each script works on this checkout and prints the lines its figures come from. The HF and
+CTranslate2 systems need the `bench` extra; the scripts skip them when it is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--ffn", "64", "--vocab", "300", "--max-tokens", "256",
+        "--batches", "2", "--threads", "1"]
+
+pytestmark = pytest.mark.slow
+
+
+def run(script: str, *args: str, cwd: Path = ROOT) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_train_speed():
+    out = run("train_speed.py", *TINY, "--rounds", "2", "--systems", "nmt,seed")
+    assert "fp32: non-pad target tokens/s over 2 rounds" in out
+    assert [line.split()[0] for line in out.splitlines() if line.startswith("  nmt ") or line.startswith("  seed ")][-2:] \
+        == ["nmt", "seed"]
+
+
+def test_peak():
+    out = run("peak.py", *TINY, "--rounds", "1", "--ceiling-size", "256", "--no-bf16")
+    assert "GEMM ceiling" in out and "MFU" in out.splitlines()[-1]
+
+
+def test_padding(corpus_dir):
+    out = run("padding.py", str(corpus_dir), "--tgt-lang", "xx", "--vocab", "300", "--max-tokens", "256")
+    assert "cache hit" in out
+    rows = {line[:38].strip(): line.split() for line in out.splitlines() if line.startswith("  ") and "%" in line}
+    nmt, shuffled = rows["nmt: length buckets, ties by source"], rows["random batches, same budget"]
+    assert float(nmt[-1].rstrip("%")) < float(shuffled[-1].rstrip("%"))  # bucketing pads less than random batches
+
+
+def test_decode_speed():
+    out = run("decode_speed.py", "--sentences", "8", "--batch", "4", "--rounds", "1", "--only", "nmt")
+    assert "nmt greedy" in out and "nmt beam4" in out and "WARNING" not in out  # same tokens for every system
+
+
+def test_quality(corpus_dir, tmp_path):
+    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "--output",
+              str(tmp_path / "run"), "--config", str(ROOT / "configs" / "default.yaml"),
+              f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "model.d_model=32",
+              "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_ff=64",
+              "max_tokens=400", "eval_every=2", "eval_max_sentences=8", "average_last=0", cwd=tmp_path)
+    assert "settings that differ from nmt's defaults:" in out
+    assert "test BLEU" in out and "nrefs:1|case:mixed" in out and "test chrF" in out
