@@ -317,15 +317,19 @@ def _scalar(tp: Any, value: Any, path: str) -> Any:
 
 def to_dict(cfg: Any) -> dict:
     """Plain nested dict (lists for tuples) suitable for YAML/JSON."""
-    return _plain(dataclasses.asdict(cfg))
+    return _plain(cfg)
 
 
 def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    return value
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(getattr(value, "name", value))  # an object given from Python (a tracker in log_with): its name
 
 
 # --- YAML files and command-line overrides --------------------------------------------------------

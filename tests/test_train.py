@@ -281,3 +281,54 @@ def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog):
     assert [line.split(":")[0] for line in valid] == ["valid @ step 2", "valid @ step 4"]
     for line in valid:
         assert re.fullmatch(r"valid @ step \d: valid_nll [\d.]+ valid_ppl [\d.]+ bleu [\d.]+ chrf [\d.]+( \(best\))?", line)
+
+
+def test_trackers_get_the_config_and_the_metrics_file_rows(tiny_cfg):
+    """log_with goes through Accelerate's trackers: init with the flattened config, every metrics.jsonl row
+    logged at its step, finished at the end (a GeneralTracker object stands in for tensorboard/wandb/...)."""
+    import json
+
+    from accelerate.tracking import GeneralTracker
+
+    class Recorder(GeneralTracker):
+        name, requires_logging_directory = "recorder", False
+
+        def __init__(self):
+            super().__init__()
+            self.config, self.rows, self.finished = None, [], False
+
+        @property
+        def tracker(self):
+            return self
+
+        def store_init_configuration(self, values):
+            self.config = values
+
+        def log(self, values, step=None, **kwargs):
+            self.rows.append({"step": step, **values})
+
+        def finish(self):
+            self.finished = True
+
+    recorder = Recorder()
+    tiny_cfg.max_steps, tiny_cfg.log_every, tiny_cfg.eval_every = 4, 2, 4
+    tiny_cfg.log_with = [recorder]
+    train(tiny_cfg)
+    assert recorder.config["max_steps"] == 4 and recorder.config["model.d_model"] == tiny_cfg.model.d_model
+    rows = [json.loads(line) for line in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [r["step"] for r in recorder.rows] and [2, 4] == sorted({r["step"] for r in rows})
+    assert all(r.items() <= t.items() for r, t in zip(rows, recorder.rows) if "loss" in r)
+    assert recorder.finished
+
+
+@pytest.mark.parametrize("name, needle", [("tensorbored", "unknown tracker 'tensorbored'"),
+                                          ("aim", "tracker 'aim' is not installed; pip install aim")])
+def test_tracker_that_cannot_log_is_named_before_training(tiny_cfg, name, needle):
+    from accelerate.tracking import _available_trackers
+
+    if any(str(getattr(t, "value", t)) == name for t in _available_trackers):
+        pytest.skip(f"{name} is installed here")
+    tiny_cfg.log_with = [name]
+    with pytest.raises(NmtError, match=needle):
+        train(tiny_cfg)
+    assert not (Path(tiny_cfg.output_dir) / "metrics.jsonl").exists()
