@@ -288,9 +288,12 @@ def clean(ds: datasets.Dataset, cfg: DataConfig) -> tuple[np.ndarray, dict]:
 def _encode_batch(batch: dict, tokenizer: PairTokenizer) -> dict:
     src_ids = tokenizer.encode_src(batch["src"])
     tgt_ids = tokenizer.encode_tgt(batch["tgt"])
-    # the decoder sees <s> + tgt and predicts tgt + </s>: len(tgt) + 1 positions
-    cost = [max(len(s), len(t) + 1) for s, t in zip(src_ids, tgt_ids)]
-    return {"src_ids": src_ids, "tgt_ids": tgt_ids, "cost": cost}
+    return {"src_ids": src_ids, "tgt_ids": tgt_ids, "cost": [pair_cost(s, t) for s, t in zip(src_ids, tgt_ids)]}
+
+
+def pair_cost(src_ids: list[int], tgt_ids: list[int]) -> int:
+    """Padded tokens a pair needs: the decoder sees <s> + tgt and predicts tgt + </s>, len(tgt) + 1 positions."""
+    return max(len(src_ids), len(tgt_ids) + 1)
 
 
 def encode(ds: datasets.Dataset, tokenizer: PairTokenizer, cache_file: Path) -> datasets.Dataset:
@@ -489,9 +492,9 @@ def _dropout_batch(batch: dict, indices: list[int], segmenters: tuple[DropoutSeg
     for i, src, tgt, plain_src, plain_tgt in zip(indices, batch["src"], batch["tgt"], batch["src_ids"], batch["tgt_ids"]):
         rng = random.Random(f"{epoch_seed}:{i}")  # str seeds hash with SHA-512: the same in every process
         s, t = segmenters[0].encode(src, rng) + [EOS], segmenters[1].encode(tgt, rng)
-        if max(len(s), len(t) + 1) > max_cost:
+        if pair_cost(s, t) > max_cost:
             s, t = plain_src, plain_tgt
         src_ids.append(s)
         tgt_ids.append(t)
-        cost.append(max(len(s), len(t) + 1))
+        cost.append(pair_cost(s, t))
     return {"src_ids": src_ids, "tgt_ids": tgt_ids, "cost": cost}

@@ -98,15 +98,14 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
 def check_trackers(names: list) -> None:
     """Every `log_with` name must be a tracker accelerate knows and whose package is installed: accelerate
     itself drops an unavailable one with a debug message, and the run would log nowhere without a word."""
-    from accelerate.tracking import _available_trackers
+    import accelerate.utils
     from accelerate.utils import LoggerType
 
     known = {t.value for t in LoggerType} - {"all"}
-    available = {str(getattr(t, "value", t)) for t in _available_trackers}
     for name in (n for n in names if isinstance(n, str)):  # tracker objects (GeneralTracker) pass as they are
         if name not in known:
             raise NmtError(f"log_with: unknown tracker '{name}'; accelerate knows {', '.join(sorted(known))}")
-        if name not in available:
+        if not getattr(accelerate.utils, f"is_{name}_available")():
             raise NmtError(f"log_with: tracker '{name}' is not installed; pip install {name} "
                            "(or remove it: metrics.jsonl is always written)")
 

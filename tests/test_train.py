@@ -324,9 +324,9 @@ def test_trackers_get_the_config_and_the_metrics_file_rows(tiny_cfg):
 @pytest.mark.parametrize("name, needle", [("tensorbored", "unknown tracker 'tensorbored'"),
                                           ("aim", "tracker 'aim' is not installed; pip install aim")])
 def test_tracker_that_cannot_log_is_named_before_training(tiny_cfg, name, needle):
-    from accelerate.tracking import _available_trackers
+    import importlib.util
 
-    if any(str(getattr(t, "value", t)) == name for t in _available_trackers):
+    if importlib.util.find_spec(name) is not None:
         pytest.skip(f"{name} is installed here")
     tiny_cfg.log_with = [name]
     with pytest.raises(NmtError, match=needle):
