@@ -195,6 +195,7 @@ out = os.path.join(sys.argv[1], "pid%d.json" % os.getpid())
 with open(out, "w") as f:
     json.dump({"rank": s.process_index, "world": s.num_processes, "type": str(s.distributed_type),
                "allreduce": total, "env_rank": os.environ.get("RANK")}, f)
+accelerator.end_training()  # as the trainer does: a gloo group left alive at exit can abort a rank
 """
 
 _DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_USE_CPU")
