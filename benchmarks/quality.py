@@ -1,11 +1,14 @@
 """Translation quality for a wall-clock budget: train nmt on a corpus given by path, score the test set once.
 
     python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25 \
-        --config configs/tatoeba-en-de.yaml [--output runs/quality] [key=value ...]
+        --config configs/tatoeba-en-de.yaml [--output runs/quality] [--baseline] [key=value ...]
 
 Prints every setting that differs from nmt's defaults, the wall time of each phase, steps and tokens/s,
 and test BLEU and chrF (cased, detokenized sacreBLEU, 13a) with their signatures. Choices are made on the
 validation set during training; the test set is read once, at the end.
+
+--baseline then trains issue #8's HF MarianMTModel baseline (benchmarks/hf_baseline.py) for the same
+minutes on the same data and machine, and prints both systems side by side with the differences.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=25.0, help="training budget (wall clock)")
     parser.add_argument("--output", default="runs/quality")
     parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--baseline", action="store_true",
+                        help="also train the HF MarianMTModel baseline for the same minutes and compare")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args()
     data = Path(args.data)
@@ -75,6 +80,25 @@ def main() -> None:
     print(f"test chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
     for src, hyp, ref in list(zip(test["src"], hyps, test["tgt"]))[:5]:
         print(f"  {src}\n    -> {hyp}\n    ref {ref}")
+    if args.baseline:
+        compare(cfg, args.minutes, {"steps": result.steps, "tokens_per_s": sorted(speeds)[len(speeds) // 2],
+                                    **scores})
+
+
+def compare(cfg: TrainConfig, minutes: float, nmt: dict) -> None:
+    """Trains the HF baseline on cfg.data for `minutes` and prints it beside nmt's figures."""
+    from hf_baseline import train_baseline  # benchmarks/ is on sys.path when this file runs as a script
+
+    print(f"\nHF MarianMTModel baseline (benchmarks/hf_baseline.py), {minutes:g} minutes, same data and machine:")
+    base = train_baseline(cfg.data, minutes, log=lambda line: print("  " + line, flush=True))
+    for name, seconds in base.phases.items():
+        print(f"  {name}: {seconds / 60:.1f} min")
+    b = {"steps": base.steps, "tokens_per_s": base.tokens_per_s, **base.scores}
+    print(f"\n{'system':<10}{'steps':>8}{'tgt tok/s':>11}{'BLEU':>8}{'chrF':>8}")
+    for name, r in (("nmt", nmt), ("baseline", b)):
+        print(f"{name:<10}{r['steps']:>8}{r['tokens_per_s']:>11.0f}{r['bleu']:>8.2f}{r['chrf']:>8.2f}")
+    print(f"nmt - baseline: BLEU {nmt['bleu'] - b['bleu']:+.2f}, chrF {nmt['chrf'] - b['chrf']:+.2f}; "
+          f"steps x{nmt['steps'] / max(b['steps'], 1):.2f}, tokens/s x{nmt['tokens_per_s'] / b['tokens_per_s']:.2f}")
 
 
 if __name__ == "__main__":

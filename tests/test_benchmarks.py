@@ -62,3 +62,16 @@ def test_quality(corpus_dir, tmp_path):
               "max_tokens=400", "eval_every=2", "eval_max_sentences=8", "average_last=0", cwd=tmp_path)
     assert "settings that differ from nmt's defaults:" in out
     assert "test BLEU" in out and "nrefs:1|case:mixed" in out and "test chrF" in out
+
+
+def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
+    pytest.importorskip("transformers", reason="the HF baseline needs the bench extra")
+    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "--output",
+              str(tmp_path / "run"), "--config", str(ROOT / "configs" / "default.yaml"), "--baseline",
+              f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "model.d_model=32",
+              "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_ff=64",
+              "max_tokens=400", "eval_every=2", "eval_max_sentences=8", "average_last=0", cwd=tmp_path)
+    assert "hf baseline: step" in out and "valid nll" in out
+    table = out[out.index("system"):].splitlines()
+    assert [row.split()[0] for row in table[1:3]] == ["nmt", "baseline"]
+    assert table[3].startswith("nmt - baseline: BLEU ")

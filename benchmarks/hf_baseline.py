@@ -1,0 +1,208 @@
+"""Issue #8's baseline: HF transformers' MarianMTModel trained the way the HF translation examples do.
+
+A MarianMTModel from a config (d_model 256, 3+3 layers, 4 heads, FFN 1024, tied embeddings), a joint BPE
+tokenizer of 8,000 trained with `tokenizers`, Accelerate, AdamW 5e-4 (0.9, 0.98), inverse-sqrt with 1,000
+warmup steps, label smoothing 0.1, gradient clipping 1.0, ~4,096-token length-bucketed batches, validation
+loss after every epoch with the best weights kept, and beam 4 with `generate` on the test set at the end.
+The wall-clock budget covers training and validation, like nmt's max_minutes.
+
+The data pipeline (reading, cleaning, BPE training, encoding, batching) is nmt's, so a side-by-side run
+(benchmarks/quality.py --baseline) compares the model and the recipe, not the tokenizer code.
+
+    python benchmarks/hf_baseline.py --data ../shared/data/tatoeba-en-de --minutes 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from nmt.batching import eval_batches, global_batches  # noqa: E402
+from nmt.collate import Collator  # noqa: E402
+from nmt.config import DataConfig, TokenizerConfig  # noqa: E402
+from nmt.data import Corpus, pair_lengths, prepare  # noqa: E402
+from nmt.metrics import corpus_scores  # noqa: E402
+from nmt.tokenizer import BOS, EOS, PAD  # noqa: E402
+
+
+@dataclass
+class BaselineConfig:
+    """The issue's recipe; sizes can be shrunk for a smoke test."""
+
+    vocab_size: int = 8000
+    d_model: int = 256
+    layers: int = 3
+    heads: int = 4
+    ffn: int = 1024
+    dropout: float = 0.1
+    lr: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_steps: int = 1000
+    label_smoothing: float = 0.1
+    max_grad_norm: float = 1.0
+    max_tokens: int = 4096
+    beam: int = 4
+    seed: int = 1
+
+
+@dataclass
+class BaselineResult:
+    steps: int = 0
+    epochs: int = 0
+    train_seconds: float = 0.0
+    tokens_per_s: float = 0.0
+    best_valid_loss: float = math.inf
+    best_epoch: int = 0
+    scores: dict = field(default_factory=dict)
+    hypotheses: list[str] = field(default_factory=list)
+    phases: dict = field(default_factory=dict)
+
+
+def marian(vocab: int, d_model: int, layers: int, heads: int, ffn: int, dropout: float) -> nn.Module:
+    """A freshly initialized MarianMTModel with tied embeddings, in nmt's special ids."""
+    from transformers import MarianConfig, MarianMTModel
+
+    cfg = MarianConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                       encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+                       decoder_ffn_dim=ffn, activation_function="relu", dropout=dropout, attention_dropout=dropout,
+                       activation_dropout=dropout, scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=BOS,
+                       eos_token_id=EOS, forced_eos_token_id=EOS, use_cache=False)
+    return MarianMTModel(cfg)
+
+
+def marian_loss(model: nn.Module, batch: dict, smoothing: float) -> torch.Tensor:
+    """Mean token cross-entropy, as HF's Seq2SeqTrainer computes it."""
+    logits = model(input_ids=batch["src_ids"], attention_mask=batch["src_ids"].ne(PAD),
+                   decoder_input_ids=batch["tgt_in_ids"], decoder_attention_mask=batch["tgt_in_ids"].ne(PAD)).logits
+    ce = nn.CrossEntropyLoss(label_smoothing=smoothing, ignore_index=PAD)
+    return ce(logits.view(-1, logits.shape[-1]), batch["labels"].view(-1))
+
+
+def _rows(split, order: np.ndarray) -> list[dict]:
+    return [split[int(i)] for i in order]
+
+
+@torch.no_grad()
+def valid_loss(model: nn.Module, split, max_tokens: int) -> float:
+    """Token-level NLL (no smoothing) over the whole split."""
+    model.eval()
+    src, tgt = pair_lengths(split)
+    collate, total, count = Collator(), 0.0, 0
+    for order in eval_batches(np.maximum(src, tgt + 1), max_tokens, 0, 1):
+        batch = collate(_rows(split, order))
+        n = int(batch["labels"].ne(PAD).sum())
+        total += float(marian_loss(model, batch, 0.0)) * n
+        count += n
+    model.train()
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def translate(model: nn.Module, corpus: Corpus, split: str, beam: int, batch_size: int = 64) -> list[str]:
+    """Beam search with `generate` over the split's encoded sources, in corpus order."""
+    model.eval()
+    data = corpus.splits[split]
+    src_len, _ = pair_lengths(data)
+    order = np.argsort(src_len, kind="stable")
+    out: list[str] = [""] * len(order)
+    for start in range(0, len(order), batch_size):
+        idx = order[start: start + batch_size]
+        src = Collator()(_rows(data, idx))["src_ids"]
+        ids = model.generate(input_ids=src, attention_mask=src.ne(PAD), num_beams=beam,
+                             max_new_tokens=int(src.shape[1] * 1.5) + 10)
+        for i, text in zip(idx, corpus.tokenizer.decode_tgt(ids.tolist())):
+            out[int(i)] = text
+    return out
+
+
+def train_baseline(data: DataConfig, minutes: float, cfg: BaselineConfig | None = None,
+                   log=print) -> BaselineResult:
+    """Trains the baseline for `minutes` of wall time, keeps the epoch with the best validation loss,
+    and scores `data.test` with beam search. The test set is read once, at the end."""
+    from accelerate import Accelerator
+
+    cfg = cfg or BaselineConfig()
+    res = BaselineResult()
+    t0 = time.perf_counter()
+    corpus = prepare(data, TokenizerConfig(vocab_size=cfg.vocab_size, joint=True))
+    res.phases["data + tokenizer"] = time.perf_counter() - t0
+    torch.manual_seed(cfg.seed)
+    accelerator = Accelerator()
+    model = marian(corpus.tokenizer.tgt_vocab_size, cfg.d_model, cfg.layers, cfg.heads, cfg.ffn, cfg.dropout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+    warmup = cfg.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1))))
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    train = corpus.splits["train"]
+    src_len, tgt_len = pair_lengths(train)
+    cost = np.maximum(src_len, tgt_len + 1)
+    collate = Collator()
+    best_state, tokens, budget = None, 0, minutes * 60
+    t0 = time.perf_counter()
+    model.train()
+    while time.perf_counter() - t0 < budget:
+        for order in global_batches(cost, cfg.max_tokens, 1, cfg.seed + res.epochs, ties=src_len):
+            batch = collate(_rows(train, order))
+            loss = marian_loss(model, batch, cfg.label_smoothing)
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            res.steps += 1
+            tokens += int(batch["labels"].ne(PAD).sum())
+            if time.perf_counter() - t0 >= budget:
+                break
+        else:
+            res.epochs += 1
+        loss_v = valid_loss(model, corpus.splits["valid"], cfg.max_tokens)
+        log(f"hf baseline: step {res.steps} epoch {res.epochs} valid nll {loss_v:.3f} "
+            f"({(time.perf_counter() - t0) / 60:.1f} min)")
+        if loss_v < res.best_valid_loss:
+            res.best_valid_loss, res.best_epoch = loss_v, res.epochs
+            best_state = copy.deepcopy(accelerator.unwrap_model(model).state_dict())
+    res.train_seconds = time.perf_counter() - t0
+    res.tokens_per_s = tokens / res.train_seconds
+    res.phases["training (incl. validation)"] = res.train_seconds
+    model = accelerator.unwrap_model(model)
+    model.load_state_dict(best_state)
+    t0 = time.perf_counter()
+    res.hypotheses = translate(model, corpus, "test", cfg.beam)
+    res.scores = corpus_scores(res.hypotheses, corpus.splits["test"]["tgt"])
+    res.phases[f"test translation (beam {cfg.beam}, {len(res.hypotheses)} sentences)"] = time.perf_counter() - t0
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="folder with train/valid/test.<src>/<tgt>")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--minutes", type=float, default=25.0)
+    parser.add_argument("--cache-dir", default=None, help="nmt's data cache (default: nmt's)")
+    args = parser.parse_args()
+    p = Path(args.data)
+    extra = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    data = DataConfig(train=str(p / "train"), valid=str(p / "valid"), test=str(p / "test"), src_lang=args.src,
+                      tgt_lang=args.tgt, **extra)
+    res = train_baseline(data, args.minutes)
+    print(f"steps {res.steps} ({res.epochs} epochs), {res.tokens_per_s:.0f} target tokens/s, "
+          f"best valid nll {res.best_valid_loss:.3f} after epoch {res.best_epoch}")
+    print(f"test BLEU {res.scores['bleu']:.2f}  {res.scores['bleu_signature']}")
+    print(f"test chrF {res.scores['chrf']:.2f}  {res.scores['chrf_signature']}")
+
+
+if __name__ == "__main__":
+    main()
