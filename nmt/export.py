@@ -20,7 +20,7 @@ from nmt.batching import eval_batches
 from nmt.collate import pad
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.errors import NmtError
-from nmt.search import Hypothesis, SearchConfig, length_limits
+from nmt.search import SEARCH_FILE, Hypothesis, SearchConfig, length_limits
 from nmt.tokenizer import UNK, PairTokenizer
 
 META_FILE = "nmt_ctranslate2.json"
@@ -142,7 +142,6 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
                        force: bool = False) -> Path:
     """`nmt export MODEL_DIR --to ctranslate2 OUT`: the model, its tokenizer and its config into OUT."""
     from nmt.model import Seq2SeqTransformer
-    from nmt.translate import _check_vocab
 
     require_ctranslate2()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -152,12 +151,14 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         raise NmtError(f"{out_dir} exists and is not empty; choose another directory or pass --force")
     model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
     tokenizer = PairTokenizer.load(model_dir).without_dropout()
-    _check_vocab(model, tokenizer, model_dir)
+    tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, model_dir)
     partial = out_dir.with_name(out_dir.name + ".partial")  # a failed export leaves OUT untouched
     shutil.rmtree(partial, ignore_errors=True)
     save_ctranslate2(model, vocabulary(tokenizer, "src"), vocabulary(tokenizer, "tgt"), partial, quantization,
                      {"exported_from": str(model_dir.resolve())})
     tokenizer.save(partial)
+    if (model_dir / SEARCH_FILE).is_file():  # the tuned alpha stays the model's default
+        shutil.copy2(model_dir / SEARCH_FILE, partial / SEARCH_FILE)
     if out_dir.is_dir():
         shutil.rmtree(out_dir)
     elif out_dir.exists():

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.errors import NmtError
+from nmt.search import SEARCH_FILE
 
 CONFIG_FILE, WEIGHTS_FILE, SUMMARY_FILE = "config.json", "model.safetensors", "training.json"
-SEARCH_FILE = "search.json"  # nmt.translate.SEARCH_FILE: the alpha tuned on validation (training's tune_alpha)
 
 
 def describe(model_dir: str | Path) -> dict:

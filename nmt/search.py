@@ -7,9 +7,13 @@ work shrinks as sentences end. Other models are re-run on the whole prefix each 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+
+from nmt.errors import NmtError
 
 
 @dataclass
@@ -228,3 +232,22 @@ def generate(model, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: i
     cfg = SearchConfig(beam_size=beam_size, max_new_tokens=max_new_tokens, **kwargs)
     best = [h[0].tokens for h in beam_search(model, src_ids, cfg)]
     return to_tensor(best, _ids(model, "pad_id"), src_ids.device)
+
+
+# --- a model directory's own search defaults -----------------------------------------------------
+
+SEARCH_FILE = "search.json"  # the alpha tuned on validation by training's tune_alpha
+
+
+def search_defaults(directory: Path) -> dict:
+    """{"alpha": ...} from a model directory's search.json (written when training tuned it), else {}."""
+    path = Path(directory) / SEARCH_FILE
+    if not path.is_file():
+        return {}
+    try:
+        alpha = json.loads(path.read_text(encoding="utf-8"))["alpha"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise NmtError(f"{path}: not a readable search defaults file ({e}); delete it to use the defaults") from None
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise NmtError(f"{path}: alpha must be a number, got {alpha!r}")
+    return {"alpha": float(alpha)}

@@ -122,6 +122,13 @@ class PairTokenizer:
             return cls(_load_file(directory / SRC_FILE), _load_file(directory / TGT_FILE))
         raise NmtError(f"{directory}: no {JOINT_FILE} (or {SRC_FILE} + {TGT_FILE}); is this an nmt model directory?")
 
+    def check_fits(self, src_vocab_size: int, tgt_vocab_size: int, directory: str | Path) -> None:
+        """Raises a named error when a model's vocabulary sizes are not this tokenizer's."""
+        if (src_vocab_size, tgt_vocab_size) != (self.src_vocab_size, self.tgt_vocab_size):
+            raise NmtError(f"{directory}: the tokenizer ({self.src_vocab_size}/{self.tgt_vocab_size} tokens) does "
+                           f"not match the model ({src_vocab_size}/{tgt_vocab_size}); copy the tokenizer that the "
+                           "model was trained with")
+
     def without_dropout(self) -> PairTokenizer:
         """A copy whose BPE-dropout is off (for validation and translation)."""
         def plain(tok: Tokenizer) -> Tokenizer:

@@ -35,9 +35,9 @@ from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
-from nmt.search import SearchConfig
+from nmt.search import SEARCH_FILE, SearchConfig
 from nmt.tokenizer import PairTokenizer
-from nmt.translate import SEARCH_FILE, search_encoded
+from nmt.translate import search_encoded
 
 log = get_logger(__name__)
 

@@ -19,14 +19,13 @@ from nmt.batching import eval_batches
 from nmt.collate import pad
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
-from nmt.search import Hypothesis, SearchConfig, beam_search
+from nmt.search import Hypothesis, SearchConfig, beam_search, search_defaults
 from nmt.tokenizer import PairTokenizer
 
 if TYPE_CHECKING:
     from nmt.export import CT2Model
 
 log = logging.getLogger(__name__)
-SEARCH_FILE = "search.json"  # a model directory's own search defaults (the alpha tuned by training's tune_alpha)
 
 
 def search_encoded(model, src_ids: list[list[int]], search: SearchConfig, batch_tokens: int,
@@ -66,7 +65,7 @@ class Translator:
         directory = Path(directory)
         model = Seq2SeqTransformer.from_pretrained(directory)
         tokenizer = PairTokenizer.load(directory).without_dropout()
-        _check_vocab(model, tokenizer, directory)
+        tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
         return cls(model, tokenizer, device, search_defaults(directory))
 
     @classmethod
@@ -82,8 +81,8 @@ class Translator:
         directory = Path(directory)
         model = CT2Model(directory, device=str(device), compute_type=compute_type, threads=threads)
         tokenizer = PairTokenizer.load(directory).without_dropout()
-        _check_vocab(model, tokenizer, directory)
-        return cls(model, tokenizer, device)
+        tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
+        return cls(model, tokenizer, device, search_defaults(directory))
 
     def attention(self, text: str, layer: int = -1, beam_size: int = 4,
                   **search_kwargs) -> tuple[list[str], list[str], torch.Tensor]:
@@ -194,26 +193,3 @@ def _join_pieces(decoded: list[str], owner: list[int], n: int) -> list[str]:
     for text, i in zip(decoded, owner):
         out[i].append(text)
     return [" ".join(parts) for parts in out]
-
-
-def search_defaults(directory: Path) -> dict:
-    """{"alpha": ...} from a model directory's search.json (written when training tuned it), else {}."""
-    import json
-
-    path = Path(directory) / SEARCH_FILE
-    if not path.is_file():
-        return {}
-    try:
-        alpha = json.loads(path.read_text(encoding="utf-8"))["alpha"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise NmtError(f"{path}: not a readable search defaults file ({e}); delete it to use the defaults") from None
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
-        raise NmtError(f"{path}: alpha must be a number, got {alpha!r}")
-    return {"alpha": float(alpha)}
-
-
-def _check_vocab(model: Seq2SeqTransformer | CT2Model, tokenizer: PairTokenizer, directory: Path) -> None:
-    if (model.cfg.src_vocab_size, model.cfg.tgt_vocab_size) != (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size):
-        raise NmtError(f"{directory}: the tokenizer ({tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size} "
-                       f"tokens) does not match the model ({model.cfg.src_vocab_size}/{model.cfg.tgt_vocab_size}); "
-                       "copy the tokenizer that the model was trained with")

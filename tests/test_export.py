@@ -73,6 +73,18 @@ def test_exported_model_scores_and_searches_like_ours(pre_norm, activation, shar
     assert [found[i][0].tokens for i in range(3)] == [h.tokens for h in greedy(model, src_ids, search)]
 
 
+def test_export_keeps_the_tuned_alpha(trained, tmp_path):
+    """search.json (the alpha training tuned on validation) travels with the export and stays the default."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained, model_dir)
+    (model_dir / "search.json").write_text('{"alpha": 0.9}', encoding="utf-8")
+    assert main(["export", str(model_dir), "--to", "ctranslate2", str(tmp_path / "ct2")]) == 0
+    assert Translator.from_ctranslate2(tmp_path / "ct2").search_defaults == {"alpha": 0.9}
+
+
 def test_ct2_greedy_equals_nmt_greedy_on_a_trained_model(trained, exported):
     ct2 = pytest.importorskip("ctranslate2")
     translator = Translator.from_pretrained(trained)
