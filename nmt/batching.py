@@ -87,13 +87,13 @@ class TokenBatchSampler:
     Stateful: `state_dict()` holds the epoch and the position inside it, so a resumed run
     continues with the very next micro-batch. Reshuffles each epoch from `seed + epoch`. `ties` (e.g. the
     source lengths) orders pairs of equal length inside the buckets: see `global_batches`.
-    `epoch_lengths(epoch)`, when given, replaces `lengths` for planning that epoch (pairs re-segmented each
-    epoch by BPE-dropout); it must give the same lengths on every process.
+    `epoch_lengths(epoch)`, when given, returns the (lengths, ties) that replace them for planning that epoch
+    (pairs re-segmented each epoch by BPE-dropout); it must give the same on every process.
     """
 
     def __init__(self, lengths: Sequence[int], max_tokens: int, rank: int = 0, world_size: int = 1,
                  accum_steps: int = 1, seed: int | None = 0, ties: Sequence[int] | None = None,
-                 epoch_lengths: Callable[[int], Sequence[int]] | None = None):
+                 epoch_lengths: Callable[[int], tuple[Sequence[int], Sequence[int] | None]] | None = None):
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.epoch_lengths = epoch_lengths
         self.ties = None if ties is None else np.asarray(ties, dtype=np.int64)  # see global_batches
@@ -109,8 +109,9 @@ class TokenBatchSampler:
     def plan(self, epoch: int) -> EpochPlan:
         n_chunks = self.world_size * self.accum_steps
         seed = None if self.seed is None else self.seed + epoch
-        lengths = self.lengths if self.epoch_lengths is None else np.asarray(self.epoch_lengths(epoch), dtype=np.int64)
-        batches = global_batches(lengths, self.max_tokens * n_chunks, n_chunks, seed, self.ties)
+        lengths, ties = (self.lengths, self.ties) if self.epoch_lengths is None else self.epoch_lengths(epoch)
+        batches = global_batches(np.asarray(lengths, dtype=np.int64), self.max_tokens * n_chunks, n_chunks, seed,
+                                 None if ties is None else np.asarray(ties, dtype=np.int64))
         return EpochPlan(batches, self.rank, self.world_size, self.accum_steps)
 
     def steps_per_epoch(self, epoch: int | None = None) -> int:

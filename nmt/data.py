@@ -436,14 +436,14 @@ class DropoutEpochs:
     Pair i of epoch e is segmented by a generator seeded with (seed, e, i): an epoch's segmentation is the
     same on every process, in a resumed run and however the batches are cut, and differs between epochs.
     Each process encodes the epoch it is in by itself (no cache to share, nothing to wait for) and keeps
-    that one; the costs of the epochs seen are kept for batch planning. A pair whose noisy segmentation
+    that one; the lengths of the epochs seen are kept for batch planning. A pair whose noisy segmentation
     would be longer than `max_cost` keeps its deterministic one. Validation and test are never touched.
     """
 
     def __init__(self, train: datasets.Dataset, tokenizer: PairTokenizer, p: float, seed: int, max_cost: int):
         self.train, self.p, self.seed, self.max_cost = train, p, seed, max_cost
         self.segmenters = DropoutSegmenter(tokenizer.src, p), DropoutSegmenter(tokenizer.tgt, p)
-        self._costs: dict[int, np.ndarray] = {}
+        self._lengths: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._epoch: tuple[int, datasets.Dataset] | None = None
 
     def encoded(self, epoch: int) -> datasets.Dataset:
@@ -454,14 +454,15 @@ class DropoutEpochs:
                                            "max_cost": self.max_cost},
                                 new_fingerprint=f"{self.train._fingerprint}-dropout-{self.p}-{self.seed}-{epoch}")
             self._epoch = epoch, ds.select_columns(["src_ids", "tgt_ids"])
-            self._costs[epoch] = np.asarray(ds["cost"], dtype=np.int64)
+            self._lengths[epoch] = np.asarray(ds["cost"], dtype=np.int64), pair_lengths(ds)[0]
         return self._epoch[1]
 
-    def costs(self, epoch: int) -> np.ndarray:
-        """(N,) padded cost of every pair in `epoch`'s segmentation (what the batch sampler plans with)."""
-        if epoch not in self._costs:
+    def lengths(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) padded cost and (N,) source length of every pair in `epoch`'s segmentation: what the batch
+        sampler plans that epoch with (`TokenBatchSampler.epoch_lengths`)."""
+        if epoch not in self._lengths:
             self.encoded(epoch)
-        return self._costs[epoch]
+        return self._lengths[epoch]
 
     def view(self, epoch: Callable[[], int]) -> EpochView:
         """A map-style dataset for a DataLoader, reading the epoch that `epoch()` names at each fetch."""

@@ -134,7 +134,7 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     sampler = TokenBatchSampler(corpus.splits["train"]["cost"], cfg.max_tokens, accelerator.process_index,
                                 accelerator.num_processes, cfg.accum_steps, cfg.seed,
                                 ties=pair_lengths(corpus.splits["train"])[0],  # source lengths: less padding
-                                epoch_lengths=dropout.costs if dropout else None)
+                                epoch_lengths=dropout.lengths if dropout else None)
     plain = corpus.splits["train"].select_columns(["src_ids", "tgt_ids"])
     # no worker processes: the BPE-dropout view reads sampler.epoch when a batch is fetched
     loader = DataLoader(dropout.view(lambda: sampler.epoch) if dropout else plain, batch_sampler=sampler,

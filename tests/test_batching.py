@@ -203,15 +203,19 @@ def test_epoch_lengths_plan_each_epoch_with_its_own_costs():
     """BPE-dropout: pairs get other lengths each epoch; each epoch's batches fit the budget with its lengths."""
     rng = np.random.default_rng(1)
     per_epoch = {e: rng.integers(1, 30, size=200) for e in range(3)}
+    ties = {e: rng.integers(1, 30, size=200) for e in range(3)}
     asked = []
-    sampler = TokenBatchSampler(per_epoch[0], max_tokens=90, seed=3,
-                                epoch_lengths=lambda e: asked.append(e) or per_epoch[e])
+    sampler = TokenBatchSampler(per_epoch[0], max_tokens=90, seed=3, ties=ties[0],
+                                epoch_lengths=lambda e: asked.append(e) or (per_epoch[e], ties[e]))
     for epoch in range(3):
         steps = list(sampler)
         assert sorted(sum(steps, [])) == list(range(200))
         assert all(len(b) * per_epoch[epoch][b].max() <= 90 for b in steps if len(b) > 1)
-        plain = TokenBatchSampler(per_epoch[epoch], max_tokens=90, seed=3)
+        plain = TokenBatchSampler(per_epoch[epoch], max_tokens=90, seed=3, ties=ties[epoch])
         plain.epoch = epoch
         assert steps == list(plain)  # the same plan as a sampler given that epoch's lengths
     assert sorted(set(asked)) == [0, 1, 2]  # (list() also asks len(), which plans the epoch again)
     assert sampler.steps_per_epoch(1) == len(TokenBatchSampler(per_epoch[1], 90, seed=4).plan(0))  # seed 3 + epoch 1
+    stale = TokenBatchSampler(per_epoch[2], max_tokens=90, seed=3, ties=ties[0])
+    stale.epoch = 2
+    assert steps != list(stale)  # epoch 2 was ordered by its own ties, not epoch 0's

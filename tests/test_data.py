@@ -234,7 +234,9 @@ def test_bpe_dropout_changes_each_epoch_and_is_the_same_in_every_process(dropout
         assert theirs["src_ids"] == mine["src_ids"] and theirs["tgt_ids"] == mine["tgt_ids"]
     assert process_a.encoded(0)["tgt_ids"] == e0["tgt_ids"]  # recomputed after epoch 1: the same
     assert DropoutEpochs(train, tok, 0.1, seed=2, max_cost=512).encoded(0)["src_ids"] != e0["src_ids"]
-    assert list(process_a.costs(1)) == [max(len(s), len(t) + 1) for s, t in zip(e1["src_ids"], e1["tgt_ids"])]
+    costs, src_lengths = process_a.lengths(1)
+    assert list(costs) == [max(len(s), len(t) + 1) for s, t in zip(e1["src_ids"], e1["tgt_ids"])]
+    assert list(src_lengths) == [len(s) for s in e1["src_ids"]]  # the ties of the epoch's batches
     assert tok.decode_tgt(e1["tgt_ids"][:50]) == tok.decode_tgt(train["tgt_ids"][:50])  # same text, other pieces
 
 
@@ -255,7 +257,7 @@ def test_bpe_dropout_keeps_the_plain_segmentation_of_pairs_it_would_make_too_lon
     limit = int(sorted(train["cost"])[300])  # the median pair is at the limit already
     epochs = DropoutEpochs(train, dropout_corpus.tokenizer, 0.5, seed=1, max_cost=limit)
     noisy = epochs.encoded(0)
-    assert all(c <= limit or c == plain for c, plain in zip(epochs.costs(0), train["cost"]))
+    assert all(c <= limit or c == plain for c, plain in zip(epochs.lengths(0)[0], train["cost"]))
     kept = [i for i, c in enumerate(train["cost"]) if c > limit]
     assert all(noisy[i]["src_ids"] == train[i]["src_ids"] for i in kept)
 
