@@ -625,15 +625,17 @@ class _TiedEmbeddingNotice(logging.Filter):
         return "Removed shared tensor {'src_embed.weight'}" not in record.getMessage()  # after a [RANK n] prefix
 
 
-logging.getLogger("accelerate.utils.other").addFilter(_TiedEmbeddingNotice())
-
-
 def save_checkpoint(accelerator, cfg: TrainConfig, state: TrainState) -> None:
     """accelerator.save_state into a temporary folder, renamed to step_N once complete."""
     final = ckpt.checkpoints_dir(cfg.output_dir) / f"step_{state.step}"
     tmp = ckpt.temp_dir_for(final)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    notice, quiet = logging.getLogger("accelerate.utils.other"), _TiedEmbeddingNotice()
+    notice.addFilter(quiet)  # only around save_state: nmt leaves the logging of its host program alone
+    try:
+        accelerator.save_state(str(tmp))
+    finally:
+        notice.removeFilter(quiet)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         ckpt.mark_complete(tmp, {"step": state.step, "num_processes": accelerator.num_processes,

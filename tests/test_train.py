@@ -1,6 +1,7 @@
 """Training end to end in-process on a tiny model: metrics, checkpoints, resume, best model, translation."""
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -271,6 +272,7 @@ def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog):
     with caplog.at_level("WARNING"):
         train(tiny_cfg)
     assert not [r for r in caplog.records if "shared tensor" in r.getMessage()]
+    assert not logging.getLogger("accelerate.utils.other").filters  # muted only while saving, then restored
     err = capsys.readouterr().err
     bar = [s for s in re.split(r"[\r\n]", err) if s.startswith("train:")][-1]  # the line as it was left
     m = re.search(r"\| (\d+)/(\d+) \[[\d:]+<([\d:]+),\s+[\d.]+(?:step/s|s/step), epoch=(\d+), loss=([\d.]+), "
