@@ -51,16 +51,12 @@ def nmt_model(seed: int = 0) -> Seq2SeqTransformer:
 
 
 def hf_model(seed: int = 0):
-    from transformers import MarianConfig, MarianMTModel
+    from hf_baseline import marian  # benchmarks/ is on sys.path when this file runs as a script
 
     torch.manual_seed(seed)
-    cfg = MarianConfig(vocab_size=VOCAB, d_model=DIMS["d_model"], encoder_layers=DIMS["n_encoder_layers"],
-                       decoder_layers=DIMS["n_decoder_layers"], encoder_attention_heads=DIMS["n_heads"],
-                       decoder_attention_heads=DIMS["n_heads"], encoder_ffn_dim=DIMS["d_ff"],
-                       decoder_ffn_dim=DIMS["d_ff"], activation_function="relu", scale_embedding=True,
-                       max_position_embeddings=256, pad_token_id=PAD, eos_token_id=EOS, forced_eos_token_id=EOS,
-                       decoder_start_token_id=BOS, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
-    return MarianMTModel(cfg).eval()
+    assert DIMS["n_encoder_layers"] == DIMS["n_decoder_layers"]
+    return marian(VOCAB, DIMS["d_model"], DIMS["n_encoder_layers"], DIMS["n_heads"], DIMS["d_ff"], 0.0,
+                  max_position_embeddings=256).eval()
 
 
 def sources(n: int, seed: int) -> list[list[int]]:

@@ -69,21 +69,22 @@ class BaselineResult:
     phases: dict = field(default_factory=dict)
 
 
-def marian(vocab: int, d_model: int, layers: int, heads: int, ffn: int, dropout: float) -> nn.Module:
-    """A freshly initialized MarianMTModel with tied embeddings, in nmt's special ids."""
+def marian(vocab: int, d_model: int, layers: int, heads: int, ffn: int, dropout: float, **config) -> nn.Module:
+    """A freshly initialized MarianMTModel with tied embeddings, in nmt's special ids; `config`: more
+    MarianConfig fields."""
     from transformers import MarianConfig, MarianMTModel
 
     cfg = MarianConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
                        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
                        decoder_ffn_dim=ffn, activation_function="relu", dropout=dropout, attention_dropout=dropout,
                        activation_dropout=dropout, scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=BOS,
-                       eos_token_id=EOS, forced_eos_token_id=EOS, use_cache=False)
+                       eos_token_id=EOS, forced_eos_token_id=EOS, **config)
     return MarianMTModel(cfg)
 
 
 def marian_loss(model: nn.Module, batch: dict, smoothing: float) -> torch.Tensor:
     """Mean token cross-entropy, as HF's Seq2SeqTrainer computes it."""
-    logits = model(input_ids=batch["src_ids"], attention_mask=batch["src_ids"].ne(PAD),
+    logits = model(input_ids=batch["src_ids"], attention_mask=batch["src_ids"].ne(PAD), use_cache=False,
                    decoder_input_ids=batch["tgt_in_ids"], decoder_attention_mask=batch["tgt_in_ids"].ne(PAD)).logits
     ce = nn.CrossEntropyLoss(label_smoothing=smoothing, ignore_index=PAD)
     return ce(logits.view(-1, logits.shape[-1]), batch["labels"].view(-1))

@@ -138,15 +138,9 @@ def build_nmt_compiled(dims: Dims) -> nn.Module:
 
 
 def build_hf(dims: Dims) -> nn.Module:
-    from transformers import MarianConfig, MarianMTModel
+    from hf_baseline import marian  # benchmarks/ is on sys.path when this file runs as a script
 
-    cfg = MarianConfig(vocab_size=dims.vocab, d_model=dims.d_model, encoder_layers=dims.layers,
-                       decoder_layers=dims.layers, encoder_attention_heads=dims.heads,
-                       decoder_attention_heads=dims.heads, encoder_ffn_dim=dims.ffn, decoder_ffn_dim=dims.ffn,
-                       activation_function="relu", dropout=dims.dropout, attention_dropout=dims.dropout,
-                       activation_dropout=dims.dropout, scale_embedding=True, pad_token_id=PAD,
-                       decoder_start_token_id=BOS, eos_token_id=EOS, forced_eos_token_id=EOS, use_cache=False)
-    return MarianMTModel(cfg)
+    return marian(dims.vocab, dims.d_model, dims.layers, dims.heads, dims.ffn, dims.dropout, use_cache=False)
 
 
 def build_seed(dims: Dims) -> nn.Module:
