@@ -74,6 +74,7 @@ NOT_RUN = {
     "python benchmarks/decode_speed.py --rounds 3": BENCHMARK,
     "python benchmarks/decode_speed.py --rounds 3 --threads 2": BENCHMARK,
     "python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25": BENCHMARK,
+    "python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25 --baseline": BENCHMARK,
     "python benchmarks/train_speed.py --mode fp32 --rounds 5": BENCHMARK,
     "python benchmarks/train_speed.py --mode bf16 --systems nmt,hf --bf16-rounds 1 --max-tokens 1024": BENCHMARK,
     "python benchmarks/peak.py": BENCHMARK,
