@@ -21,7 +21,7 @@ import torch
 from nmt.batching import TokenBatchSampler, deal
 from nmt.collate import Collator
 from nmt.config import ModelConfig, TrainConfig, auto_sizes, read_yaml, resolve_sizes
-from nmt.data import Corpus, pair_lengths, prepare
+from nmt.data import Corpus, bpe_dropout, pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.model import Seq2SeqTransformer
@@ -81,7 +81,7 @@ class Report:
                f"epoch     {_n(self.tokens_per_epoch['src'])} source + {_n(self.tokens_per_epoch['tgt'])} target tokens; "
                f"{self.steps_per_epoch:,} optimizer steps ({self.micro_batches_per_epoch:,} micro-batches per process: "
                f"max_tokens {cfg.max_tokens:,} x {_processes(self.num_processes)} x {cfg.accum_steps} accum_steps); "
-               f"padding {self.padding_share:.0%}",
+               f"padding {self.padding_share:.0%}{_dropout(cfg)}",
                f"run       {self.total_steps:,} steps = {self.total_steps / self.steps_per_epoch:.1f} epochs "
                f"({'max_steps' if cfg.max_steps else 'max_epochs'})"]
         if self.seconds_per_step is not None:
@@ -118,9 +118,12 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     corpus = prepare(cfg.data, cfg.tokenizer)
     cfg, chosen = resolve_sizes(cfg, corpus.stats["sizing_pairs"])  # what training will choose
     model_cfg = model_config_for(cfg.model, corpus)
-    train, valid = corpus.splits["train"], corpus.splits["valid"]
+    valid, dropout = corpus.splits["valid"], bpe_dropout(cfg, corpus)
+    # under BPE-dropout, epoch 0's segmentation as training will see it (later epochs differ by a few steps)
+    train = dropout.encoded(0) if dropout else corpus.splits["train"]
     src_len, tgt_len = pair_lengths(train)
-    sampler = TokenBatchSampler(train["cost"], cfg.max_tokens, 0, num_processes, cfg.accum_steps, cfg.seed, src_len)
+    cost = dropout.lengths(0)[0] if dropout else train["cost"]
+    sampler = TokenBatchSampler(cost, cfg.max_tokens, 0, num_processes, cfg.accum_steps, cfg.seed, src_len)
     plan = sampler.plan(0)
     clean = corpus.stats["clean"]
     model = _build(model_cfg, cfg.seed)
@@ -140,8 +143,8 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
         sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen)
     if probe_steps > 0:
-        probe(report, model, cfg, corpus, plan, src_len, tgt_len, probe_steps, device)
-    report.problems = find_problems(report, cfg, model_cfg, int(np.max(train["cost"])))
+        probe(report, model, cfg, train, plan, src_len, tgt_len, probe_steps, device)
+    report.problems = find_problems(report, cfg, model_cfg, int(np.max(corpus.splits["train"]["cost"])))
     return report
 
 
@@ -213,9 +216,10 @@ def activation_bytes(m: ModelConfig, max_tokens: int, longest: int) -> int:
 # --- the timed probe ----------------------------------------------------------------------------------
 
 
-def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, corpus: Corpus, plan, src_len: np.ndarray,
+def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, plan, src_len: np.ndarray,
           tgt_len: np.ndarray, steps: int, device: str | None) -> None:
-    """Time `steps` optimizer steps (forward, backward, AdamW) on this process's real micro-batches.
+    """Time `steps` optimizer steps (forward, backward, AdamW) on this process's real micro-batches of `train`
+    (the training split as epoch 0 sees it).
 
     Seconds per epoch = (median over the timed steps of seconds per padded token) x this process's padded
     tokens of an epoch, so a probe that happened to draw short or long batches does not skew the estimate.
@@ -225,7 +229,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, corpus: C
     o = cfg.optim
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                   weight_decay=o.weight_decay)
-    columns = corpus.splits["train"].select_columns(["src_ids", "tgt_ids"])
+    columns = train.select_columns(["src_ids", "tgt_ids"])
     collate = Collator(pad_to_multiple_of=cfg.pad_to_multiple_of)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -348,6 +352,11 @@ def launch_processes(flag: int | None = None, profile: str | Path | None = None)
 
 
 # --- formatting ---------------------------------------------------------------------------------------------
+
+
+def _dropout(cfg: TrainConfig) -> str:
+    p = cfg.tokenizer.dropout
+    return f" (epoch 0 under BPE-dropout p={p:g}: the segmentation changes each epoch)" if p else ""
 
 
 def _processes(n: int) -> str:

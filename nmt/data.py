@@ -25,7 +25,7 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
-from nmt.config import DataConfig, TokenizerConfig, auto_sizes, to_dict
+from nmt.config import DataConfig, TokenizerConfig, TrainConfig, auto_sizes, to_dict
 from nmt.errors import NmtError
 from nmt.tokenizer import EOS, DropoutSegmenter, PairTokenizer, train_pair_tokenizer
 
@@ -467,6 +467,14 @@ class DropoutEpochs:
     def view(self, epoch: Callable[[], int]) -> EpochView:
         """A map-style dataset for a DataLoader, reading the epoch that `epoch()` names at each fetch."""
         return EpochView(self, epoch)
+
+
+def bpe_dropout(cfg: TrainConfig, corpus: Corpus) -> DropoutEpochs | None:
+    """The training pairs re-segmented each epoch when tokenizer.dropout is set; None when it is off."""
+    if not cfg.tokenizer.dropout:
+        return None
+    return DropoutEpochs(corpus.splits["train"], corpus.tokenizer, cfg.tokenizer.dropout, cfg.seed,
+                         max_cost=min(cfg.data.max_subwords, cfg.model.max_positions))
 
 
 @dataclass

@@ -30,7 +30,7 @@ from nmt import checkpoint as ckpt
 from nmt.batching import TokenBatchSampler, eval_batches
 from nmt.collate import Collator
 from nmt.config import TrainConfig, pin_sizes, read_yaml, resolve_sizes, save_yaml, to_dict
-from nmt.data import Corpus, DropoutEpochs, pair_lengths, prepare
+from nmt.data import Corpus, bpe_dropout, pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.metrics import corpus_scores
@@ -170,14 +170,6 @@ def sized_config(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus) -> 
                                     tgt_vocab_size=corpus.tokenizer.tgt_vocab_size,
                                     share_embeddings=cfg.model.share_embeddings and corpus.tokenizer.joint)
     return dataclasses.replace(cfg, model=model_cfg)
-
-
-def bpe_dropout(cfg: TrainConfig, corpus: Corpus) -> DropoutEpochs | None:
-    """The training pairs re-segmented each epoch when tokenizer.dropout is set; None when it is off."""
-    if not cfg.tokenizer.dropout:
-        return None
-    return DropoutEpochs(corpus.splits["train"], corpus.tokenizer, cfg.tokenizer.dropout, cfg.seed,
-                         max_cost=min(cfg.data.max_subwords, cfg.model.max_positions))
 
 
 def resume(accelerator: Accelerator, cfg: TrainConfig, sampler: TokenBatchSampler) -> TrainState:

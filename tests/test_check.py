@@ -58,6 +58,23 @@ def test_steps_per_epoch_are_the_training_samplers(cfg, world, accum):
     assert r.seconds_per_step is None  # no probe asked for
 
 
+def test_bpe_dropout_is_planned_as_training_plans_its_first_epoch(cfg):
+    from nmt.data import bpe_dropout
+
+    noisy = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, dropout=0.3), max_steps=None,
+                                max_epochs=1)
+    r = preflight(noisy, num_processes=1, probe_steps=1, device="cpu")
+    plain = preflight(dataclasses.replace(noisy, tokenizer=cfg.tokenizer), num_processes=1, probe_steps=0)
+    corpus = prepare(noisy.data, noisy.tokenizer)
+    train = corpus.splits["train"]
+    sampler = TokenBatchSampler(train["cost"], noisy.max_tokens, 0, 1, 1, noisy.seed, pair_lengths(train)[0],
+                                epoch_lengths=bpe_dropout(noisy, corpus).lengths)  # as nmt.train builds it
+    assert r.steps_per_epoch == sampler.steps_per_epoch(0) > plain.steps_per_epoch  # noisier pieces: more tokens
+    assert r.tokens_per_epoch["src"] > plain.tokens_per_epoch["src"] and r.src_len["p50"] >= plain.src_len["p50"]
+    assert "BPE-dropout p=0.3" in next(line for line in r.lines() if line.startswith("epoch"))
+    assert r.seconds_per_step > 0
+
+
 def test_more_processes_fewer_steps(cfg, report):
     assert preflight(cfg, num_processes=2, probe_steps=0).steps_per_epoch < report.steps_per_epoch
 
