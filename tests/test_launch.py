@@ -64,6 +64,7 @@ def _record_notebook_launcher(out_dir: str) -> None:
     torch.distributed.all_reduce(t)  # notebook_launcher's children do share a group...
     rec = {"rank": s.process_index, "world": s.num_processes, "type": str(s.distributed_type), "allreduce": t.item()}
     Path(out_dir, f"envrank{os.environ['RANK']}.json").write_text(json.dumps(rec))
+    torch.distributed.destroy_process_group()  # a gloo group left alive at exit can abort a rank (seen in CI)
 
 
 def _read(out_dir: Path) -> list[dict]:
