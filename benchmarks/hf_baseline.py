@@ -95,13 +95,11 @@ def _rows(split, order: np.ndarray) -> list[dict]:
 
 
 @torch.no_grad()
-def valid_loss(model: nn.Module, split, max_tokens: int) -> float:
-    """Token-level NLL (no smoothing) over the whole split."""
+def valid_loss(model: nn.Module, batches: list[dict]) -> float:
+    """Token-level NLL (no smoothing) over collated batches."""
     model.eval()
-    src, tgt = pair_lengths(split)
-    collate, total, count = Collator(), 0.0, 0
-    for order in eval_batches(np.maximum(src, tgt + 1), max_tokens, 0, 1):
-        batch = collate(_rows(split, order))
+    total, count = 0.0, 0
+    for batch in batches:
         n = int(batch["labels"].ne(PAD).sum())
         total += float(marian_loss(model, batch, 0.0)) * n
         count += n
@@ -147,9 +145,11 @@ def train_baseline(data: DataConfig, minutes: float, cfg: BaselineConfig | None 
         optimizer, lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1))))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     train = corpus.splits["train"]
-    src_len, tgt_len = pair_lengths(train)
-    cost = np.maximum(src_len, tgt_len + 1)
+    cost, src_len = np.asarray(train["cost"]), pair_lengths(train)[0]  # nmt's pair_cost and ties, as nmt.train
     collate = Collator()
+    valid = corpus.splits["valid"]
+    valid_batches = [collate(_rows(valid, order))  # collated once, scored after every epoch
+                     for order in eval_batches(valid["cost"], cfg.max_tokens, 0, 1)]
     best_state, tokens, budget = None, 0, minutes * 60
     t0 = time.perf_counter()
     model.train()
@@ -168,7 +168,7 @@ def train_baseline(data: DataConfig, minutes: float, cfg: BaselineConfig | None 
                 break
         else:
             res.epochs += 1
-        loss_v = valid_loss(model, corpus.splits["valid"], cfg.max_tokens)
+        loss_v = valid_loss(model, valid_batches)
         log(f"hf baseline: step {res.steps} epoch {res.epochs} valid nll {loss_v:.3f} "
             f"({(time.perf_counter() - t0) / 60:.1f} min)")
         if loss_v < res.best_valid_loss:

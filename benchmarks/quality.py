@@ -64,7 +64,8 @@ def main() -> None:
     result = train(cfg)
     phases["training (incl. validation, checkpoints, averaging)"] = time.perf_counter() - t
     rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
-    speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+    speeds = sorted(r["tokens_per_s"] for r in rows if "tokens_per_s" in r)
+    speed = speeds[len(speeds) // 2]
     t = time.perf_counter()
     test = corpus.splits["test"]
     hyps = Translator.from_pretrained(result.model_dir).translate(test["src"], beam_size=args.beam)
@@ -74,14 +75,14 @@ def main() -> None:
     print("\nphases (wall time):")
     for name, seconds in phases.items():
         print(f"  {name}: {seconds / 60:.1f} min")
-    print(f"steps: {result.steps}; target tokens/s (median of log rows): {sorted(speeds)[len(speeds) // 2]:.0f}")
+    print(f"steps: {result.steps}; target tokens/s (median of log rows): {speed:.0f}")
     print(f"kept model: {result.best}")
     print(f"test BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"test chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
     for src, hyp, ref in list(zip(test["src"], hyps, test["tgt"]))[:5]:
         print(f"  {src}\n    -> {hyp}\n    ref {ref}")
     if args.baseline:
-        compare(cfg, args.minutes, {"steps": result.steps, "tokens_per_s": sorted(speeds)[len(speeds) // 2],
+        compare(cfg, args.minutes, {"steps": result.steps, "tokens_per_s": speed,
                                     **scores})
 
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from nmt.batching import global_batches  # noqa: E402
 from nmt.collate import Collator  # noqa: E402
 from nmt.config import ModelConfig  # noqa: E402
+from nmt.data import pair_cost  # noqa: E402
 from nmt.loss import label_smoothed_nll  # noqa: E402
 from nmt.model import Seq2SeqTransformer  # noqa: E402
 
@@ -66,7 +67,7 @@ def corpus_pairs(path: str, vocab: int) -> list[dict]:
 
 def pick_batches(pairs: list[dict], max_tokens: int, n: int, seed: int) -> list[dict]:
     """`n` token-budget batches (nmt.batching.global_batches), evenly spaced over the length range."""
-    cost = np.array([max(len(p["src_ids"]), len(p["tgt_ids"]) + 1) for p in pairs])
+    cost = np.array([pair_cost(p["src_ids"], p["tgt_ids"]) for p in pairs])
     batches = sorted(global_batches(cost, max_tokens, 1, seed), key=lambda b: cost[b].max())
     batches = batches[: max(len(batches) - 1, 1)]  # the last one may be a merged tail over budget
     picks = np.linspace(0, len(batches) - 1, n).round().astype(int)
