@@ -25,6 +25,7 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
+from nmt.compat import dataset_fingerprint
 from nmt.config import DataConfig, TokenizerConfig, TrainConfig, auto_sizes, to_dict
 from nmt.errors import NmtError
 from nmt.tokenizer import EOS, DropoutSegmenter, PairTokenizer, train_pair_tokenizer
@@ -381,7 +382,7 @@ def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: Tok
                  tokenizer: PairTokenizer | None) -> str:
     h = hashlib.sha256()
     for name in SPLITS:
-        h.update(f"{name}:{raw[name]._fingerprint}:{len(raw[name])};".encode())
+        h.update(f"{name}:{dataset_fingerprint(raw[name])}:{len(raw[name])};".encode())
     # BPE-dropout changes only the training pairs' per-epoch segmentation (DropoutEpochs), not what is cached here
     tok = to_dict(tok_cfg) | {"dropout": None}
     h.update(json.dumps({"data": to_dict(cfg) | {"cache_dir": None}, "tok": tok}, sort_keys=True).encode())
@@ -452,7 +453,7 @@ class DropoutEpochs:
             ds = self.train.map(_dropout_batch, batched=True, batch_size=1000, with_indices=True, keep_in_memory=True,
                                 fn_kwargs={"segmenters": self.segmenters, "epoch_seed": f"{self.seed}:{epoch}",
                                            "max_cost": self.max_cost},
-                                new_fingerprint=f"{self.train._fingerprint}-dropout-{self.p}-{self.seed}-{epoch}")
+                                new_fingerprint=f"{dataset_fingerprint(self.train)}-dropout-{self.p}-{self.seed}-{epoch}")
             self._epoch = epoch, ds.select_columns(["src_ids", "tgt_ids"])
             self._lengths[epoch] = np.asarray(ds["cost"], dtype=np.int64), pair_lengths(ds)[0]
         return self._epoch[1]

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from nmt.compat import accelerate_state_is_empty, reset_accelerate_state
+
 _MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 
 
@@ -46,20 +48,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 def _gpu_count() -> int:
     # torch.cuda.device_count() does not create a CUDA context, so forking afterwards stays possible.
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _accelerate_state_is_empty() -> bool:
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    return not (PartialState._shared_state or AcceleratorState._shared_state or GradientState._shared_state)
-
-
-def _reset_accelerate_state() -> None:
-    """Forget accelerate's process-wide singletons (PartialState, AcceleratorState, GradientState)."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def launch(
@@ -136,13 +124,13 @@ def launch(
 def _run_in_process(function: Callable[..., Any], args: tuple, mixed_precision: str) -> None:
     from accelerate.utils import patch_environment
 
-    was_empty = _accelerate_state_is_empty()
+    was_empty = accelerate_state_is_empty()
     try:
         with patch_environment(accelerate_mixed_precision=mixed_precision):
             function(*args)
     finally:
         if was_empty:
-            _reset_accelerate_state()
+            reset_accelerate_state()
 
 
 def _launch_gpus(function: Callable[..., Any], args: tuple, num_processes: int, mixed_precision: str, port: int) -> None:
@@ -159,7 +147,7 @@ def _launch_gpus(function: Callable[..., Any], args: tuple, num_processes: int, 
 
 def _gpu_worker(function: Callable[..., Any], *args: Any) -> None:
     # A forked child inherits the parent's accelerate singletons; start from a clean state.
-    _reset_accelerate_state()
+    reset_accelerate_state()
     function(*args)
 
 
@@ -195,7 +183,7 @@ def _cpu_worker(
     if sys.platform.startswith("linux"):
         # gloo otherwise picks the interface of the host name, which may not reach 127.0.0.1.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    _reset_accelerate_state()
+    reset_accelerate_state()
     from accelerate import PartialState
 
     # Forms the gloo group (MULTI_CPU). Later PartialState() / Accelerator() calls in `function` reuse this

@@ -49,5 +49,16 @@ def tiny_config(corpus_dir: Path, out: Path, **overrides) -> TrainConfig:
 
 
 @pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate's process-wide state (PartialState, AcceleratorState, GradientState) is forgotten before and
+    after the test; the fixture's value forgets it mid-test (between two trainings)."""
+    from nmt.compat import reset_accelerate_state
+
+    reset_accelerate_state()
+    yield reset_accelerate_state
+    reset_accelerate_state()
+
+
+@pytest.fixture
 def tiny_cfg(corpus_dir, tmp_path) -> TrainConfig:
     return tiny_config(corpus_dir, tmp_path)

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from helpers import EOS, one_thread, src_batch, tiny_model  # noqa: F401  (one_thread: module-wide)
 from matplotlib.image import imread
 
 from nmt import Translator, train
 from nmt.attention import cross_attention, plot_alignment
 from nmt.cli import main
+from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 from tests.conftest import tiny_config
 
@@ -24,8 +24,7 @@ def model_dir(corpus_dir, tmp_path_factory) -> Path:
     try:
         return train(cfg).model_dir
     finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+        reset_accelerate_state()
 
 
 @pytest.mark.parametrize("pre_norm", [True, False])

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from accelerate.state import AcceleratorState, GradientState
 
 from nmt.cli import main
+from nmt.compat import reset_accelerate_state
 from nmt.config import DataConfig, TokenizerConfig
 from nmt.data import prepare
 from tests.conftest import write_pairs
@@ -19,11 +19,7 @@ GOOD = [(f"sentence number {i} is here .", f"satz nummer {i} ist hier .") for i 
 TOK = TokenizerConfig(vocab_size=150, min_frequency=1)
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def nmt_train(tmp_path, train_spec, capsys, *extra) -> tuple[int, str]:
@@ -117,8 +113,7 @@ def model_dir(tmp_path_factory) -> Path:
                           valid_ratio=0.2, test_ratio=0.1)
     cfg.tokenizer = TOK
     result = train(cfg)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     return result.model_dir
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from helpers import BOS, EOS, PAD, one_thread, src_batch, tiny_model  # noqa: F401  (one_thread: module-wide)
 
 from nmt import Translator, train
 from nmt.cli import main
+from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 from nmt.search import SearchConfig, greedy, length_limits
 from nmt.tokenizer import SPECIALS
@@ -30,8 +30,7 @@ def trained(corpus_dir, tmp_path_factory) -> Path:
     try:
         return train(cfg).model_dir
     finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+        reset_accelerate_state()
 
 
 @pytest.fixture(scope="module")

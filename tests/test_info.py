@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from accelerate.state import AcceleratorState, GradientState
 from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
 
 from nmt import Seq2SeqTransformer, train
 from nmt.cli import main
+from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 from nmt.info import command_line, describe, lines
 from nmt.tokenizer import PairTokenizer
@@ -24,8 +24,7 @@ def model_dir(corpus_dir, tmp_path_factory) -> Path:
     try:
         return train(cfg).model_dir
     finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+        reset_accelerate_state()
 
 
 def test_describe_reports_the_model_and_its_training(model_dir):

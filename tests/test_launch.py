@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState, PartialState
+from accelerate.state import PartialState
 
+from nmt.compat import accelerate_state_exists, accelerate_state_is_empty
 from nmt.launch import free_port, launch
 
 # the module, also when nmt/__init__.py re-exports the function as `nmt.launch`
@@ -19,13 +20,7 @@ nmt_launch = importlib.import_module("nmt.launch")
 needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only code path")
 
 
-@pytest.fixture(autouse=True)
-def _clean_accelerate_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 # Functions run in the child processes: top level, so that they also work with the spawn start method.
@@ -89,7 +84,7 @@ def test_two_cpu_processes_form_one_group(tmp_path):
         assert {r["mixed_precision"] for r in records} == {mixed_precision}
         assert len({r["pid"] for r in records}) == 2 and os.getpid() not in {r["pid"] for r in records}
     # The parent is left as it was: no accelerate state, no distributed environment variables.
-    assert not PartialState._shared_state and not AcceleratorState._shared_state
+    assert accelerate_state_is_empty()
     assert not torch.distributed.is_initialized()
     assert dict(os.environ) == env_before
 
@@ -129,7 +124,7 @@ def test_one_process_runs_in_process_and_resets_state():
 
     env_before = dict(os.environ)
     launch(train, ("a",), num_processes=1, mixed_precision="bf16")
-    assert not PartialState._shared_state and not AcceleratorState._shared_state
+    assert accelerate_state_is_empty()
     launch(train, ("b",), num_processes=1)  # other settings: no "AcceleratorState already initialized" error
     assert seen == [("a", os.getpid(), 1, "bf16"), ("b", os.getpid(), 1, "no")]
     assert dict(os.environ) == env_before
@@ -138,7 +133,7 @@ def test_one_process_runs_in_process_and_resets_state():
 def test_one_process_keeps_state_that_existed_before():
     PartialState(cpu=True)
     launch(lambda: None, num_processes=1)
-    assert PartialState._shared_state
+    assert accelerate_state_exists()
 
 
 def test_default_num_processes_without_gpus_is_one(monkeypatch):
@@ -170,7 +165,7 @@ def test_gpu_path_uses_notebook_launcher(monkeypatch):
     got = []
 
     def train(x):
-        got.append((x, bool(PartialState._shared_state)))
+        got.append((x, accelerate_state_exists()))
 
     launch(train, (7,), mixed_precision="bf16", port=12345)
     launch(train, (8,), num_processes=2)

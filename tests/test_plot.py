@@ -5,12 +5,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from accelerate.state import AcceleratorState, GradientState
 from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
 from matplotlib.image import imread
 
 from nmt import train
 from nmt.cli import main
+from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 from nmt.plot import DPI, FIGSIZE, make_figure, plot_runs, read_metrics, run_labels
 from tests.conftest import tiny_config
@@ -24,8 +24,7 @@ def runs(corpus_dir, tmp_path_factory) -> tuple[Path, Path]:
     try:
         train(cfg)
     finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+        reset_accelerate_state()
     run, other = Path(cfg.output_dir), out / "other"
     other.mkdir()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

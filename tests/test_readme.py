@@ -649,10 +649,9 @@ AFTER = {  # what some statements of the pages must have done, beyond not raisin
 
 def run_python(docs: Docs, cmd: Cmd, monkeypatch) -> None:
     """A Python block, statement by statement (like a notebook), in its directory; load_config gets FAST."""
-    from accelerate.state import AcceleratorState, GradientState
-
     import nmt
     import nmt.config
+    from nmt.compat import reset_accelerate_state
 
     real = nmt.config.load_config
 
@@ -676,8 +675,7 @@ def run_python(docs: Docs, cmd: Cmd, monkeypatch) -> None:
                 if source.startswith(start):
                     assert check(ns), f"{cmd.id}: {source}"
     finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+        reset_accelerate_state()
 
 
 RUNNERS = {"train": run_training, "run.sh variant": run_sh_variant, "nmt": run_nmt, "pip": run_pip,

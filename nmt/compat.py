@@ -1,0 +1,79 @@
+"""Every private or text-matched use of a third-party library, in one place, each checked by tests/test_compat.py.
+
+Checked against accelerate 1.15.0, torch 2.13.0 and datasets 5.2.0. When one of those tests fails after an
+upgrade, fix it here (and only here). Libraries are imported inside the functions: this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+# accelerate 1.15.0, accelerate/utils/other.py clean_state_dict_for_safetensors: logged by this logger as
+# f"Removed shared tensor {names} while saving. ..." (after a "[RANK n] " prefix on multi-process runs)
+TIED_NOTICE_LOGGER = "accelerate.utils.other"
+TIED_NOTICE_TEXT = "Removed shared tensor {'src_embed.weight'}"
+
+
+def accelerate_state_exists() -> bool:
+    """Whether accelerate's process-wide PartialState has been created (accelerate 1.15.0: the Borg dict
+    `PartialState._shared_state` is empty until then; there is no public query)."""
+    from accelerate.state import PartialState
+
+    return bool(PartialState._shared_state)
+
+
+def accelerate_state_is_empty() -> bool:
+    """No PartialState, AcceleratorState or GradientState exists in this process (accelerate 1.15.0)."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    return not (PartialState._shared_state or AcceleratorState._shared_state or GradientState._shared_state)
+
+
+def reset_accelerate_state() -> None:
+    """Forget accelerate's process-wide singletons (PartialState, AcceleratorState, GradientState), so another
+    Accelerator may start with other settings. accelerate 1.15.0: `_reset_state` is private (its own tests use it)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def mkldnn_bf16_supported() -> bool:
+    """Whether this CPU has oneDNN bf16 matmul kernels (AVX512-BF16 or AMX). torch 2.13.0: only the private
+    op `torch.ops.mkldnn._is_mkldnn_bf16_supported` answers it."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def dataset_fingerprint(ds) -> str:
+    """The content hash datasets keeps for a Dataset (datasets 5.2.0: the private `_fingerprint`, also what
+    `map(new_fingerprint=...)` chains from)."""
+    return ds._fingerprint
+
+
+def is_fsdp(accelerator) -> bool:
+    """Whether the run shards with FSDP (accelerate 1.15.0: `DistributedType.FSDP`, versions 1 and 2)."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type == DistributedType.FSDP
+
+
+class _TiedEmbeddingNotice(logging.Filter):
+    """Drops accelerate's "Removed shared tensor {'src_embed.weight'} while saving" warning, printed at every
+    checkpoint: the shared embedding is stored once on purpose and tied again when the model is built."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return TIED_NOTICE_TEXT not in record.getMessage()  # after a [RANK n] prefix
+
+
+@contextlib.contextmanager
+def tied_embedding_notice_muted():
+    """Within the block, accelerate's tied-embedding notice is not logged; the host's logging is left as it was."""
+    logger, quiet = logging.getLogger(TIED_NOTICE_LOGGER), _TiedEmbeddingNotice()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
