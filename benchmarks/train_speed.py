@@ -35,6 +35,7 @@ from nmt.config import ModelConfig  # noqa: E402
 from nmt.data import pair_cost  # noqa: E402
 from nmt.loss import label_smoothed_nll  # noqa: E402
 from nmt.model import Seq2SeqTransformer  # noqa: E402
+from nmt.objective import Seq2SeqLoss  # noqa: E402
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -149,8 +150,8 @@ def build_seed(dims: Dims) -> nn.Module:
 
 
 def loss_nmt(model, b: dict, smoothing: float) -> torch.Tensor:
-    """What nmt's train_step does for its own model: the loss comes out of forward (no (B,T,V) logits)."""
-    return model(b["src_ids"], b["tgt_in_ids"], labels=b["labels"], label_smoothing=smoothing)[0]
+    """What nmt's train_step does for its own model: Seq2SeqLoss calls its packed_loss (no (B,T,V) logits)."""
+    return Seq2SeqLoss(model, smoothing)(b["src_ids"], b["tgt_in_ids"], b["labels"]).loss
 
 
 def loss_nmt_logits(model, b: dict, smoothing: float) -> torch.Tensor:

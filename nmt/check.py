@@ -3,12 +3,12 @@
 `preflight(cfg)` reads and encodes the data (through the same cache as training), plans the epoch with the
 training sampler for the launch's process count, times a few real AdamW steps of the configured model,
 and returns a `Report` of numbers plus the problems found, each naming the setting to change.
-No Accelerate here: the probe runs on one device, as one process of the launch would.
+No Accelerate here: the probe runs training's own `train_step` on one device (`OneDevice`), as one process
+of the launch would.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
@@ -20,12 +20,14 @@ import torch
 
 from nmt.batching import TokenBatchSampler, deal
 from nmt.collate import Collator
-from nmt.config import ModelConfig, TrainConfig, auto_sizes, read_yaml, resolve_sizes
-from nmt.data import Corpus, bpe_dropout, pair_lengths, prepare
+from nmt.config import ModelConfig, TrainConfig, auto_sizes, read_yaml
+from nmt.data import bpe_dropout, pair_lengths, prepare
 from nmt.errors import NmtError
-from nmt.loss import label_smoothed_nll
 from nmt.model import Seq2SeqTransformer
+from nmt.objective import Seq2SeqLoss
 from nmt.tokenizer import EOS, UNK
+from nmt.training.sizing import sized_config
+from nmt.training.step import OneDevice, make_optim, train_step
 
 MIN_VALID_PAIRS = 100  # fewer validation pairs make BLEU differences between checkpoints noise
 MAX_DROPPED_SHARE = 0.5  # cleaning dropping more than this usually means misaligned or mis-parsed files
@@ -116,8 +118,8 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     if num_processes < 1:
         raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
     corpus = prepare(cfg.data, cfg.tokenizer)
-    cfg, chosen = resolve_sizes(cfg, corpus.stats["sizing_pairs"])  # what training will choose
-    model_cfg = model_config_for(cfg.model, corpus)
+    cfg, chosen = sized_config(cfg, corpus)  # what training will choose
+    model_cfg = cfg.model
     valid, dropout = corpus.splits["valid"], bpe_dropout(cfg, corpus)
     # under BPE-dropout, epoch 0's segmentation as training will see it (later epochs differ by a few steps)
     train = dropout.encoded(0) if dropout else corpus.splits["train"]
@@ -146,13 +148,6 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         probe(report, model, cfg, train, plan, src_len, tgt_len, probe_steps, device)
     report.problems = find_problems(report, cfg, model_cfg, int(np.max(corpus.splits["train"]["cost"])))
     return report
-
-
-def model_config_for(model: ModelConfig, corpus: Corpus) -> ModelConfig:
-    """The model config training would build: vocabulary sizes from the tokenizer (as nmt.train does)."""
-    return dataclasses.replace(model, src_vocab_size=corpus.tokenizer.src_vocab_size,
-                               tgt_vocab_size=corpus.tokenizer.tgt_vocab_size,
-                               share_embeddings=model.share_embeddings and corpus.tokenizer.joint)
 
 
 def _build(model_cfg: ModelConfig, seed: int) -> Seq2SeqTransformer:
@@ -225,12 +220,10 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, pl
     tokens of an epoch, so a probe that happened to draw short or long batches does not skew the estimate.
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = model.to(device).train()
-    o = cfg.optim
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                  weight_decay=o.weight_decay)
+    objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
+    optim, one = make_optim(objective, cfg), OneDevice(device, cfg.accum_steps)
     columns = train.select_columns(["src_ids", "tgt_ids"])
-    collate = Collator(pad_to_multiple_of=cfg.pad_to_multiple_of)
+    collate = Collator(pad_id=objective.pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     per_token, started = [], time.perf_counter()  # seconds per padded token of each timed step
@@ -238,7 +231,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, pl
         torch.manual_seed(cfg.seed)
         for i in range(steps + 1):  # step 0 warms up (allocator, kernels) and is not timed
             window = [_batch(columns, chunk, collate, device) for chunk in plan.micro_batches(i % len(plan))]
-            seconds = _timed_step(model, optimizer, window, o.label_smoothing, device)
+            seconds = _timed_step(one, objective, optim, window)
             if i > 0:
                 per_token.append(seconds / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window))
                 if time.perf_counter() - started > PROBE_BUDGET_S:
@@ -254,26 +247,20 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, pl
 
 
 def _batch(columns, chunk: np.ndarray, collate: Collator, device: torch.device) -> dict:
-    rows = columns[chunk.tolist()]
-    batch = collate([{"src_ids": s, "tgt_ids": t} for s, t in zip(rows["src_ids"], rows["tgt_ids"])])
-    return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.to(device) for k, v in collate.columns(columns[chunk.tolist()]).items()}
 
 
 def _padded(chunk: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray) -> int:
     return len(chunk) * int(src_len[chunk].max() + tgt_len[chunk].max()) if len(chunk) else 0
 
 
-def _timed_step(model, optimizer, window: list[dict], smoothing: float, device: torch.device) -> float:
-    """One optimizer step as training takes it (loss summed, divided by the step's tokens); its seconds."""
-    _sync(device)
+def _timed_step(one: OneDevice, objective: Seq2SeqLoss, optim, window: list[dict]) -> float:
+    """One optimizer step exactly as training takes it (`train_step`: the objective's packed loss, AdamW as
+    training builds it, clipping, the schedule); its seconds."""
+    _sync(one.device)
     start = time.perf_counter()
-    n_tokens = sum(int(b["labels"].ne(0).sum()) for b in window)
-    for b in window:
-        loss, _, _ = label_smoothed_nll(model(b["src_ids"], b["tgt_in_ids"]), b["labels"], 0, smoothing)
-        (loss / max(n_tokens, 1)).backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    _sync(device)
+    train_step(one, objective, optim, window)
+    _sync(one.device)
     return time.perf_counter() - start
 
 

@@ -40,3 +40,8 @@ class Collator:
             "tgt_in_ids": pad([[self.bos_id, *t] for t in tgt], self.pad_id, self.multiple_of),  # (B, T)
             "labels": pad([[*t, self.eos_id] for t in tgt], self.pad_id, self.multiple_of),  # (B, T)
         }
+
+    def columns(self, rows: dict[str, list]) -> dict[str, torch.Tensor]:
+        """The batch of `rows` given column-wise, as a Dataset returns them for a list of indices
+        (`ds[indices]`: {"src_ids": [[...], ...], "tgt_ids": [[...], ...]})."""
+        return self([{"src_ids": s, "tgt_ids": t} for s, t in zip(rows["src_ids"], rows["tgt_ids"])])

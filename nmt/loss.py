@@ -52,7 +52,7 @@ def label_smoothed_nll(logits: torch.Tensor, labels: torch.Tensor, pad_id: int,
     """logits (B, T, V), labels (B, T) -> (smoothed loss sum, nll sum, number of real tokens).
 
     Only positions whose label is not `pad_id` are scored, so padding costs no softmax. nmt's own model
-    does better: `model(src_ids, tgt_in_ids, labels=labels)` projects only the real positions to the vocabulary.
+    does better: `model.packed_loss(src_ids, tgt_in_ids, labels)` projects only the real positions to the vocabulary.
     """
     real = labels.ne(pad_id)  # (B, T)
     loss, nll = smoothed_cross_entropy(logits[real], labels[real], smoothing)

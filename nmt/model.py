@@ -356,18 +356,21 @@ class Seq2SeqTransformer(nn.Module):
         """(..., D) -> (..., V) through the output projection tied to the target embedding."""
         return F.linear(hidden, self.tgt_embed.weight)
 
-    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                label_smoothing: float = 0.0):
-        """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V).
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
+        """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) at every position, as cached decoding computes them."""
+        src = Packing(src_ids, self.cfg.pad_id)
+        memory = self.encode_packed(src_ids, src)  # (N_src, D)
+        return self.project(self.run_decoder(tgt_in_ids, None, memory, src, src_ids))  # (B, T, V)
 
-        With `labels` (B, T) it returns what `nmt.loss.label_smoothed_nll` would of those logits, (smoothed
-        loss sum, nll sum, number of real tokens), but projects only the real (non-pad) positions to the
-        vocabulary and never builds (B, T, V). The training step calls this, through DDP/FSDP's forward.
+    def packed_loss(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor,
+                    label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """What `nmt.loss.label_smoothed_nll` returns of the logits, (smoothed loss sum, nll sum, number of real
+        tokens), but only the real (non-pad) positions are projected to the vocabulary: no (B, T, V) tensor.
+
+        `nmt.objective.Seq2SeqLoss` calls it inside its forward, so DDP/FSDP see one forward per micro-batch.
         """
         src = Packing(src_ids, self.cfg.pad_id)
         memory = self.encode_packed(src_ids, src)  # (N_src, D)
-        if labels is None:  # every position, as cached decoding computes them
-            return self.project(self.run_decoder(tgt_in_ids, None, memory, src, src_ids))  # (B, T, V)
         tgt = Packing(tgt_in_ids, self.cfg.pad_id)
         hidden = self.run_decoder(tgt_in_ids, tgt, memory, src, src_ids)  # (N_tgt, D)
         real = labels.ne(self.cfg.pad_id)  # (B, T): the collator's labels are real where tgt_in_ids are

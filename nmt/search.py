@@ -251,3 +251,22 @@ def search_defaults(directory: Path) -> dict:
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
         raise NmtError(f"{path}: alpha must be a number, got {alpha!r}")
     return {"alpha": float(alpha)}
+
+
+def search_encoded(model, src_ids: list[list[int]], search: SearchConfig, batch_tokens: int,
+                   rank: int = 0, world_size: int = 1, device=None) -> dict[int, list[Hypothesis]]:
+    """Hypotheses for this process's share of `src_ids`, keyed by input position.
+
+    Inputs are sorted by length into batches of at most `batch_tokens` padded source tokens, and the
+    batches dealt round robin to `world_size` processes: each input is decoded exactly once overall.
+    """
+    from nmt.batching import eval_batches
+    from nmt.collate import pad
+
+    out: dict[int, list[Hypothesis]] = {}
+    lengths = [len(s) for s in src_ids]
+    for batch in eval_batches(lengths, batch_tokens, rank, world_size):
+        ids = pad([src_ids[i] for i in batch]).to(device)
+        for i, hyps in zip(batch.tolist(), beam_search(model, ids, search)):
+            out[i] = hyps
+    return out

@@ -15,33 +15,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nmt.batching import eval_batches
-from nmt.collate import pad
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
-from nmt.search import Hypothesis, SearchConfig, beam_search, search_defaults
+from nmt.search import SearchConfig, beam_search, search_defaults, search_encoded
 from nmt.tokenizer import PairTokenizer
 
 if TYPE_CHECKING:
     from nmt.export import CT2Model
 
 log = logging.getLogger(__name__)
-
-
-def search_encoded(model, src_ids: list[list[int]], search: SearchConfig, batch_tokens: int,
-                   rank: int = 0, world_size: int = 1, device=None) -> dict[int, list[Hypothesis]]:
-    """Hypotheses for this process's share of `src_ids`, keyed by input position.
-
-    Inputs are sorted by length into batches of at most `batch_tokens` padded source tokens, and the
-    batches dealt round robin to `world_size` processes: each input is decoded exactly once overall.
-    """
-    out: dict[int, list[Hypothesis]] = {}
-    lengths = [len(s) for s in src_ids]
-    for batch in eval_batches(lengths, batch_tokens, rank, world_size):
-        ids = pad([src_ids[i] for i in batch]).to(device)
-        for i, hyps in zip(batch.tolist(), beam_search(model, ids, search)):
-            out[i] = hyps
-    return out
 
 
 class Translator:

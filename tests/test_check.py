@@ -9,7 +9,7 @@ import torch
 from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
 
 from nmt.batching import TokenBatchSampler
-from nmt.check import activation_bytes, launch_processes, model_config_for, preflight
+from nmt.check import activation_bytes, launch_processes, preflight
 from nmt.cli import main
 from nmt.config import DataConfig, ModelConfig
 from nmt.data import pair_lengths, prepare
@@ -17,6 +17,7 @@ from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.model import Seq2SeqTransformer
 from nmt.synthetic import generate_pairs
+from nmt.training.sizing import sized_config
 from tests.conftest import tiny_config, write_pairs
 
 ROOT = Path(__file__).parent.parent
@@ -95,7 +96,7 @@ def test_time_line_says_how_far_max_minutes_gets(report):
 
 
 def test_parameters_and_memory(cfg, report):
-    model = Seq2SeqTransformer(model_config_for(cfg.model, prepare(cfg.data, cfg.tokenizer)))
+    model = Seq2SeqTransformer(sized_config(cfg, prepare(cfg.data, cfg.tokenizer))[0].model)
     assert report.n_params == model.num_parameters()
     assert report.memory["states"] == 16 * report.n_params
     assert report.memory["total"] == report.memory["states"] + report.memory["activations"] > 0

@@ -207,7 +207,8 @@ def test_batch_leading_contract():
     """Every tensor that crosses the model's API or leaves the collator has dim 0 == B, and B=3 differs
     from every other dim (S=5, T=7, D=16, V=24, H=2), so a tensor laid out any other way would show."""
     B, S, T = 3, 5, 7
-    assert tensor_params(Seq2SeqTransformer.forward) == ["src_ids", "tgt_in_ids", "labels"]  # labels: optional
+    assert tensor_params(Seq2SeqTransformer.forward) == ["src_ids", "tgt_in_ids"]
+    assert tensor_params(Seq2SeqTransformer.packed_loss) == ["src_ids", "tgt_in_ids", "labels"]
     assert tensor_params(Seq2SeqTransformer.encode) == ["src_ids"]
     assert tensor_params(Seq2SeqTransformer.decode) == ["tgt_in_ids", "memory", "src_ids"]
     gen = torch.Generator().manual_seed(0)
@@ -219,7 +220,8 @@ def test_batch_leading_contract():
     model = tiny_model(seed=0, vocab=V)
     with torch.no_grad():
         assert model(batch["src_ids"], batch["tgt_in_ids"]).shape == (B, T, V)
-        assert model(batch["src_ids"], batch["tgt_in_ids"], labels=batch["labels"])[2] == int(batch["labels"].ne(PAD).sum())
+        n_real = model.packed_loss(batch["src_ids"], batch["tgt_in_ids"], batch["labels"])[2]
+        assert n_real == int(batch["labels"].ne(PAD).sum())
         memory = model.encode(batch["src_ids"])
         assert memory.shape == (B, S, 16)
         cache = model.start_cache(memory, batch["src_ids"])
@@ -233,7 +235,7 @@ def test_batch_leading_contract():
 @settings(max_examples=20, deadline=None)
 @given(model=models(), batch=batches(), smoothing=st.sampled_from([0.0, 0.1]), shorter_labels=st.booleans())
 def test_loss_from_labels_equals_the_loss_of_the_logits(model, batch, smoothing, shorter_labels):
-    """forward(..., labels=) runs position-wise layers and the output projection on real tokens only; its
+    """packed_loss(src_ids, tgt_in_ids, labels) runs position-wise layers and the output projection on real tokens only; its
     loss, nll, count and every parameter's gradient equal those of label_smoothed_nll over the full (B, T, V)
     logits. Also when labels are padding where tgt_in_ids are not (`shorter_labels`)."""
     from nmt.loss import label_smoothed_nll
@@ -250,7 +252,7 @@ def test_loss_from_labels_equals_the_loss_of_the_logits(model, batch, smoothing,
         model.load_state_dict(state)
         model.zero_grad(set_to_none=True)
         if path == "labels":
-            loss, nll, n = model(src_ids, tgt_in_ids, labels=labels, label_smoothing=smoothing)
+            loss, nll, n = model.packed_loss(src_ids, tgt_in_ids, labels, smoothing)
         else:
             loss, nll, n = label_smoothed_nll(model(src_ids, tgt_in_ids), labels, PAD, smoothing)
         if n:

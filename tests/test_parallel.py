@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
+from nmt.compat import reset_accelerate_state
 from nmt.launch import launch
 from tests.conftest import tiny_config
 
@@ -27,8 +27,7 @@ ATOL = 1e-6
 
 
 def _reset():
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
 
 
 def run_training(cfg) -> None:  # top level: launched processes import it by name
@@ -85,7 +84,9 @@ def record_epoch_and_validation(cfg, out: str) -> None:
     from nmt.batching import TokenBatchSampler
     from nmt.data import prepare
     from nmt.model import Seq2SeqTransformer
-    from nmt.train import validate
+    from nmt.objective import Seq2SeqLoss
+    from nmt.training.evaluation import validate
+    from nmt.training.state import Run
 
     accelerator = Accelerator(cpu=True)
     corpus = prepare(cfg.data, cfg.tokenizer, accelerator.main_process_first)
@@ -96,7 +97,7 @@ def record_epoch_and_validation(cfg, out: str) -> None:
     from dataclasses import replace
     model = Seq2SeqTransformer(replace(cfg.model, src_vocab_size=corpus.tokenizer.src_vocab_size,
                                        tgt_vocab_size=corpus.tokenizer.tgt_vocab_size))
-    metrics = validate(accelerator, cfg, model, corpus)
+    metrics = validate(Run(accelerator, cfg, corpus, Seq2SeqLoss(model)))
     everything = accelerator.gather_for_metrics([seen], use_gather_object=True)
     if accelerator.is_main_process:
         Path(out).write_text(json.dumps({"indices": everything, "metrics": metrics, "n": len(corpus.splits["train"]),

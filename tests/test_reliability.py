@@ -12,21 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
 from nmt import Seq2SeqTransformer, train
 from nmt.checkpoint import COMPLETE, list_checkpoints, prune, resolve_resume
+from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 
 ROOT = Path(__file__).parent.parent
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def train_args(corpus_dir: Path, tmp: Path, run: str, steps: int) -> list[str]:
@@ -135,10 +131,10 @@ def test_second_signal_exits_at_once(corpus_dir, tmp_path):
 
 def test_a_repeat_within_a_second_is_the_same_signal(monkeypatch):
     """Under SLURM + torchrun a worker gets SIGTERM twice in a few milliseconds: still one graceful stop."""
-    from nmt.train import StopSignals
+    from nmt.training.loop import StopSignals
 
     exits = []
-    monkeypatch.setattr(sys.modules["nmt.train"].os, "_exit", exits.append)
+    monkeypatch.setattr(sys.modules["nmt.training.loop"].os, "_exit", exits.append)
     stop = StopSignals()
     stop._handle(signal.SIGTERM, None)
     stop._handle(signal.SIGTERM, None)
@@ -234,8 +230,7 @@ def test_malicious_pickle_in_a_checkpoint_is_refused(tiny_cfg):
     MARKER.unlink(missing_ok=True)
     tiny_cfg.max_steps = 6
     train(tiny_cfg)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     last = list_checkpoints(tiny_cfg.output_dir)[-1]
     for name in ("optimizer.bin", "random_states_0.pkl"):
         (last / name).write_bytes(pickle.dumps(Boom()))

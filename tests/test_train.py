@@ -6,20 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
 from nmt import Translator, train
 from nmt.checkpoint import list_checkpoints
+from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
-from nmt.train import inverse_sqrt
+from nmt.training.step import inverse_sqrt
 
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def test_train_writes_everything_and_translates(tiny_cfg):
@@ -44,8 +39,7 @@ def test_train_writes_everything_and_translates(tiny_cfg):
 def test_resume_continues_at_the_saved_step(tiny_cfg):
     tiny_cfg.max_steps = 6
     train(tiny_cfg)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     tiny_cfg.max_steps, tiny_cfg.resume = 12, "latest"
     result = train(tiny_cfg)
     rows = [json.loads(line) for line in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -69,12 +63,10 @@ def test_resumed_run_equals_uninterrupted_run(corpus_dir, tmp_path, bpe_dropout)
     common = dict(max_steps=12, save_every=6, eval_every=100, tokenizer=tok, max_tokens=2000)
     whole = tiny_config(corpus_dir, tmp_path / "a", **common)
     train(whole)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     split = tiny_config(corpus_dir, tmp_path / "b", **common | {"max_steps": 6})
     train(split)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     split.max_steps, split.resume = 12, "latest"
     train(split)
     a = load_file(Path(whole.output_dir) / "checkpoints" / "step_12" / "model.safetensors")
@@ -176,8 +168,7 @@ def test_sizes_left_to_the_corpus_are_chosen_recorded_and_kept_on_resume(corpus_
     info = describe(result.model_dir)
     assert info["architecture"]["d_model"] == 32 and info["architecture"]["size"] == "tiny"
     assert info["vocab"]["src"] <= 1000
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     monkeypatch.setattr("nmt.config.auto_sizes", lambda n: AutoSizes(n, 500, "small"))  # the rule changed since
     cfg.max_steps, cfg.resume = 6, "latest"
     assert train(cfg).steps == 6  # the checkpoint's model and tokenizer again, not the new rule's
@@ -190,7 +181,7 @@ def test_tune_alpha_decodes_validation_only_and_the_model_keeps_the_best(tiny_cf
     from nmt.cli import main
     from nmt.info import describe, lines
 
-    train_module = importlib.import_module("nmt.train")  # `nmt.train` itself is the function
+    train_module = importlib.import_module("nmt.training.evaluation")  # validation decodes through nmt.search
     decoded = []
     real = train_module.search_encoded
 
@@ -227,7 +218,7 @@ def test_tune_alpha_decodes_validation_only_and_the_model_keeps_the_best(tiny_cf
 
 
 def test_best_alpha_prefers_the_default_among_equals():
-    from nmt.train import best_alpha
+    from nmt.training.evaluation import best_alpha
 
     assert best_alpha({0.6: 30.0, 1.0: 31.0, 1.4: 29.0}, 0.6) == 1.0
     assert best_alpha({0.0: 31.0, 0.6: 31.0, 1.0: 31.0}, 0.6) == 0.6

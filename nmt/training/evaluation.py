@@ -1,0 +1,170 @@
+"""Validation during training: loss and BLEU/chrF on the validation set, keeping the best model,
+checkpoint averaging and tuning the length penalty. Decodes through `nmt.search`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+from accelerate.logging import get_logger
+
+from nmt import checkpoint as ckpt
+from nmt.batching import eval_batches
+from nmt.collate import Collator
+from nmt.compat import is_fsdp
+from nmt.metrics import corpus_scores
+from nmt.model import Seq2SeqTransformer
+from nmt.search import SEARCH_FILE, SearchConfig, search_encoded
+from nmt.training.artifacts import log_metrics, plain_weights, save_model_dir
+from nmt.training.state import Run
+
+log = get_logger(__name__)
+
+
+@torch.no_grad()
+def validate(run: Run) -> dict:
+    """Validation loss/perplexity and BLEU/chrF over exactly the validation set, on all processes."""
+    run.objective.eval()
+    metrics = valid_loss(run)
+    metrics.update(valid_bleu(run))
+    return metrics
+
+
+def valid_loss(run: Run) -> dict:
+    """Summed nll of the validation set through the objective (its packed path), this process's share."""
+    accelerator, valid = run.accelerator, run.corpus.splits["valid"]
+    rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
+    sums = torch.zeros(2, dtype=torch.float64, device=device)
+    collate, columns = Collator(pad_id=run.pad_id), valid.select_columns(["src_ids", "tgt_ids"])
+    for batch in eval_batches(valid["cost"], run.cfg.max_tokens, rank, world):
+        b = {k: v.to(device) for k, v in collate.columns(columns[batch.tolist()]).items()}
+        _, nll, n = run.objective(b["src_ids"], b["tgt_in_ids"], b["labels"])
+        sums += torch.tensor([float(nll), n], dtype=torch.float64, device=device)
+    sums = accelerator.reduce(sums, "sum")
+    nll = float(sums[0] / sums[1])
+    return {"valid_nll": nll, "valid_ppl": math.exp(min(nll, 50))}
+
+
+def valid_bleu(run: Run) -> dict:
+    """Decode this process's share of the validation sources, gather all, score once."""
+    base, accelerator = run.model, run.accelerator
+    if not (hasattr(base, "encode") and hasattr(base, "decode")):
+        return {}  # a user's model without encode/decode: loss only
+    rank, world = accelerator.process_index, accelerator.num_processes
+    if is_fsdp(accelerator):
+        # sharded weights: decode with a gathered full copy on the main process (validation only)
+        base, rank, world = gathered_copy(run), 0, 1
+    return score_valid(run, base, SearchConfig(beam_size=run.cfg.eval_beam), (rank, world))
+
+
+def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) -> dict:
+    """BLEU/chrF of `base` (an unwrapped model, or None on processes that decode nothing) searching with
+    `search` on the validation set: this process decodes share (rank, world), the main one scores."""
+    valid, cfg = run.corpus.splits["valid"], run.cfg
+    n = min(len(valid), cfg.eval_max_sentences or len(valid))
+    src_ids = valid.select(range(n))["src_ids"]
+    found = {} if base is None else search_encoded(base, src_ids, search, cfg.max_tokens, *share,
+                                                   run.accelerator.device)
+    mine = [(i, hyps[0].tokens) for i, hyps in found.items()]
+    gathered = dict(run.accelerator.gather_for_metrics(mine, use_gather_object=True))  # index -> tokens, each once
+    hyps = run.corpus.tokenizer.decode_tgt([gathered[i] for i in range(n)])
+    scores = corpus_scores(hyps, valid.select(range(n))["tgt"])
+    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
+
+
+def gathered_copy(run: Run):
+    """On the main process, an unsharded copy of an FSDP model (None elsewhere)."""
+    state = plain_weights(run.accelerator, run.objective)  # every process takes part; full weights on the main one
+    if not run.is_main:
+        return None
+    base = run.model
+    copy = type(base)(base.cfg).to(run.accelerator.device)
+    copy.load_state_dict(state)
+    return copy.eval()
+
+
+def _shown(metrics: dict) -> str:
+    return " ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
+
+
+def evaluate_and_keep_best(run: Run) -> None:
+    """Validate; a better score than before replaces best/. Logged, and one line on the terminal."""
+    state = run.state
+    metrics = validate(run)
+    score = metrics.get("bleu", -metrics["valid_nll"])
+    improved = score > state.best_score
+    state.evals_since_best = 0 if improved else state.evals_since_best + 1
+    if improved:
+        state.best_score, state.best_step = score, state.step
+        save_model_dir(run, run.out / "best", metrics)
+    log_metrics(run, {k: v for k, v in metrics.items() if not isinstance(v, str)})
+    if run.is_main:
+        print(f"\nvalid @ step {state.step}: {_shown(metrics)}{' (best)' if improved else ''}", file=sys.stderr,
+              flush=True)
+
+
+def try_average(run: Run) -> None:
+    """Average the last `average_last` checkpoints; it replaces best/ when it validates at least as well."""
+    from nmt.average import average_weights, load_into
+
+    found = ckpt.list_checkpoints(run.out)[-run.cfg.average_last:]
+    if is_fsdp(run.accelerator):
+        log.warning("average_last is not supported under FSDP yet: use `nmt average` on the checkpoints",
+                    main_process_only=True)
+        return
+    if len(found) < 2:
+        return
+    load_into(run.model, average_weights(found))  # every process loads the same files, so all agree
+    metrics = validate(run)
+    score = metrics.get("bleu", -metrics["valid_nll"])
+    names = ", ".join(d.name for d in found)
+    if run.is_main:
+        print(f"average of {names}: {_shown(metrics)} (best single: {run.state.best_score:.2f})", file=sys.stderr,
+              flush=True)
+    if score >= run.state.best_score:
+        run.state.best_score = score
+        save_model_dir(run, run.out / "best", {**metrics, "averaged": names})
+
+
+@torch.no_grad()
+def tune_alpha(run: Run, model_dir: Path) -> dict:
+    """Decode the validation set with the model kept in `model_dir`, with beam eval_beam, once for each length
+    penalty of cfg.tune_alpha and the default; the best BLEU's alpha (`best_alpha`) is written to
+    `model_dir/search.json`, where Translator takes its default alpha from, and logged to metrics.jsonl."""
+    accelerator, cfg = run.accelerator, run.cfg
+    if not isinstance(run.model, Seq2SeqTransformer):
+        log.warning("tune_alpha: only nmt's own model can be reloaded for tuning; skipped", main_process_only=True)
+        return {}
+    kept = Seq2SeqTransformer.from_pretrained(model_dir).to(accelerator.device).eval()  # every process: its share
+    default, share = SearchConfig().alpha, (accelerator.process_index, accelerator.num_processes)
+    bleu = {alpha: score_valid(run, kept, SearchConfig(beam_size=cfg.eval_beam, alpha=alpha), share)["bleu"]
+            for alpha in sorted({*cfg.tune_alpha, default})}
+    alpha = best_alpha(bleu, default)
+    if run.is_main:
+        _write_search_file(run, model_dir, alpha, bleu)
+    log_metrics(run, {"tuned_alpha": alpha, "tuned_alpha_bleu": bleu[alpha], "default_alpha_bleu": bleu[default]})
+    accelerator.wait_for_everyone()
+    return {"alpha": alpha}
+
+
+def _write_search_file(run: Run, model_dir: Path, alpha: float, bleu: dict[float, float]) -> None:
+    valid, beam = run.corpus.splits["valid"], run.cfg.eval_beam
+    n = min(len(valid), run.cfg.eval_max_sentences or len(valid))
+    found = {"alpha": alpha, "beam_size": beam, "tuned_on": f"{n} validation pairs",
+             "bleu": {str(a): b for a, b in bleu.items()}}
+    tmp = model_dir / f".{SEARCH_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(found, indent=2))
+    os.replace(tmp, model_dir / SEARCH_FILE)
+    print(f"length penalty tuned on validation (beam {beam}): alpha {alpha} "
+          f"(BLEU {bleu[alpha]:.2f}; " + ", ".join(f"{a}: {b:.2f}" for a, b in bleu.items()) + ")",
+          file=sys.stderr, flush=True)
+
+
+def best_alpha(bleu: dict[float, float], default: float) -> float:
+    """The alpha of the highest BLEU; among equals the default, else the one nearest to it (then the smaller)."""
+    top = max(bleu.values())
+    return min((a for a, b in bleu.items() if b == top), key=lambda a: (abs(a - default), a))

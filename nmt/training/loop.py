@@ -1,0 +1,185 @@
+"""The training loop: steps until done, with accumulation windows, stop signals, a time budget, early
+stopping, the progress line, and when to log, validate and checkpoint."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+
+from accelerate.logging import get_logger
+
+from nmt import checkpoint as ckpt
+from nmt.errors import NmtError
+from nmt.training.artifacts import log_metrics, save_checkpoint
+from nmt.training.evaluation import evaluate_and_keep_best
+from nmt.training.state import Run
+from nmt.training.step import Optim, StepStats, train_step
+
+log = get_logger(__name__)
+
+
+class StopSignals:
+    """SIGTERM/SIGINT (preemption, Ctrl-C): the first asks the loop to stop after the current step and
+    checkpoint; a second one exits at once. Only installed in the main thread.
+
+    A repeat within `echo_s` seconds counts as the same event: under SLURM every process gets SIGTERM and
+    the launcher (torchrun) forwards its own copy to the workers a moment later.
+    """
+
+    echo_s = 1.0
+
+    def __init__(self):
+        self.received: str | None = None
+        self.at = 0.0
+        self.previous: dict = {}
+
+    def __enter__(self) -> StopSignals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            if time.monotonic() - self.at < self.echo_s:
+                return
+            os._exit(128 + signum)
+        self.received, self.at = signal.Signals(signum).name, time.monotonic()
+        print(f"\nnmt: {self.received} received: finishing this step and saving a checkpoint "
+              "(send it again to exit at once)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+class Meter:
+    """Averages of training statistics between two log lines, and throughput."""
+
+    def __init__(self):
+        self.start, self.loss, self.nll, self.tokens, self.steps = time.perf_counter(), 0.0, 0.0, 0, 0
+
+    def add(self, stats: StepStats) -> None:
+        self.loss += stats.loss * stats.tokens
+        self.nll += stats.nll * stats.tokens
+        self.tokens += stats.tokens
+        self.steps += 1
+
+    def flush(self) -> dict:
+        elapsed = time.perf_counter() - self.start
+        n = max(self.tokens, 1)
+        out = {"loss": self.loss / n, "nll": self.nll / n, "ppl": math.exp(min(self.nll / n, 50)),
+               "tokens_per_s": self.tokens / max(elapsed, 1e-9), "steps_per_s": self.steps / max(elapsed, 1e-9)}
+        self.__init__()
+        return out
+
+
+class TokenRate:
+    """Target tokens per second of the training steps themselves (validation and checkpoints not counted),
+    smoothed exponentially as tqdm smooths its own rate."""
+
+    def __init__(self, smoothing: float = 0.3):
+        self.smoothing, self.value = smoothing, None
+
+    def update(self, tokens: int, seconds: float) -> str:
+        now = tokens / max(seconds, 1e-9)
+        self.value = now if self.value is None else self.smoothing * now + (1 - self.smoothing) * self.value
+        return f"{self.value:.0f}"
+
+
+def progress(accelerator, total: int, initial: int):
+    """The main process's one live line: `train: 40%|...| 200/500 [01:10<01:45, 2.9step/s, epoch=3, loss=3.412,
+    lr=1.2e-03, tok/s=14210]` (steps done/total, elapsed<ETA, then the postfix set by the loop). Other ranks are silent."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not accelerator.is_main_process, desc="train", unit="step",
+                dynamic_ncols=True, file=sys.stderr)
+
+
+def micro_batches(loader):
+    """Endless micro-batches; each pass over the loader finishes an epoch (the sampler advances it)."""
+    while True:
+        yield from loader
+
+
+class Loop:
+    """Trains `run` until `total` steps, a stop signal, the time budget or patience ends it."""
+
+    def __init__(self, run: Run, optim: Optim, loader, sampler, total: int):
+        self.run, self.optim, self.loader, self.sampler, self.total = run, optim, loader, sampler, total
+        self.meter, self.rate, self.started = Meter(), TokenRate(), time.monotonic()
+        self.stopped_by: str | None = None
+
+    def __call__(self, signals: StopSignals) -> str | None:
+        """Returns why it stopped early ("SIGTERM", "SIGINT", "time", "patience"), or None."""
+        batches, state = micro_batches(self.loader), self.run.state
+        bar = progress(self.run.accelerator, self.total, state.step)
+        while state.step < self.total and self.stopped_by is None:
+            self.one_step(batches, signals, bar)
+            self.after_step()
+        bar.close()
+        return self.stopped_by
+
+    def one_step(self, batches, signals: StopSignals, bar) -> None:
+        run, state, cfg = self.run, self.run.state, self.run.cfg
+        step_start = time.perf_counter()
+        window = [to_device(next(batches), run.accelerator.device) for _ in range(cfg.accum_steps)]
+        out_of_time = cfg.max_minutes is not None and time.monotonic() - self.started > 60 * cfg.max_minutes
+        stats = train_step(run.accelerator, run.objective, self.optim, window, stop=bool(signals.received) or out_of_time)
+        state.step += 1
+        state.tokens_seen += stats.tokens
+        state.sampler = self.sampler.state_dict()
+        note_finite(run, stats.finite)
+        self.meter.add(stats)
+        # refresh=False: the line is redrawn by update() at most every 0.1 s, not on every step
+        bar.set_postfix({"epoch": self.sampler.epoch, "loss": f"{stats.loss:.3f}", "lr": f"{self.lr:.2e}",
+                         "tok/s": self.rate.update(stats.tokens, time.perf_counter() - step_start)}, refresh=False)
+        bar.update(1)
+        if stats.stop:  # any process was signalled or is out of time: all stop after this same step
+            self.stopped_by = signals.received or ("time" if out_of_time else "SIGTERM")
+
+    @property
+    def lr(self) -> float:
+        return self.optim.scheduler.get_last_lr()[0]
+
+    def after_step(self) -> None:
+        """Log, validate (and stop early on patience) and checkpoint, as the step number says."""
+        run, state, cfg = self.run, self.run.state, self.run.cfg
+        last = state.step == self.total or self.stopped_by == "time"
+        if state.step % cfg.log_every == 0 or last:
+            log_metrics(run, {**self.meter.flush(), "lr": self.lr, "epoch": self.sampler.epoch,
+                              "skipped_steps": state.skipped_steps})
+        if (state.step % cfg.eval_every == 0 or last) and self.stopped_by in (None, "time"):
+            evaluate_and_keep_best(run)
+            if cfg.patience is not None and state.evals_since_best >= cfg.patience and not last:
+                self.stopped_by = "patience"  # no better validation score for `patience` evaluations
+                log.info(f"early stop at step {state.step}: best was step {state.best_step}", main_process_only=True)
+        if state.step % cfg.save_every == 0 or last or self.stopped_by:
+            save_checkpoint(run)
+
+
+def note_finite(run: Run, finite: bool) -> None:
+    """Count skipped (non-finite) steps; too many in a row stop training with a checkpoint and a message."""
+    state = run.state
+    if finite:
+        state.bad_in_row = 0
+        return
+    state.skipped_steps += 1
+    state.bad_in_row += 1
+    log.warning(f"step {state.step}: non-finite loss or gradient, update skipped "
+                f"({state.skipped_steps} so far, {state.bad_in_row} in a row)", main_process_only=True)
+    if state.bad_in_row >= run.cfg.max_bad_steps:
+        save_checkpoint(run)
+        raise NmtError(f"stopped at step {state.step}: {state.bad_in_row} steps in a row had a non-finite loss or "
+                       f"gradient (the weights are those of the last good step, saved in "
+                       f"{ckpt.checkpoints_dir(run.out)}); lower optim.lr, check the data, or use bf16 "
+                       "instead of fp16")
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

@@ -1,0 +1,89 @@
+"""`train(cfg)`: a run from start to finish, calling the jobs of the other modules in order.
+
+State lives in Accelerate (`save_state` of the objective, optimizer, scheduler and RNG) plus our JSON
+`TrainState`. The same code runs on 1 process, N processes or N nodes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from accelerate.utils import set_seed
+
+from nmt import checkpoint as ckpt
+from nmt.compat import accelerate_state_exists, reset_accelerate_state
+from nmt.config import TrainConfig
+from nmt.data import prepare
+from nmt.objective import pad_id_of
+from nmt.training.artifacts import publish_final, start_run
+from nmt.training.evaluation import try_average, tune_alpha
+from nmt.training.loop import Loop, StopSignals
+from nmt.training.setup import (
+    build_model,
+    check_trackers,
+    make_accelerator,
+    make_loader,
+    prepare_objective,
+    resume,
+    resumed_sizes,
+    run_sizes,
+)
+from nmt.training.state import Run, TrainResult, TrainState
+
+
+def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult:
+    """Train a model as `cfg` says; `model` (optional) is your own nn.Module following the contract
+    `forward(src_ids, tgt_in_ids) -> logits (B, T, V)`. Returns where the final model was saved.
+
+    In a single process (a notebook, a script) Accelerate's process-wide state is cleared again at the
+    end, so train() can be called again with other settings, or followed by notebook_launcher.
+    """
+    from accelerate.state import PartialState
+
+    fresh = not accelerate_state_exists()
+    try:
+        return _train(cfg, model)
+    finally:
+        if fresh and accelerate_state_exists() and PartialState().num_processes == 1:
+            reset_accelerate_state()
+
+
+def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
+    check_trackers(cfg.log_with)
+    accelerator = make_accelerator(cfg)
+    set_seed(cfg.seed)
+    cfg = resumed_sizes(cfg)
+    corpus = prepare(cfg.data, cfg.tokenizer, accelerator.main_process_first)
+    cfg = run_sizes(accelerator, cfg, corpus)
+    model = build_model(cfg, corpus.tokenizer, model)
+    loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))
+    objective, optim = prepare_objective(accelerator, cfg, model)
+    run = Run(accelerator, cfg, corpus, objective)
+    if cfg.resume:
+        run.state = resume(run, sampler)
+    # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
+    total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch(0)
+    start_run(run)
+    with StopSignals() as signals:
+        stopped_by = Loop(run, optim, loader, sampler, total)(signals)
+    if stopped_by in ("SIGTERM", "SIGINT"):
+        accelerator.end_training()
+        return TrainResult(None, run.state.step, stopped_by=stopped_by,
+                           checkpoint=ckpt.list_checkpoints(cfg.output_dir)[-1])
+    return finish(run)
+
+
+
+def finish(run: Run) -> TrainResult:
+    """The final model directory: the checkpoint average if asked for and no worse, else best/."""
+    if run.cfg.average_last > 1:
+        try_average(run)
+    final = publish_final(run)
+    tuned = tune_alpha(run, final) if run.cfg.tune_alpha else {}
+    run.accelerator.end_training()
+    summary = json.loads((final / "training.json").read_text())
+    return TrainResult(final, run.state.step, {**summary["metrics"], **tuned})
+
+
+__all__ = ["TrainResult", "TrainState", "train"]

@@ -1,0 +1,172 @@
+"""Everything before the first step: the Accelerator, the data pipeline, the model and its objective, the
+optimizer, `prepare`, and restoring a checkpoint."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.logging import get_logger
+from torch.utils.data import DataLoader
+
+from nmt import checkpoint as ckpt
+from nmt.batching import TokenBatchSampler
+from nmt.collate import Collator
+from nmt.compat import is_fsdp
+from nmt.config import TrainConfig, pin_sizes, read_yaml
+from nmt.data import Corpus, bpe_dropout, pair_lengths
+from nmt.errors import NmtError
+from nmt.model import Seq2SeqTransformer
+from nmt.objective import Seq2SeqLoss
+from nmt.tokenizer import PairTokenizer
+from nmt.training.sizing import sized_config
+from nmt.training.state import Run, TrainState
+from nmt.training.step import make_optim
+
+log = get_logger(__name__)
+
+
+def check_trackers(names: list) -> None:
+    """Every `log_with` name must be a tracker accelerate knows and whose package is installed: accelerate
+    itself drops an unavailable one with a debug message, and the run would log nowhere without a word."""
+    import accelerate.utils
+    from accelerate.utils import LoggerType
+
+    known = {t.value for t in LoggerType} - {"all"}
+    for name in (n for n in names if isinstance(n, str)):  # tracker objects (GeneralTracker) pass as they are
+        if name not in known:
+            raise NmtError(f"log_with: unknown tracker '{name}'; accelerate knows {', '.join(sorted(known))}")
+        if not getattr(accelerate.utils, f"is_{name}_available")():
+            raise NmtError(f"log_with: tracker '{name}' is not installed; pip install {name} "
+                           "(or remove it: metrics.jsonl is always written)")
+
+
+def make_accelerator(cfg: TrainConfig) -> Accelerator:
+    return Accelerator(
+        # without a GPU, processes started by torchrun (accelerate launch) must still join one gloo group
+        cpu=not torch.cuda.is_available(),
+        gradient_accumulation_steps=cfg.accum_steps,
+        log_with=cfg.log_with or None,
+        project_dir=cfg.output_dir,
+        # batches are sharded by our own sampler, so one scheduler step per optimizer step
+        dataloader_config=DataLoaderConfiguration(split_batches=True),
+    )
+
+
+def run_sizes(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus) -> TrainConfig:
+    """`cfg` with every size resolved (`sized_config`); the sizes chosen for the corpus are printed."""
+    cfg, chosen = sized_config(cfg, corpus)
+    if chosen and accelerator.is_main_process:
+        print(f"nmt: sizes chosen for {corpus.stats['sizing_pairs']:,} training pairs (auto_sizes; set them to "
+              f"override): {'; '.join(chosen)}", flush=True)
+    return cfg
+
+
+def resumed_sizes(cfg: TrainConfig) -> TrainConfig:
+    """On resume, the sizes the run was started with (its config.yaml), whatever auto_sizes says now."""
+    saved = Path(cfg.output_dir) / "config.yaml"
+    return pin_sizes(cfg, read_yaml(saved)) if cfg.resume and saved.is_file() else cfg
+
+
+def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Module | None) -> torch.nn.Module:
+    """nmt's model as `cfg.model` says, or the user's own (checked against the contract); compiled if asked."""
+    model = model if model is not None else Seq2SeqTransformer(cfg.model)
+    check_contract(model, tokenizer)
+    if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
+        model.compile()
+    return model
+
+
+def check_contract(model: torch.nn.Module, tokenizer: PairTokenizer) -> None:
+    """A clear error when a user's model does not follow forward(src_ids, tgt_in_ids) -> (B, T, V)."""
+    if not isinstance(model, torch.nn.Module):
+        raise NmtError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    name = type(model).__name__
+    params = [p for p in inspect.signature(model.forward).parameters.values()
+              if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) != 2:
+        raise NmtError(f"{name}.forward must take exactly (src_ids, tgt_in_ids) and derive masks itself; "
+                       f"it requires {[p.name for p in params]}")
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model(torch.tensor([[5, 6, 3]], device=device), torch.tensor([[2, 5]], device=device))
+    if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != (1, 2):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise NmtError(f"{name}.forward(src_ids (1,3), tgt_in_ids (1,2)) returned {shape}; expected logits (1, 2, V)")
+    if out.shape[2] != tokenizer.tgt_vocab_size:
+        raise NmtError(f"{name} predicts {out.shape[2]} classes but the target vocabulary has "
+                       f"{tokenizer.tgt_vocab_size} tokens; build it with tgt_vocab_size={tokenizer.tgt_vocab_size}")
+    for attr in ("pad_id", "bos_id", "eos_id"):
+        if not hasattr(getattr(model, "cfg", None), attr) and not hasattr(model, attr):
+            raise NmtError(f"{name} needs an attribute {attr} (or cfg.{attr}); nmt's tokenizers use pad 0, bos 2, eos 3")
+
+
+def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, pad_id: int):
+    """The training DataLoader and its TokenBatchSampler (this process's share of every optimizer step)."""
+    train = corpus.splits["train"]
+    dropout = bpe_dropout(cfg, corpus)
+    sampler = TokenBatchSampler(train["cost"], cfg.max_tokens, accelerator.process_index,
+                                accelerator.num_processes, cfg.accum_steps, cfg.seed,
+                                ties=pair_lengths(train)[0],  # source lengths: less padding
+                                epoch_lengths=dropout.lengths if dropout else None)
+    plain = train.select_columns(["src_ids", "tgt_ids"])
+    # no worker processes: the BPE-dropout view reads sampler.epoch when a batch is fetched
+    loader = DataLoader(dropout.view(lambda: sampler.epoch) if dropout else plain, batch_sampler=sampler,
+                        collate_fn=Collator(pad_id=pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of),
+                        # its own generator: each new iterator draws a seed, and drawing it from the global
+                        # RNG would shift dropout after a resume (which starts a fresh iterator mid-epoch)
+                        generator=torch.Generator())
+    return loader, sampler
+
+
+def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> tuple:
+    """The model's `Seq2SeqLoss`, its optimizer and schedule, through `Accelerator.prepare`."""
+    objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=not is_fsdp(accelerator))
+    optim = make_optim(objective, cfg)
+    if is_fsdp(accelerator):
+        shard_model_as_a_unit(accelerator, model)
+    objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
+    register_search_methods(accelerator, accelerator.unwrap_model(objective).model)
+    return objective, optim
+
+
+def shard_model_as_a_unit(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """Under FSDP the objective is the root; the model becomes an FSDP unit of its own too, so its search
+    methods can gather its weights (register_fsdp_forward_method works on FSDP units only)."""
+    plugin = accelerator.state.fsdp_plugin
+    names = plugin.transformer_cls_names_to_wrap
+    if isinstance(names, list) and type(model).__name__ not in names:
+        plugin.transformer_cls_names_to_wrap = [*names, type(model).__name__]
+
+
+def register_search_methods(accelerator: Accelerator, base: torch.nn.Module) -> None:
+    """Under FSDP2 a module's sharded weights are gathered only inside forward(); validation search calls
+    encode/decode/start_cache, so FSDP is told to gather around those methods too."""
+    if not is_fsdp(accelerator):
+        return
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    for name in ("encode", "decode", "start_cache"):
+        if hasattr(base, name):
+            register_fsdp_forward_method(base, name)
+    for module in base.modules():
+        if hasattr(module, "cross_kv"):  # a decoder layer: called outside forward when a cache starts
+            register_fsdp_forward_method(module, "cross_kv")
+
+
+def resume(run: Run, sampler: TokenBatchSampler) -> TrainState:
+    """Restore model, optimizer, scheduler and RNG (Accelerate, weights_only loads) and our JSON state."""
+    accelerator = run.accelerator
+    path = ckpt.resolve_resume(run.cfg.resume, run.cfg.output_dir)
+    accelerator.load_state(str(path))
+    info = ckpt.read_info(path)
+    state = TrainState(**info["state"])
+    sampler.load_state_dict(state.sampler)
+    if info.get("num_processes") not in (None, accelerator.num_processes):
+        log.warning(f"{path} was written by {info['num_processes']} processes, resuming on {accelerator.num_processes}: "
+                    "the data order differs from an uninterrupted run from here on", main_process_only=True)
+    log.info(f"resumed from {path} at step {state.step}", main_process_only=True)
+    return state
+
