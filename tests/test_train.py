@@ -325,3 +325,26 @@ def test_tracker_that_cannot_log_is_named_before_training(tiny_cfg, name, needle
     with pytest.raises(NmtError, match=needle):
         train(tiny_cfg)
     assert not (Path(tiny_cfg.output_dir) / "metrics.jsonl").exists()
+
+
+def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
+    """The probe of `nmt check` and training call one `train_step`, with the same objective and optimizer."""
+    from nmt.check import preflight
+    from nmt.objective import Seq2SeqLoss
+    from nmt.training import step
+
+    calls, real = [], step.train_step
+
+    def spy(accelerator, objective, optim, window, stop=False):
+        base = accelerator.unwrap_model(objective) if hasattr(accelerator, "unwrap_model") else objective
+        calls.append((type(accelerator).__name__, type(base), optim.optimizer.defaults, optim.clip_norm))
+        return real(accelerator, objective, optim, window, stop)
+
+    monkeypatch.setattr(step, "train_step", spy)
+    tiny_cfg.max_steps = 1
+    preflight(tiny_cfg, probe_steps=1)
+    train(tiny_cfg)
+    assert [c[0] for c in calls] == ["OneDevice", "OneDevice", "Accelerator"]  # warm-up, timed, trained
+    assert {c[1] for c in calls} == {Seq2SeqLoss}
+    probe, trained = calls[1], calls[2]
+    assert probe[2] == trained[2] and probe[3] == trained[3]  # the same AdamW settings (fused where available)

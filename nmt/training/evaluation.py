@@ -67,8 +67,9 @@ def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) ->
     valid, cfg = run.corpus.splits["valid"], run.cfg
     n = min(len(valid), cfg.eval_max_sentences or len(valid))
     src_ids = valid.select(range(n))["src_ids"]
-    found = {} if base is None else search_encoded(base, src_ids, search, cfg.max_tokens, *share,
-                                                   run.accelerator.device)
+    rank, world = share
+    found = {} if base is None else search_encoded(base, src_ids, search, cfg.max_tokens, rank=rank,
+                                                   world_size=world, device=run.accelerator.device)
     mine = [(i, hyps[0].tokens) for i, hyps in found.items()]
     gathered = dict(run.accelerator.gather_for_metrics(mine, use_gather_object=True))  # index -> tokens, each once
     hyps = run.corpus.tokenizer.decode_tgt([gathered[i] for i in range(n)])

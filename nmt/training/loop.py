@@ -13,10 +13,11 @@ from accelerate.logging import get_logger
 
 from nmt import checkpoint as ckpt
 from nmt.errors import NmtError
+from nmt.training import step
 from nmt.training.artifacts import log_metrics, save_checkpoint
 from nmt.training.evaluation import evaluate_and_keep_best
 from nmt.training.state import Run
-from nmt.training.step import Optim, StepStats, train_step
+from nmt.training.step import Optim, StepStats
 
 log = get_logger(__name__)
 
@@ -130,7 +131,8 @@ class Loop:
         step_start = time.perf_counter()
         window = [to_device(next(batches), run.accelerator.device) for _ in range(cfg.accum_steps)]
         out_of_time = cfg.max_minutes is not None and time.monotonic() - self.started > 60 * cfg.max_minutes
-        stats = train_step(run.accelerator, run.objective, self.optim, window, stop=bool(signals.received) or out_of_time)
+        stop = bool(signals.received) or out_of_time
+        stats = step.train_step(run.accelerator, run.objective, self.optim, window, stop=stop)  # as nmt check times it
         state.step += 1
         state.tokens_seen += stats.tokens
         state.sampler = self.sampler.state_dict()

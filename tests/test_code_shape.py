@@ -1,0 +1,32 @@
+"""The shape the house style asks of training code: modules under ~350 lines, functions under ~40, calls
+with at most 5 positional arguments (benchmarks/code_shape.py prints the figures for all of nmt/)."""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from code_shape import function_lengths  # noqa: E402
+
+HELD = sorted((ROOT / "nmt" / "training").glob("*.py")) + [ROOT / "nmt" / f for f in ("objective.py", "compat.py",
+                                                                                        "train.py")]
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_POSITIONAL = 350, 40, 5
+
+
+@pytest.mark.parametrize("path", HELD, ids=lambda p: p.name)
+def test_training_modules_stay_small(path):
+    assert len(path.read_text(encoding="utf-8").splitlines()) <= MAX_MODULE_LINES
+    long = [(n, name) for n, name in function_lengths(path) if n > MAX_FUNCTION_LINES]
+    assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+    calls = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.Call)]
+    crowded = [ast.unparse(c)[:60] for c in calls if len(c.args) > MAX_POSITIONAL]
+    assert not crowded, f"{path.name}: calls with more than {MAX_POSITIONAL} positional arguments: {crowded}"
+
+
+def test_function_lengths_are_measured(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    return 1\n\n\nclass C:\n    def g(self):\n        x = 1\n        return x\n")
+    assert function_lengths(src) == [(2, "f"), (3, "C.g")]

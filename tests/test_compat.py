@@ -1,0 +1,66 @@
+"""Each private or text-matched third-party API that nmt.compat relies on still exists and behaves as it did
+when checked (accelerate 1.15.0, torch 2.13.0, datasets 5.2.0). A failure here names what changed upstream."""
+
+import inspect
+import logging
+
+import pytest
+import torch
+
+from nmt import compat
+
+
+def test_accelerate_state_singletons_and_their_reset(fresh_accelerate_state):
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    for cls in (PartialState, AcceleratorState, GradientState):
+        assert isinstance(cls._shared_state, dict), f"{cls.__name__}._shared_state is no longer a dict"
+    assert "reset_partial_state" in inspect.signature(AcceleratorState._reset_state).parameters
+    assert compat.accelerate_state_is_empty() and not compat.accelerate_state_exists()
+    PartialState(cpu=True)
+    GradientState()
+    assert compat.accelerate_state_exists() and not compat.accelerate_state_is_empty()
+    compat.reset_accelerate_state()
+    assert compat.accelerate_state_is_empty() and not PartialState._shared_state and not GradientState._shared_state
+
+
+def test_mkldnn_bf16_probe_answers_a_bool():
+    assert hasattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported"), "torch dropped the private mkldnn bf16 probe"
+    assert isinstance(compat.mkldnn_bf16_supported(), bool)
+
+
+def test_dataset_fingerprint_follows_the_content():
+    import datasets
+
+    a, b = datasets.Dataset.from_dict({"x": [1, 2]}), datasets.Dataset.from_dict({"x": [1, 3]})
+    assert isinstance(compat.dataset_fingerprint(a), str) and compat.dataset_fingerprint(a)
+    assert compat.dataset_fingerprint(a) != compat.dataset_fingerprint(b)
+    assert compat.dataset_fingerprint(a) == compat.dataset_fingerprint(datasets.Dataset.from_dict({"x": [1, 2]}))
+
+
+def test_tied_embedding_notice_is_the_text_accelerate_logs(fresh_accelerate_state, caplog):
+    """accelerate's own cleaning of a tied state dict logs the notice we filter, from the logger we filter."""
+    from accelerate.state import PartialState
+    from accelerate.utils.other import clean_state_dict_for_safetensors
+
+    PartialState(cpu=True)  # accelerate's logger needs a state
+    shared = torch.zeros(2)
+    with caplog.at_level(logging.WARNING, logger=compat.TIED_NOTICE_LOGGER):
+        clean_state_dict_for_safetensors({"tgt_embed.weight": shared, "src_embed.weight": shared})
+    notices = [r for r in caplog.records if compat.TIED_NOTICE_TEXT in r.getMessage()]
+    assert notices and notices[0].name == compat.TIED_NOTICE_LOGGER, [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=compat.TIED_NOTICE_LOGGER), compat.tied_embedding_notice_muted():
+        clean_state_dict_for_safetensors({"tgt_embed.weight": shared, "src_embed.weight": shared})
+    assert not [r for r in caplog.records if compat.TIED_NOTICE_TEXT in r.getMessage()]
+    assert not logging.getLogger(compat.TIED_NOTICE_LOGGER).filters  # removed again
+
+
+@pytest.mark.parametrize("kind, fsdp", [("FSDP", True), ("MULTI_GPU", False), ("NO", False)])
+def test_is_fsdp_compares_the_enum(kind, fsdp):
+    from accelerate.utils import DistributedType
+
+    class FakeAccelerator:
+        distributed_type = DistributedType[kind]
+
+    assert compat.is_fsdp(FakeAccelerator()) is fsdp

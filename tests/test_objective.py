@@ -1,0 +1,72 @@
+"""Seq2SeqLoss: one objective for nmt's model (packed path) and any model (logits path), with the plain
+model's state dict layout."""
+
+import pytest
+import torch
+from helpers import PAD, tiny_model
+from safetensors.torch import load_model, save_model
+
+from nmt.loss import label_smoothed_nll
+from nmt.objective import LossSums, Seq2SeqLoss, unwrap_objective
+
+V = 24
+
+
+class LogitsOnly(torch.nn.Module):
+    """nmt's model seen through the generic contract only: forward -> logits, no packed_loss."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.pad_id = model, 0
+
+    def forward(self, src_ids, tgt_in_ids):
+        return self.inner(src_ids, tgt_in_ids)
+
+
+def batch():
+    src_ids = torch.tensor([[5, 6, 7, 3], [8, 9, 3, PAD]])
+    tgt_in_ids = torch.tensor([[2, 5, 6], [2, 7, PAD]])
+    labels = torch.tensor([[5, 6, 3], [7, 3, PAD]])
+    return src_ids, tgt_in_ids, labels
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_packed_and_logits_paths_give_the_same_sums(smoothing):
+    model = tiny_model(seed=0, vocab=V, dropout=0.0)
+    packed = Seq2SeqLoss(model, smoothing)(*batch())
+    plain = Seq2SeqLoss(LogitsOnly(model), smoothing)(*batch())
+    src_ids, tgt_in_ids, labels = batch()
+    reference = label_smoothed_nll(model(src_ids, tgt_in_ids), labels, PAD, smoothing)
+    assert isinstance(packed, LossSums) and packed.tokens == plain.tokens == reference[2] == 5
+    for got in (packed, plain):
+        torch.testing.assert_close(got.loss, reference[0], atol=1e-5, rtol=1e-6)
+        torch.testing.assert_close(got.nll, reference[1], atol=1e-5, rtol=1e-6)
+    assert packed.loss.requires_grad and not packed.nll.requires_grad
+
+
+def test_pad_id_comes_from_the_model():
+    model = LogitsOnly(tiny_model(seed=0, vocab=V))
+    model.pad_id = 1
+    assert Seq2SeqLoss(model).pad_id == 1
+    assert Seq2SeqLoss(tiny_model(seed=0, vocab=V)).pad_id == 0  # from model.cfg.pad_id
+
+
+def test_state_dict_is_the_plain_models(tmp_path):
+    """Checkpoints written through the objective load into a bare model, and old ones into the objective."""
+    model = tiny_model(seed=0, vocab=V)
+    objective = Seq2SeqLoss(model)
+    assert list(objective.state_dict()) == list(model.state_dict())
+    save_model(objective, str(tmp_path / "new.safetensors"))  # as accelerate's save_state writes it
+    bare = tiny_model(seed=1, vocab=V)
+    assert load_model(bare, str(tmp_path / "new.safetensors")) == (set(), [])
+    save_model(tiny_model(seed=2, vocab=V), str(tmp_path / "old.safetensors"))  # a model file written before
+    restored = Seq2SeqLoss(tiny_model(seed=3, vocab=V))
+    load_model(restored, str(tmp_path / "old.safetensors"))  # strict: missing or unexpected names raise
+    for a, b in zip(tiny_model(seed=2, vocab=V).state_dict().values(), restored.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert unwrap_objective(restored) is restored.model and unwrap_objective(model) is model
+
+
+def test_fsdp_keeps_the_prefix():
+    objective = Seq2SeqLoss(tiny_model(seed=0, vocab=V), flat_state_dict=False)
+    assert all(k.startswith("model.") for k in objective.state_dict())
