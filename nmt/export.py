@@ -188,7 +188,7 @@ class CT2Model:
             raise NmtError(f"{directory}: CTranslate2 cannot load it ({e})") from None
 
     def search(self, src_ids: list[list[int]], search: SearchConfig, batch_tokens: int) -> dict[int, list[Hypothesis]]:
-        """Hypotheses for every input, keyed by position, as `nmt.translate.search_encoded` returns them.
+        """Hypotheses for every input, keyed by position, as `nmt.search.search_encoded` returns them.
 
         Batches are nmt's (length-sorted, a token budget); each is decoded with the longest length limit of
         its sentences. Greedy output equals nmt's; beam scores are CTranslate2's, logprob / length ** alpha
