@@ -29,7 +29,7 @@ from nmt.training.setup import (
     resumed_sizes,
     run_sizes,
 )
-from nmt.training.state import Run, TrainResult, TrainState
+from nmt.training.state import Run, TrainResult
 
 
 def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult:
@@ -85,5 +85,3 @@ def finish(run: Run) -> TrainResult:
     summary = json.loads((final / "training.json").read_text())
     return TrainResult(final, run.state.step, {**summary["metrics"], **tuned})
 
-
-__all__ = ["TrainResult", "TrainState", "train"]

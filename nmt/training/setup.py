@@ -125,25 +125,16 @@ def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.n
     """The model's `Seq2SeqLoss`, its optimizer and schedule, through `Accelerator.prepare`."""
     objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=not is_fsdp(accelerator))
     optim = make_optim(objective, cfg)
-    if is_fsdp(accelerator):
-        shard_model_as_a_unit(accelerator, model)
     objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
     register_search_methods(accelerator, accelerator.unwrap_model(objective).model)
     return objective, optim
 
 
-def shard_model_as_a_unit(accelerator: Accelerator, model: torch.nn.Module) -> None:
-    """Under FSDP the objective is the root; the model becomes an FSDP unit of its own too, so its search
-    methods can gather its weights (register_fsdp_forward_method works on FSDP units only)."""
-    plugin = accelerator.state.fsdp_plugin
-    names = plugin.transformer_cls_names_to_wrap
-    if isinstance(names, list) and type(model).__name__ not in names:
-        plugin.transformer_cls_names_to_wrap = [*names, type(model).__name__]
-
-
 def register_search_methods(accelerator: Accelerator, base: torch.nn.Module) -> None:
-    """Under FSDP2 a module's sharded weights are gathered only inside forward(); validation search calls
-    encode/decode/start_cache, so FSDP is told to gather around those methods too."""
+    """Under FSDP2 a module's sharded weights are gathered only inside forward(); search calls encode/decode/
+    start_cache and each decoder layer's cross_kv, so FSDP is told to gather around those methods too (a no-op
+    on a module that is not an FSDP unit: the model's own weights are the objective's, and validation under
+    FSDP decodes a gathered copy)."""
     if not is_fsdp(accelerator):
         return
     from torch.distributed.fsdp import register_fsdp_forward_method
