@@ -30,3 +30,12 @@ def test_function_lengths_are_measured(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("def f():\n    return 1\n\n\nclass C:\n    def g(self):\n        x = 1\n        return x\n")
     assert function_lengths(src) == [(2, "f"), (3, "C.g")]
+
+
+def test_the_script_lists_modules_and_longest_functions():
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "code_shape.py"), "--top", "3"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    assert any(line.endswith("nmt/training/run.py") for line in out)
+    assert out[-4] == "longest 3 functions:" and all(int(line.split()[0]) > 0 for line in out[-3:])

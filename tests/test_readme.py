@@ -78,6 +78,7 @@ NOT_RUN = {
     "python benchmarks/train_speed.py --mode fp32 --rounds 5": BENCHMARK,
     "python benchmarks/train_speed.py --mode bf16 --systems nmt,hf --bf16-rounds 1 --max-tokens 1024": BENCHMARK,
     "python benchmarks/peak.py": BENCHMARK,
+    "python benchmarks/code_shape.py": "prints line counts of this checkout; tests/test_code_shape.py runs it",
     "python benchmarks/padding.py ../shared/data/tatoeba-en-de": BENCHMARK,
     "tgt_mask = get_tgt_mask(sequence_length)\npred = model(X, y_input, tgt_mask=tgt_mask, src_pad_mask=src_pad_mask, "
     "tgt_pad_mask=tgt_pad_mask)": "the seed's failing code that the page explains (its names are the seed's)",
