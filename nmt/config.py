@@ -16,34 +16,34 @@ from typing import Any, Literal
 import yaml
 
 from nmt.errors import NmtError
+from nmt.ranges import allowed_text, check_fields, path_key, ranged
+
+BUILTIN = "builtin:synthetic"  # the embedded corpus (nmt.synthetic)
 
 
 @dataclass
 class DataConfig:
     """Where the parallel text comes from and how it is cleaned."""
 
-    train: str = "builtin:synthetic"  # <prefix> of .<lang> files, .tsv/.jsonl/.csv, save_to_disk dir, hub:NAME or builtin
-    valid: str | None = None  # same forms as train; None carves valid_ratio off train
-    test: str | None = None  # same forms as train; None carves test_ratio off train
+    train: str = path_key(BUILTIN, "corpus")  # PREFIX of .<lang> files, .tsv/.jsonl/.csv, a save_to_disk dir, hub:, builtin:
+    valid: str | None = path_key(None, "corpus")  # same forms as train; None carves valid_ratio off train
+    test: str | None = path_key(None, "corpus")  # same forms as train; None carves test_ratio off train
     src_lang: str = "en"  # source language code: file suffix, JSON field or translation key
     tgt_lang: str = "xx"  # target language code
-    valid_ratio: float = 0.01  # share of train held out for validation when valid is None
-    test_ratio: float = 0.01  # share of train held out for test when test is None
-    split_seed: int = 1  # seed of the train/valid/test carving
-    max_words: int = 250  # drop pairs with a side longer than this many whitespace words
-    max_chars: int = 3000  # drop pairs with a side longer than this many characters
-    max_subwords: int = 512  # drop pairs with a side longer than this many subwords (after tokenizing)
-    max_ratio: float = 3.0  # drop pairs whose word-length ratio exceeds this (both sides > ratio_min_words)
-    ratio_min_words: int = 3  # the length-ratio filter applies only when the longer side has more words
+    valid_ratio: float = ranged(0.01, "[0, 1)")  # share of train held out for validation when valid is None
+    test_ratio: float = ranged(0.01, "[0, 1)")  # share of train held out for test when test is None
+    split_seed: int = ranged(1, "[0, 2147483647]")  # seed of the train/valid/test carving
+    max_words: int = ranged(250, "[1, 1e6]")  # drop pairs with a side longer than this many whitespace words
+    max_chars: int = ranged(3000, "[1, 1e8]")  # drop pairs with a side longer than this many characters
+    max_subwords: int = ranged(512, "[1, 1e6]")  # drop pairs with a side longer than this many subwords (after tokenizing)
+    max_ratio: float = ranged(3.0, "[1, 1e3]")  # drop pairs whose word-length ratio exceeds this (sides > ratio_min_words)
+    ratio_min_words: int = ranged(3, "[0, 1e6]")  # the length-ratio filter applies only when the longer side has more words
     dedupe: bool = True  # drop exact duplicate pairs from train
-    max_train_pairs: int | None = None  # use only the first N training pairs (quick experiments)
-    cache_dir: str = "~/.cache/nmt"  # encoded datasets and trained tokenizers, keyed by content
+    max_train_pairs: int | None = ranged(None, "[1, 1e12]")  # use only the first N training pairs (quick experiments)
+    cache_dir: str = path_key("~/.cache/nmt", "folder")  # encoded datasets and trained tokenizers, keyed by content
 
     def __post_init__(self) -> None:
-        _check(0 <= self.valid_ratio < 1, "data.valid_ratio", "must be in [0, 1)")
-        _check(0 <= self.test_ratio < 1, "data.test_ratio", "must be in [0, 1)")
-        _check(self.max_words > 0, "data.max_words", "must be positive")
-        _check(self.max_ratio >= 1, "data.max_ratio", "must be >= 1")
+        check_fields(self, "data.")
 
 
 @dataclass
@@ -51,14 +51,13 @@ class TokenizerConfig:
     """The subword model trained on the training text."""
 
     kind: Literal["bpe", "unigram"] = "bpe"  # subword algorithm
-    vocab_size: int | None = None  # target vocabulary size per tokenizer (null: from the training corpus size, auto_sizes)
+    vocab_size: int | None = ranged(None, "[16, 1e7]")  # vocabulary per tokenizer (null: from the corpus size, auto_sizes)
     joint: bool = True  # one vocabulary for both languages (enables shared embeddings)
-    min_frequency: int = 2  # BPE: merges need at least this many occurrences
-    dropout: float | None = None  # BPE-dropout: training pairs re-segmented each epoch, merges skipped with this probability
+    min_frequency: int = ranged(2, "[0, 1e9]")  # BPE: merges need at least this many occurrences
+    dropout: float | None = ranged(None, "(0, 1)")  # BPE-dropout: skip merges with this probability, re-segmented each epoch
 
     def __post_init__(self) -> None:
-        _check(self.vocab_size is None or self.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
-        _check(self.dropout is None or 0 < self.dropout < 1, "tokenizer.dropout", "must be in (0, 1)")
+        check_fields(self, "tokenizer.")
         _check(self.dropout is None or self.kind == "bpe", "tokenizer.dropout", "is BPE-dropout: needs kind bpe")
 
 
@@ -68,24 +67,25 @@ class ModelConfig:
     left null come from the preset `size` names, or, for size "auto", from the training corpus size (`auto_sizes`).
     """
 
-    src_vocab_size: int = 0  # source vocabulary (0: from the tokenizer)
-    tgt_vocab_size: int = 0  # target vocabulary (0: from the tokenizer)
+    src_vocab_size: int = ranged(0, "[0, 1e7]")  # source vocabulary (0: from the tokenizer)
+    tgt_vocab_size: int = ranged(0, "[0, 1e7]")  # target vocabulary (0: from the tokenizer)
     size: Literal["auto", "tiny", "small", "base", "big"] = "auto"  # preset of the null fields below; auto: by corpus size
-    d_model: int | None = None  # width of the residual stream (null: from size)
-    n_heads: int | None = None  # attention heads; d_model must divide by it (null: from size)
-    n_encoder_layers: int | None = None  # encoder depth (null: from size)
-    n_decoder_layers: int | None = None  # decoder depth (null: from size)
-    d_ff: int | None = None  # feed-forward inner width (null: from size)
-    dropout: float | None = None  # dropout on embeddings, residual branches and attention weights (null: from size)
+    d_model: int | None = ranged(None, "[1, 65536]")  # width of the residual stream (null: from size)
+    n_heads: int | None = ranged(None, "[1, 1024]")  # attention heads; d_model must divide by it (null: from size)
+    n_encoder_layers: int | None = ranged(None, "[1, 1000]")  # encoder depth (null: from size)
+    n_decoder_layers: int | None = ranged(None, "[1, 1000]")  # decoder depth (null: from size)
+    d_ff: int | None = ranged(None, "[1, 1e6]")  # feed-forward inner width (null: from size)
+    dropout: float | None = ranged(None, "[0, 1)")  # on embeddings, residual branches, attention weights (null: from size)
     activation: Literal["relu", "gelu"] = "relu"  # feed-forward non-linearity
     pre_norm: bool = True  # LayerNorm before each sublayer (stable); False: post-norm as in Vaswani et al.
     share_embeddings: bool = True  # one embedding table for source, target and output (joint vocab only)
-    max_positions: int = 1024  # longest sequence the sinusoidal table covers
-    pad_id: int = 0  # padding id: masks are derived from it
-    bos_id: int = 2  # decoder start id
-    eos_id: int = 3  # end-of-sentence id
+    max_positions: int = ranged(1024, "[2, 1e6]")  # longest sequence the sinusoidal table covers
+    pad_id: int = ranged(0, "[0, 1e7]")  # padding id: masks are derived from it
+    bos_id: int = ranged(2, "[0, 1e7]")  # decoder start id
+    eos_id: int = ranged(3, "[0, 1e7]")  # end-of-sentence id
 
     def __post_init__(self) -> None:
+        check_fields(self, "model.")
         if self.size != "auto":
             _check(self.size in MODEL_PRESETS, "model.size", f"unknown size {self.size!r}; choose auto or one of "
                    f"{', '.join(MODEL_PRESETS)}")
@@ -95,9 +95,6 @@ class ModelConfig:
         if self.d_model is not None and self.n_heads is not None:
             _check(self.d_model % self.n_heads == 0, "model.d_model",
                    f"{self.d_model} must divide by n_heads={self.n_heads}")
-        _check(self.dropout is None or 0 <= self.dropout < 1, "model.dropout", "must be in [0, 1)")
-        layers = [n for n in (self.n_encoder_layers, self.n_decoder_layers) if n is not None]
-        _check(all(n > 0 for n in layers), "model.n_encoder_layers", "layers must be positive")
         if self.share_embeddings and self.src_vocab_size and self.tgt_vocab_size:
             _check(self.src_vocab_size == self.tgt_vocab_size, "model.share_embeddings",
                    "needs equal source and target vocabularies (a joint tokenizer); set it to false")
@@ -173,13 +170,16 @@ def auto_sizes(train_pairs: int) -> AutoSizes:
 class OptimConfig:
     """AdamW with inverse-square-root warmup."""
 
-    lr: float = 5e-4  # peak learning rate, reached after warmup_steps
-    warmup_steps: int = 1000  # linear warmup, then lr * sqrt(warmup / step)
-    betas: tuple[float, float] = (0.9, 0.98)  # Adam betas
-    eps: float = 1e-9  # Adam epsilon
-    weight_decay: float = 0.0  # decoupled weight decay
-    clip_norm: float = 1.0  # clip the global gradient norm (0: off)
-    label_smoothing: float = 0.1  # mass spread over the vocabulary
+    lr: float = ranged(5e-4, "(0, 1]")  # peak learning rate, reached after warmup_steps
+    warmup_steps: int = ranged(1000, "[0, 1e9]")  # linear warmup, then lr * sqrt(warmup / step)
+    betas: tuple[float, float] = ranged((0.9, 0.98), "[0, 1)")  # Adam betas
+    eps: float = ranged(1e-9, "[0, 1)")  # Adam epsilon
+    weight_decay: float = ranged(0.0, "[0, 10]")  # decoupled weight decay
+    clip_norm: float = ranged(1.0, "[0, 1e6]")  # clip the global gradient norm (0: off)
+    label_smoothing: float = ranged(0.1, "[0, 1)")  # mass spread over the vocabulary
+
+    def __post_init__(self) -> None:
+        check_fields(self, "optim.")
 
 
 @dataclass
@@ -190,37 +190,34 @@ class TrainConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    output_dir: str = "runs/default"  # checkpoints, metrics.jsonl, config.yaml, and the final model/
-    seed: int = 1  # seeds model init, data order and dropout
-    max_tokens: int = 4096  # per process and micro-batch: padded tokens of the longer side (like fairseq --max-tokens)
-    accum_steps: int = 1  # micro-batches per optimizer step (each process)
-    max_steps: int | None = None  # stop after this many optimizer steps
-    max_epochs: int | None = 10  # stop after this many epochs (if max_steps is None)
-    eval_every: int = 500  # validate every N optimizer steps (and at the end)
-    eval_beam: int = 1  # beam size for validation BLEU (1: greedy)
-    eval_max_sentences: int | None = None  # validate BLEU on the first N validation pairs only
-    save_every: int = 500  # checkpoint every N optimizer steps (and at the end)
-    keep_last: int = 2  # checkpoints kept besides best/
-    log_every: int = 50  # metrics.jsonl and trackers every N steps
+    output_dir: str = path_key("runs/default", "folder")  # checkpoints, metrics.jsonl, config.yaml, and the final model/
+    seed: int = ranged(1, "[0, 2147483647]")  # seeds model init, data order and dropout
+    max_tokens: int = ranged(4096, "[1, 1e9]")  # per process and micro-batch: padded tokens of the longer side
+    accum_steps: int = ranged(1, "[1, 1e6]")  # micro-batches per optimizer step (each process)
+    max_steps: int | None = ranged(None, "[1, 1e12]")  # stop after this many optimizer steps
+    max_epochs: int | None = ranged(10, "[1, 1e9]")  # stop after this many epochs (if max_steps is None)
+    eval_every: int = ranged(500, "[1, 1e12]")  # validate every N optimizer steps (and at the end)
+    eval_beam: int = ranged(1, "[1, 1000]")  # beam size for validation BLEU (1: greedy)
+    eval_max_sentences: int | None = ranged(None, "[1, 1e12]")  # validate BLEU on the first N validation pairs only
+    save_every: int = ranged(500, "[1, 1e12]")  # checkpoint every N optimizer steps (and at the end)
+    keep_last: int = ranged(2, "[0, 1e6]")  # checkpoints kept besides best/
+    log_every: int = ranged(50, "[1, 1e12]")  # metrics.jsonl and trackers every N steps
     log_with: list[str] = field(default_factory=list)  # accelerate trackers, e.g. ["tensorboard"]
-    resume: str | None = None  # "latest" or a checkpoint directory
-    max_minutes: float | None = None  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
-    max_bad_steps: int = 20  # stop (with a checkpoint) after this many non-finite steps in a row
-    patience: int | None = None  # early stopping: stop after this many validations without a new best
-    average_last: int = 0  # at the end, average the last N checkpoints; kept if it validates at least as well
-    tune_alpha: list[float] | None = None  # alphas tried on validation at the end (and 0.6); the best is the model's default
-    pad_to_multiple_of: int | None = None  # pad batch lengths to a multiple of this (8 for tensor cores)
+    resume: str | None = path_key(None, "checkpoint")  # "latest" or a checkpoint directory
+    max_minutes: float | None = ranged(None, "(0, 1e8]")  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
+    max_bad_steps: int = ranged(20, "[1, 1e9]")  # stop (with a checkpoint) after this many non-finite steps in a row
+    patience: int | None = ranged(None, "[1, 1e9]")  # early stopping: stop after this many validations without a new best
+    average_last: int = ranged(0, "[0, 1e6]")  # at the end, average the last N checkpoints; kept if it validates as well
+    tune_alpha: list[float] | None = ranged(None, "[0, 10]")  # alphas tried on validation at the end (and 0.6); best wins
+    pad_to_multiple_of: int | None = ranged(None, "[1, 4096]")  # pad batch lengths to a multiple of this (8: tensor cores)
     compile: bool = False  # torch.compile the model; measured slower on a 2-core AVX2 CPU (benchmarks/train_speed.py)
 
     def __post_init__(self) -> None:
-        _check(self.max_tokens > 0, "max_tokens", "must be positive")
-        _check(self.accum_steps > 0, "accum_steps", "must be positive")
+        check_fields(self)
         _check(self.max_steps is not None or self.max_epochs is not None, "max_steps", "set max_steps or max_epochs")
         _check(self.keep_last >= self.average_last, "average_last", f"needs keep_last >= {self.average_last}")
-        intervals = (self.eval_every, self.save_every, self.log_every)
-        _check(min(intervals) > 0, "eval_every", "eval_every, save_every and log_every must be positive")
         if self.tune_alpha is not None:
-            _check(len(self.tune_alpha) > 0 and min(self.tune_alpha) >= 0, "tune_alpha", "needs alphas >= 0")
+            _check(len(self.tune_alpha) > 0, "tune_alpha", "needs at least one alpha (or null)")
             _check(self.eval_beam > 1, "tune_alpha", "needs eval_beam > 1: greedy search ignores the length penalty")
 
 
@@ -254,6 +251,13 @@ def pin_sizes(cfg: TrainConfig, previous: dict) -> TrainConfig:
 def _check(ok: bool, key: str, what: str) -> None:
     if not ok:
         raise NmtError(f"config key {key!r}: {what}")
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Check every section again (ranges, then the rules between keys): a config built in Python may have been
+    changed after construction (`cfg.optim.lr = -1`), which its `__post_init__` never saw."""
+    for section in (cfg.data, cfg.tokenizer, cfg.model, cfg.optim, cfg):
+        section.__post_init__()
 
 
 # --- building dataclasses from plain data, strictly ---------------------------------------------
@@ -386,8 +390,9 @@ def save_yaml(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
 
 
-def config_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
-    """(dotted key, type, default, comment) for every field: the config reference in README."""
+def config_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, Any, str, str]]:
+    """(dotted key, type, default, comment, allowed) for every field: the config reference in README.
+    `allowed` is a numeric key's interval or a path key's kind (nmt.ranges), else empty."""
     import inspect
 
     comments = _field_comments(inspect.getsource(cls))
@@ -399,7 +404,7 @@ def config_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, 
             rows += config_fields(hints[f.name], key + ".")
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        rows.append((key, _type_name(hints[f.name]), default, comments.get(f.name, "")))
+        rows.append((key, _type_name(hints[f.name]), default, comments.get(f.name, ""), allowed_text(f)))
     return rows
 
 
@@ -418,10 +423,11 @@ def _type_name(tp: Any) -> str:
 
 def reference_markdown() -> str:
     """The configuration reference table of README.md, generated from the field comments above."""
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for key, tp, default, doc in config_fields():
+    lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for key, tp, default, doc, allowed in config_fields():
         shown = "null" if default is None else json_default(default)
-        lines.append(f"| `{key}` | {tp.replace('|', 'or')} | `{shown}` | {doc.replace('|', '/')} |")
+        allowed = f"`{allowed}`" if allowed[:1] in "[(" and allowed else allowed
+        lines.append(f"| `{key}` | {tp.replace('|', 'or')} | `{shown}` | {allowed} | {doc.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -26,14 +26,13 @@ import numpy as np
 import pyarrow.compute as pc
 
 from nmt.compat import dataset_fingerprint
-from nmt.config import DataConfig, TokenizerConfig, TrainConfig, auto_sizes, to_dict
+from nmt.config import BUILTIN, DataConfig, TokenizerConfig, TrainConfig, auto_sizes, to_dict
 from nmt.errors import NmtError
 from nmt.tokenizer import EOS, DropoutSegmenter, PairTokenizer, train_pair_tokenizer
 
 datasets.disable_progress_bars()
 datasets.logging.set_verbosity_error()
 
-BUILTIN = "builtin:synthetic"
 SPLITS = ("train", "valid", "test")
 
 

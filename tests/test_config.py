@@ -176,10 +176,10 @@ def test_resumed_run_keeps_the_sizes_it_started_with():
 
 @pytest.mark.parametrize("data, message", [
     ({"tune_alpha": [0.8]}, "eval_beam > 1"),
-    ({"tune_alpha": [], "eval_beam": 4}, "alphas >= 0"),
-    ({"tune_alpha": [-1.0], "eval_beam": 4}, "alphas >= 0"),
+    ({"tune_alpha": [], "eval_beam": 4}, "at least one alpha"),
+    ({"tune_alpha": [-1.0], "eval_beam": 4}, r"'tune_alpha': \[-1.0\] is outside the allowed range \[0, 10\]"),
     ({"tokenizer": {"kind": "unigram", "dropout": 0.1}}, "needs kind bpe"),
-    ({"tokenizer": {"dropout": 1.0}}, r"in \(0, 1\)"),
+    ({"tokenizer": {"dropout": 1.0}}, r"allowed range \(0, 1\)"),
 ])
 def test_tune_alpha_and_dropout_are_checked(data, message):
     with pytest.raises(NmtError, match=message):
