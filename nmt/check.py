@@ -29,6 +29,7 @@ from nmt.tokenizer import EOS, UNK
 from nmt.training import step as training_step
 from nmt.training.sizing import sized_config
 from nmt.training.step import OneDevice, make_optim
+from nmt.validate import check_run
 
 MIN_VALID_PAIRS = 100  # fewer validation pairs make BLEU differences between checkpoints noise
 MAX_DROPPED_SHARE = 0.5  # cleaning dropping more than this usually means misaligned or mis-parsed files
@@ -118,6 +119,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     """
     if num_processes < 1:
         raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
+    check_run(cfg)  # ranges and paths, as training checks them first
     corpus = prepare(cfg.data, cfg.tokenizer)
     cfg, chosen = sized_config(cfg, corpus)  # what training will choose
     model_cfg = cfg.model

@@ -9,9 +9,13 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from nmt.errors import NmtError
+from nmt.validate import Number, error_line, utf8_lines
+
+POSITIVE = Number(int, "[1, 1e9]")  # token budgets, counts of checkpoints
 
 
 def overrides_from_flags(extra: list[str]) -> list[str]:
@@ -115,12 +119,13 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
     if args.attention and not args.model_dir:
         raise NmtError("--attention needs MODEL_DIR (the PyTorch model): CTranslate2 does not expose the weights")
     translator = _translator(args)
-    source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+    # bytes, decoded line by line: a line that is not UTF-8 is named by its number
+    source = open(args.input, "rb") if args.input else getattr(sys.stdin, "buffer", sys.stdin)
     sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     first: list[str] = []  # the first input sentence, for --attention
 
     def lines():
-        for line in source:
+        for line in utf8_lines(source, args.input or "stdin"):
             if not first:
                 first.append(line.rstrip("\r\n"))
             yield line
@@ -206,6 +211,7 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt", description="Train and use neural machine translation models.")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train a model (any config key can be overridden: --model.d_model 256)")
     p.add_argument("--config", help="a YAML file from configs/ or your own")
@@ -224,18 +230,21 @@ def build_parser() -> argparse.ArgumentParser:
                        "optional with --ct2")
         p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
                        "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
-        p.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
-        p.add_argument("--alpha", type=float, help="length penalty exponent (default: the model's tuned alpha, "
+        p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
+                       help="beam size (1: greedy)")
+        p.add_argument("--alpha", type=Number(float, "nmt.search:SearchConfig.alpha"),
+                       help="length penalty exponent (default: the model's tuned alpha, "
                        "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
-        p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch")
+        p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
         p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
         if name == "translate":
             p.add_argument("--input", help="read here instead of stdin")
-            p.add_argument("--nbest", type=int, default=1, help="hypotheses per sentence (tab-separated with scores)")
+            p.add_argument("--nbest", type=Number(int, "nmt.search:SearchConfig.nbest"), default=1,
+                           help="hypotheses per sentence (tab-separated with scores; at most --beam)")
             p.add_argument("--attention", metavar="PNG", help="also draw the cross-attention alignment of the FIRST "
                            "input sentence into this image (.png/.svg/.pdf); needs MODEL_DIR, also with --ct2")
-            p.add_argument("--attention-layer", type=int, default=-1,
+            p.add_argument("--attention-layer", type=Number(int, "[-1000, 999]"), default=-1,
                            help="decoder layer drawn by --attention, averaged over its heads (default: the last)")
         else:
             p.add_argument("--src", required=True, help="source sentences, one per line")
@@ -255,35 +264,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("average", help="average the weights of a run's last N checkpoints into a model directory")
     p.add_argument("run_dir", help="a run directory (output_dir of nmt train)")
-    p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
+    p.add_argument("--last", type=POSITIVE, default=5, help="how many of the newest checkpoints")
     p.add_argument("-o", "--output", required=True, help="the model directory to write")
     p.set_defaults(fn=cmd_average)
     p = sub.add_parser("info", help="architecture, size, vocabulary, training data and scores of a model directory")
     p.add_argument("model_dir", help="a model directory (output_dir/model or output_dir/best)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
     p.set_defaults(fn=cmd_info)
+    for p in sub.choices.values():  # also after the command (nmt train ... --debug); SUPPRESS keeps the global one
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
+DEBUG_HELP = "on an error, print the Python traceback too (normally one line: exit 2 for bad input, 1 otherwise)"
+
+
 def _add_check_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-processes", type=int, help="plan batches for this many processes (default: num_processes "
+    p.add_argument("--num-processes", type=Number(int, "[1, 100000]"),
+                   help="plan batches for this many processes (default: num_processes "
                    "of --profile, else WORLD_SIZE or ACCELERATE_NUM_PROCESSES from the environment, else 1)")
     p.add_argument("--profile", help="an accelerate config file (accelerate_configs/*.yaml) to read num_processes from")
-    p.add_argument("--probe-steps", type=int, default=3, help="timed training steps after one warm-up (0: no timing)")
+    p.add_argument("--probe-steps", type=Number(int, "[0, 1e6]"), default=3,
+                   help="timed training steps after one warm-up (0: no timing)")
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("nmt").setLevel(logging.INFO if _is_main() else logging.WARNING)
     args, extra = build_parser().parse_known_args(argv)
+    if args.debug:
+        logging.getLogger("nmt").setLevel(logging.DEBUG)
     try:
         return args.fn(args, extra)
-    except NmtError as e:
-        if _is_main():
-            print(f"nmt {args.command}: error: {e}", file=sys.stderr)
-        return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 - the boundary: one line, exit 2 for the user's input, 1 for the rest
+        return _report(e, args)
+
+
+def _report(err: Exception, args: argparse.Namespace) -> int:
+    """Print one line for `err` (and its traceback under --debug); an unexpected error is printed by every process,
+    a user error by the main process only (all of them hit it)."""
+    line, code = error_line(err)
+    if code == 2 and not _is_main():
+        return code
+    if args.debug:
+        traceback.print_exception(err)
+    rank = "" if _is_main() else f" (rank {os.environ.get('RANK')})"
+    print(f"nmt {args.command}: error{rank}: {line}", file=sys.stderr)
+    return code
 
 
 def main_entry() -> None:

@@ -367,14 +367,23 @@ def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Datas
         if ds is None:
             if ratio <= 0:
                 raise NmtError(f"config key 'data.{name}': no {name} set given and data.{name}_ratio is 0")
-            parts = splits["train"].train_test_split(test_size=ratio, seed=cfg.split_seed + len(carved))
-            splits["train"], ds = parts["train"], parts["test"]
+            splits["train"], ds = _carve(splits["train"], name, ratio, cfg.split_seed + len(carved))
             carved.append(name)
         splits[name] = ds
     for name, ds in splits.items():
         if len(ds) == 0:
             raise NmtError(f"the {name} split is empty (from {getattr(cfg, name) or cfg.train!r})")
     return splits, {"carved_from_train": carved}
+
+
+def _carve(train: datasets.Dataset, name: str, ratio: float, seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, the `name` split): a share `ratio` of train carved off, refused when either side would be empty."""
+    try:
+        parts = train.train_test_split(test_size=ratio, seed=seed)
+    except ValueError:  # the splitter's "the resulting train set will be empty"
+        raise NmtError(f"config key 'data.{name}': {len(train)} training pair(s) left are too few to carve a {name} set "
+                       f"of data.{name}_ratio={ratio} from; give data.{name} (a separate file) or more pairs") from None
+    return parts["train"], parts["test"]
 
 
 def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: TokenizerConfig,

@@ -19,7 +19,7 @@ from nmt.errors import NmtError
 RANGE, PATH = "range", "path"  # the metadata keys
 # what each path kind must be on disk: the README table's "allowed" column and nmt.validate's messages
 PATH_KINDS = {
-    "folder": "a folder (created if missing), not a file",
+    "folder": "a folder path (created if missing)",
     "corpus": "a corpus: PREFIX of .<lang> files, a .tsv/.jsonl/.csv file, a save_to_disk folder, hub: or builtin:",
     "checkpoint": "latest, or a checkpoint folder output_dir/checkpoints/step_N",
 }

@@ -14,18 +14,25 @@ from pathlib import Path
 import torch
 
 from nmt.errors import NmtError
+from nmt.ranges import check_fields, ranged
 
 
 @dataclass
 class SearchConfig:
     """How translations are searched for."""
 
-    beam_size: int = 4  # hypotheses kept per sentence (1: greedy)
-    nbest: int = 1  # hypotheses returned per sentence
-    alpha: float = 0.6  # GNMT length penalty ((5 + len) / 6) ** alpha; 0 scores by raw log-probability
-    max_len_a: float = 10  # a generated sentence has at most a + b * source length tokens ...
-    max_len_b: float = 2.0  # ... (including the final </s>)
-    max_new_tokens: int = 256  # and never more than this
+    beam_size: int = ranged(4, "[1, 1000]")  # hypotheses kept per sentence (1: greedy)
+    nbest: int = ranged(1, "[1, 1000]")  # hypotheses returned per sentence (at most beam_size)
+    alpha: float = ranged(0.6, "[0, 10]")  # GNMT length penalty ((5 + len) / 6) ** alpha; 0: raw log-probability
+    max_len_a: float = ranged(10, "[0, 1e6]")  # a generated sentence has at most a + b * source length tokens ...
+    max_len_b: float = ranged(2.0, "[0, 1e6]")  # ... (including the final </s>)
+    max_new_tokens: int = ranged(256, "[1, 1e6]")  # and never more than this
+
+    def __post_init__(self) -> None:
+        check_fields(self, noun="search setting")
+        if self.nbest > self.beam_size:
+            raise NmtError(f"search setting 'nbest': {self.nbest} hypotheses need beam_size >= {self.nbest} "
+                           f"(it is {self.beam_size})")
 
 
 @dataclass

@@ -137,6 +137,8 @@ class Translator:
     def _translate_safely(self, chunk: list[str], first_line: int, kwargs: dict) -> list:
         try:
             return self.translate(chunk, **kwargs)
+        except NmtError:
+            raise  # a bad setting (beam_size 0, ...) fails every line alike: say so once, not per line
         except Exception as e:  # noqa: BLE001 - any failure of a batch must not lose the other lines
             log.warning("a batch of %d lines failed (%s); translating them one by one", len(chunk), e)
         out = []

@@ -1,5 +1,6 @@
 """The config tree: YAML, overrides and Python build the same thing; bad keys and types are named."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from nmt.config import (
     parse_override,
     pin_sizes,
     resolve_sizes,
+    set_path,
     to_dict,
 )
 from nmt.errors import NmtError
@@ -185,3 +187,97 @@ def test_tune_alpha_and_dropout_are_checked(data, message):
     with pytest.raises(NmtError, match=message):
         from_dict(TrainConfig, data)
     assert from_dict(TrainConfig, {"tune_alpha": [0, 1], "eval_beam": 4}).tune_alpha == [0.0, 1.0]
+
+
+# --- every numeric key with 0, a negative and an absurd value (enumerated from the dataclasses) ---------------
+
+def numeric_keys(cls=TrainConfig, prefix=""):
+    """(dotted key, field, number type, container) for every int/float field, nested sections included."""
+    import dataclasses
+    import types
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from numeric_keys(tp, f"{prefix}{f.name}.")
+            continue
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        container = typing.get_origin(tp) if typing.get_origin(tp) in (list, tuple) else None
+        inner = typing.get_args(tp)[0] if container else tp
+        if inner in (int, float):
+            yield prefix + f.name, f, inner, container
+
+
+def search_keys():
+    from nmt.search import SearchConfig
+
+    return [(key, f, kind, c) for key, f, kind, c in numeric_keys(SearchConfig)]
+
+
+ALL_NUMERIC = list(numeric_keys()) + [("search:" + k, f, kind, c) for k, f, kind, c in search_keys()]
+# one config under which every rule between keys holds, so a value is judged by its own range only
+CONTEXT = {"eval_beam": 4}
+
+
+def test_every_numeric_key_declares_its_range():
+    from nmt.ranges import RANGE
+
+    assert len(ALL_NUMERIC) > 40  # the walk finds the keys (nested sections, optional and list-valued ones)
+    undeclared = [key for key, f, _, _ in ALL_NUMERIC if RANGE not in f.metadata]
+    assert not undeclared, f"declare an interval with ranged(default, '[lo, hi]') for {undeclared}"
+
+
+def bad_values(kind):
+    return [0, -1, 10**15] + ([-0.5, 1e30, float("inf"), float("nan")] if kind is float else [])
+
+
+@pytest.mark.parametrize("key, f, kind, container", ALL_NUMERIC, ids=[k[0] for k in ALL_NUMERIC])
+def test_every_numeric_key_refuses_values_outside_its_range_by_name(key, f, kind, container):
+    from nmt.ranges import RANGE
+    from nmt.search import SearchConfig
+
+    allowed = f.metadata[RANGE]
+    for value in bad_values(kind):
+        given = value if container is None else [value, value] if container is tuple else [value]
+        if key.startswith("search:"):
+            build = lambda: SearchConfig(**{key[7:]: given})  # noqa: B023
+        else:
+            data = {k: v for k, v in CONTEXT.items() if k != key}
+            set_path(data, key, given)
+            build = lambda: from_dict(TrainConfig, data)  # noqa: B023
+        if value in allowed:  # legal: 0 where the range says so (e.g. dropout, warmup_steps, average_last)
+            assert value == 0, f"{key} allows {value}: negative and absurd values must be refused"
+            assert build() is not None
+        else:
+            name = key.removeprefix("search:")
+            with pytest.raises(NmtError, match=rf"'{re.escape(name)}': .* outside the allowed range") as e:
+                build()
+            assert str(allowed) in str(e.value)
+
+
+def test_keys_whose_zero_means_something_accept_it():
+    cfg = from_dict(TrainConfig, {"optim": {"clip_norm": 0, "warmup_steps": 0, "label_smoothing": 0},
+                                  "model": {"dropout": 0, "src_vocab_size": 0}, "average_last": 0, "seed": 0})
+    assert (cfg.optim.clip_norm, cfg.model.dropout, cfg.average_last) == (0, 0, 0)
+
+
+def test_path_like_keys_declare_a_kind():
+    from nmt.ranges import PATH, walk
+
+    looks_like_a_path = re.compile(r"(^|_)(dir|file|path|from|train|valid|test|resume)$")
+    fields = [(key, f) for key, f, _ in walk(TrainConfig()) if looks_like_a_path.search(key.split(".")[-1])]
+    assert {"output_dir", "data.cache_dir", "data.train", "resume"} <= {key for key, _ in fields}
+    undeclared = [key for key, f in fields if PATH not in f.metadata]
+    assert not undeclared, f"declare a path kind with path_key(default, kind) for {undeclared}"
+
+
+def test_a_config_changed_after_construction_is_checked_again():
+    from nmt.config import check_config
+
+    cfg = TrainConfig()
+    cfg.optim.lr = -1.0
+    with pytest.raises(NmtError, match=r"'optim\.lr': -1\.0 is outside the allowed range \(0, 1\]"):
+        check_config(cfg)

@@ -30,6 +30,7 @@ from nmt.training.setup import (
     run_sizes,
 )
 from nmt.training.state import Run, TrainResult
+from nmt.validate import check_run
 
 
 def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult:
@@ -50,6 +51,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
 
 
 def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
+    check_run(cfg)  # every range and path key, before any work
     check_trackers(cfg.log_with)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)

@@ -24,6 +24,7 @@ from nmt.tokenizer import PairTokenizer
 from nmt.training.sizing import sized_config
 from nmt.training.state import Run, TrainState
 from nmt.training.step import make_optim
+from nmt.validate import load_state_error
 
 log = get_logger(__name__)
 
@@ -151,7 +152,10 @@ def resume(run: Run, sampler: TokenBatchSampler) -> TrainState:
     """Restore model, optimizer, scheduler and RNG (Accelerate, weights_only loads) and our JSON state."""
     accelerator = run.accelerator
     path = ckpt.resolve_resume(run.cfg.resume, run.cfg.output_dir)
-    accelerator.load_state(str(path))
+    try:
+        accelerator.load_state(str(path))
+    except RuntimeError as e:  # weights of another model size: name the tensor, both shapes and the changed keys
+        raise load_state_error(e, path, run.cfg) from None
     info = ckpt.read_info(path)
     state = TrainState(**info["state"])
     sampler.load_state_dict(state.sampler)
