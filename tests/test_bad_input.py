@@ -217,3 +217,157 @@ def test_one_bad_line_does_not_lose_the_others(model_dir, monkeypatch, caplog):
     good = tr.translate([lines[i] for i in (0, 1, 3, 4)], beam_size=1, max_new_tokens=8)
     assert out == [good[0], good[1], "", good[2], good[3]]  # only the bad line is empty, order kept
     assert "input line 3 could not be translated" in caplog.text
+
+
+# --- every path key with a missing path, a file and a folder of the wrong kind ---------------------------
+
+def path_keys():
+    from nmt.config import TrainConfig
+    from nmt.ranges import PATH, walk
+
+    return [(key, f.metadata[PATH]) for key, f, _ in walk(TrainConfig()) if PATH in f.metadata]
+
+
+def place(tmp_path, case: str) -> Path:
+    """A path that is missing, a plain file, a plain folder, or below a file."""
+    path = tmp_path / f"p-{case}"
+    if case == "file":
+        path.write_text("not what was asked for\n")
+    elif case == "folder":
+        path.mkdir()
+    elif case == "under_a_file":
+        (tmp_path / "a-file").write_text("x\n")
+        path = tmp_path / "a-file" / "inside"
+    return path
+
+
+# what each kind of path key makes of each case: None = accepted, else words of the message
+EXPECTED = {
+    "folder": {"missing": None, "file": "is a file, not a folder", "folder": None, "under_a_file": "is a file"},
+    "corpus": {"missing": "data file not found", "file": "data file not found", "folder": "not one written by "
+               "Dataset.save_to_disk", "under_a_file": "data file not found"},
+    "checkpoint": {"missing": "does not exist", "file": "is a file, not a folder", "folder": "not a complete nmt "
+                   "checkpoint", "under_a_file": "does not exist"},
+}
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "folder", "under_a_file"])
+@pytest.mark.parametrize("key, kind", path_keys(), ids=[k for k, _ in path_keys()])
+def test_every_path_key_names_a_path_of_the_wrong_kind(tmp_path, key, kind, case):
+    from nmt.config import TrainConfig, from_dict, set_path
+    from nmt.errors import NmtError
+    from nmt.validate import check_paths
+
+    assert kind in EXPECTED, f"{key}: a new path kind {kind!r} needs its row in EXPECTED"
+    path = place(tmp_path, case)
+    data = {"output_dir": str(tmp_path / "run"), "data": {"cache_dir": str(tmp_path / "cache")}}
+    set_path(data, key, str(path))
+    cfg = from_dict(TrainConfig, data)
+    needle = EXPECTED[kind][case]
+    if needle is None:
+        check_paths(cfg)
+        return
+    with pytest.raises(NmtError) as e:
+        check_paths(cfg)
+    message = str(e.value)
+    assert f"config key '{key}'" in message and needle in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("key, kind", path_keys(), ids=[k for k, _ in path_keys()])
+def test_every_path_key_accepts_the_right_thing(tmp_path, key, kind):
+    from nmt.checkpoint import COMPLETE
+    from nmt.config import TrainConfig, from_dict, set_path
+    from nmt.validate import check_paths
+
+    right = {"folder": tmp_path / "out", "corpus": pair_files(tmp_path, good_bytes(0), good_bytes(1)),
+             "checkpoint": tmp_path / "step_2"}[kind]
+    (tmp_path / "step_2").mkdir()
+    (tmp_path / "step_2" / COMPLETE).write_text("{}")
+    data = {"data": {"src_lang": "en", "tgt_lang": "de"}}
+    set_path(data, key, str(right))
+    check_paths(from_dict(TrainConfig, data))  # raises if refused
+
+
+def test_a_prefix_whose_language_file_is_a_folder(tmp_path, capsys):
+    (tmp_path / "c.en").mkdir()
+    (tmp_path / "c.de").write_text("x\n")
+    assert_error(*nmt_train(tmp_path, tmp_path / "c", capsys), "'data.train'", "c.en is a folder")
+
+
+# --- exceptions from deeper layers, as a new user meets them: one line naming the input, exit 2 -------------
+
+def test_negative_learning_rate_is_refused_before_any_work(tmp_path, capsys):
+    spec = pair_files(tmp_path, good_bytes(0), good_bytes(1))
+    code, err = nmt_train(tmp_path, spec, capsys, "--optim.lr", "-0.001")  # was torch.optim's ValueError
+    assert_error(code, err, "'optim.lr'", "-0.001", "outside the allowed range (0, 1]")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_config_changed_in_python_is_checked_when_training_starts(tmp_path):
+    from nmt import train
+    from nmt.config import TrainConfig
+    from nmt.errors import NmtError
+
+    cfg = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=1)
+    cfg.optim.lr = -1.0  # after construction: __post_init__ never saw it
+    with pytest.raises(NmtError, match=r"'optim\.lr': -1\.0 is outside"):
+        train(cfg)
+
+
+def test_output_dir_that_is_a_file(tmp_path, capsys):
+    spec = pair_files(tmp_path, good_bytes(0), good_bytes(1))
+    (tmp_path / "taken").write_text("my notes\n")
+    code, err = nmt_train(tmp_path, spec, capsys, "--output_dir", tmp_path / "taken")  # was FileExistsError
+    assert_error(code, err, "'output_dir'", "taken is a file, not a folder")
+    assert (tmp_path / "taken").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("pairs, key", [(1, "data.valid"), (2, "data.test")])
+def test_corpus_too_small_to_carve_validation_and_test_from(tmp_path, capsys, pairs, key):
+    spec = pair_files(tmp_path, good_bytes(0)[: good_bytes(0).index(b"\n") + 1] * pairs,
+                      good_bytes(1)[: good_bytes(1).index(b"\n") + 1] * pairs)
+    code, err = nmt_train(tmp_path, spec, capsys, "--data.dedupe", "false")  # was the splitter's ValueError
+    assert_error(code, err, f"'{key}'", "too few to carve", f"give {key}")
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--model.d_ff", "128"], ["(64, 32) in the checkpoint but (128, 32)", "changed: model.d_ff 64 -> 128"]),
+    (["--model.n_decoder_layers", "2"], ["missing weights", "changed: model.n_decoder_layers 1 -> 2"]),
+])
+def test_resume_with_a_changed_model_size(model_dir, tmp_path, capsys, flags, needles):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(model_dir.parent, run)
+    code = main(["train", "--config", str(run / "config.yaml"), "--output_dir", str(run), "--resume", "latest",
+                 *flags])  # was torch's state-dict size mismatch
+    assert_error(code, capsys.readouterr().err, "cannot resume from", "step_2", *needles, "config.yaml",
+                 "new output_dir")
+
+
+def test_translate_input_that_is_not_utf8(model_dir, tmp_path, capsys, monkeypatch):
+    import io
+    import sys
+
+    bad = tmp_path / "in.txt"
+    bad.write_bytes(b"sentence number 1 is here .\ncaf\xe9\n")
+    assert_error(main(["translate", str(model_dir), "--input", str(bad)]), capsys.readouterr().err,
+                 "in.txt:2: not valid UTF-8")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bad.read_bytes())))
+    assert_error(main(["translate", str(model_dir)]), capsys.readouterr().err, "stdin:2: not valid UTF-8")
+
+
+def test_translate_input_that_is_missing(model_dir, tmp_path, capsys):
+    code = main(["translate", str(model_dir), "--input", str(tmp_path / "nope.txt")])
+    assert_error(code, capsys.readouterr().err, "nope.txt: No such file or directory")
+
+
+def test_a_bad_search_setting_fails_once_not_on_every_line(model_dir):
+    from nmt import Translator
+    from nmt.errors import NmtError
+
+    tr = Translator.from_pretrained(model_dir)
+    with pytest.raises(NmtError, match=r"'beam_size': 0 is outside the allowed range \[1, 1000\]"):
+        list(tr.translate_stream(["sentence number 1 is here ."] * 3, beam_size=0))
+    with pytest.raises(NmtError, match="nbest"):
+        tr.translate(["sentence number 1 is here ."], beam_size=2, nbest=3)

@@ -114,3 +114,70 @@ def test_evaluate_prints_bleu_and_chrf_with_signatures(trained_model, corpus_dir
     bleu, chrf = proc.stdout.splitlines()
     assert bleu.startswith("BLEU ") and "nrefs:1" in bleu and "tok:13a" in bleu
     assert chrf.startswith("chrF ") and "nc:6" in chrf
+
+
+# --- every flag range-checked where it is parsed; the boundary: one line, exit 2, traceback only under --debug ---
+
+def numeric_flags():
+    """(command, flag, action) for every option of every subcommand that takes a value of a given type."""
+    from nmt.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.choices and isinstance(a.choices, dict))
+    return [(name, action.option_strings[-1], action) for name, p in sub.choices.items() for action in p._actions
+            if action.type is not None and action.option_strings]
+
+
+def test_every_typed_flag_is_range_checked():
+    from nmt.validate import Number
+
+    flags = numeric_flags()
+    assert {("translate", "--beam"), ("translate", "--nbest"), ("check", "--probe-steps")} <= {f[:2] for f in flags}
+    bare = [f"{cmd} {flag}" for cmd, flag, action in flags if not isinstance(action.type, Number)]
+    assert not bare, f"give these flags a range: type=Number(int, '[lo, hi]') from nmt.validate: {bare}"
+
+
+@pytest.mark.parametrize("cmd, flag, action", numeric_flags(), ids=[f"{c} {f}" for c, f, _ in numeric_flags()])
+def test_each_flag_refuses_values_outside_its_range(cmd, flag, action):
+    import argparse
+
+    for text in ("0", "-1", "1e15" if action.type.kind is float else "10000000000000", "many"):
+        value = None if text == "many" else action.type.kind(float(text))
+        if value is not None and value in action.type.allowed:
+            assert text in ("0", "-1"), f"{cmd} {flag} allows the absurd {text}"
+            assert action.type(text) == value
+        else:
+            with pytest.raises(argparse.ArgumentTypeError, match="outside the allowed range|expected"):
+                action.type(text)
+
+
+def test_translate_beam_0_is_refused_with_exit_2(tmp_path):
+    proc = run_nmt("translate", tmp_path, "--beam", "0", stdin="hello\n")  # before: empty output, exit 0
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "argument --beam: 0 is outside the allowed range [1, 1000]" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatch, capsys, tmp_path):
+    import nmt.info
+    from nmt.cli import main
+
+    def broken(model_dir):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(nmt.info, "describe", broken)
+    assert main(["info", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["nmt info: error: RuntimeError: boom (unexpected: run again with --debug for the "
+                                "traceback)"]
+    for argv in (["--debug", "info", str(tmp_path)], ["info", str(tmp_path), "--debug"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" in err and 'raise RuntimeError("boom' in err and err.endswith("traceback)\n")
+
+
+def test_user_errors_keep_exit_2_under_debug(tmp_path, corpus_dir):
+    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--optim.lr", "-1", "--debug")
+    assert proc.returncode == 2
+    assert "Traceback" in proc.stderr and "nmt.errors.NmtError" in proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("nmt train: error: config key 'optim.lr'")
+    assert not (tmp_path / "run").exists()
