@@ -170,7 +170,7 @@ def auto_sizes(train_pairs: int) -> AutoSizes:
 class OptimConfig:
     """AdamW with inverse-square-root warmup."""
 
-    lr: float = ranged(5e-4, "(0, 1]")  # peak learning rate, reached after warmup_steps
+    lr: float = ranged(5e-4, "[0, 1]")  # peak learning rate, reached after warmup_steps
     warmup_steps: int = ranged(1000, "[0, 1e9]")  # linear warmup, then lr * sqrt(warmup / step)
     betas: tuple[float, float] = ranged((0.9, 0.98), "[0, 1)")  # Adam betas
     eps: float = ranged(1e-9, "[0, 1)")  # Adam epsilon

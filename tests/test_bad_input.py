@@ -299,7 +299,7 @@ def test_a_prefix_whose_language_file_is_a_folder(tmp_path, capsys):
 def test_negative_learning_rate_is_refused_before_any_work(tmp_path, capsys):
     spec = pair_files(tmp_path, good_bytes(0), good_bytes(1))
     code, err = nmt_train(tmp_path, spec, capsys, "--optim.lr", "-0.001")  # was torch.optim's ValueError
-    assert_error(code, err, "'optim.lr'", "-0.001", "outside the allowed range (0, 1]")
+    assert_error(code, err, "'optim.lr'", "-0.001", "outside the allowed range [0, 1]")
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
 
 

@@ -279,5 +279,5 @@ def test_a_config_changed_after_construction_is_checked_again():
 
     cfg = TrainConfig()
     cfg.optim.lr = -1.0
-    with pytest.raises(NmtError, match=r"'optim\.lr': -1\.0 is outside the allowed range \(0, 1\]"):
+    with pytest.raises(NmtError, match=r"'optim\.lr': -1\.0 is outside the allowed range \[0, 1\]"):
         check_config(cfg)
