@@ -184,12 +184,10 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _read_lines(path: str) -> list[str]:
     try:
-        with open(path, encoding="utf-8") as f:
-            return [line.rstrip("\r\n") for line in f]
+        with open(path, "rb") as f:
+            return [line.rstrip("\r\n") for line in utf8_lines(f, path)]  # names the first line that is not UTF-8
     except FileNotFoundError:
         raise NmtError(f"file not found: {path}") from None
-    except UnicodeDecodeError as e:
-        raise NmtError(f"{path}: not valid UTF-8 ({e.reason})") from None
 
 
 def _no_extra(extra: list[str]) -> None:

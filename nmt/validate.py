@@ -94,8 +94,24 @@ def check_checkpoint(key: str, path: Path, cfg: TrainConfig) -> None:
         raise _refuse(key, path, f"is not a complete nmt checkpoint (no {COMPLETE})", "checkpoint")
 
 
+def check_model_dir(key: str, path: Path, cfg: TrainConfig) -> None:
+    """A model directory as training writes it (what fine-tuning or a teacher would start from)."""
+    if not path.exists():
+        raise _refuse(key, path, "does not exist", "model")
+    if not path.is_dir():
+        raise _refuse(key, path, "is a file, not a folder", "model")
+    has = lambda names: all((path / name).is_file() for name in names)
+    missing = [" or ".join("+".join(n) for n in group) for group in MODEL_FILES if not any(map(has, group))]
+    if missing:
+        raise _refuse(key, path, f"is not an nmt model directory (no {', '.join(missing)})", "model")
+
+
+# what Seq2SeqTransformer.save_pretrained and PairTokenizer.save write (nmt.model, nmt.tokenizer: not imported here,
+# they bring torch and tokenizers); each entry is a list of alternatives, each a set of files
+MODEL_FILES = ([("config.json",)], [("model.safetensors",)],
+               [("tokenizer.json",), ("tokenizer.src.json", "tokenizer.tgt.json")])
 PATH_CHECKS: dict[str, Callable[[str, Path, TrainConfig], None]] = {
-    "folder": check_folder, "corpus": check_corpus, "checkpoint": check_checkpoint}
+    "folder": check_folder, "corpus": check_corpus, "checkpoint": check_checkpoint, "model": check_model_dir}
 
 
 # --- command-line numbers -------------------------------------------------------------------------

@@ -5,6 +5,7 @@ SKIP = the pair is dropped and counted under the named reason; WORKS = read as i
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -248,7 +249,48 @@ EXPECTED = {
                "Dataset.save_to_disk", "under_a_file": "data file not found"},
     "checkpoint": {"missing": "does not exist", "file": "is a file, not a folder", "folder": "not a complete nmt "
                    "checkpoint", "under_a_file": "does not exist"},
+    "model": {"missing": "does not exist", "file": "is a file, not a folder", "folder": "not an nmt model directory",
+              "under_a_file": "does not exist"},
 }
+
+
+def right_path(tmp_path, kind: str) -> Path:
+    """A path each kind accepts."""
+    from nmt.checkpoint import COMPLETE
+
+    if kind == "corpus":
+        return pair_files(tmp_path, good_bytes(0), good_bytes(1))
+    if kind == "folder":
+        return tmp_path / "out"
+    path = tmp_path / kind
+    path.mkdir()
+    files = [COMPLETE] if kind == "checkpoint" else ["config.json", "model.safetensors", "tokenizer.json"]
+    for name in files:
+        (path / name).write_text("{}")
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "folder", "under_a_file", "right"])
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
+def test_every_path_kind_judges_each_case(tmp_path, kind, case):
+    """Each kind of nmt.ranges.PATH_KINDS, also those no key uses yet, through its check in nmt.validate."""
+    from nmt.config import TrainConfig
+    from nmt.errors import NmtError
+    from nmt.ranges import PATH_KINDS
+    from nmt.validate import PATH_CHECKS
+
+    assert set(PATH_KINDS) == set(PATH_CHECKS) == set(EXPECTED)
+    cfg = TrainConfig(data=DataConfig(src_lang="en", tgt_lang="de"))
+    if case == "right":
+        PATH_CHECKS[kind]("some.key", right_path(tmp_path, kind), cfg)
+        return
+    needle = EXPECTED[kind][case]
+    if needle is None:
+        PATH_CHECKS[kind]("some.key", place(tmp_path, case), cfg)
+        return
+    with pytest.raises(NmtError, match=re.escape(needle)) as e:
+        PATH_CHECKS[kind]("some.key", place(tmp_path, case), cfg)
+    assert str(e.value).startswith("config key 'some.key': ")
 
 
 @pytest.mark.parametrize("case", ["missing", "file", "folder", "under_a_file"])
@@ -275,16 +317,11 @@ def test_every_path_key_names_a_path_of_the_wrong_kind(tmp_path, key, kind, case
 
 @pytest.mark.parametrize("key, kind", path_keys(), ids=[k for k, _ in path_keys()])
 def test_every_path_key_accepts_the_right_thing(tmp_path, key, kind):
-    from nmt.checkpoint import COMPLETE
     from nmt.config import TrainConfig, from_dict, set_path
     from nmt.validate import check_paths
 
-    right = {"folder": tmp_path / "out", "corpus": pair_files(tmp_path, good_bytes(0), good_bytes(1)),
-             "checkpoint": tmp_path / "step_2"}[kind]
-    (tmp_path / "step_2").mkdir()
-    (tmp_path / "step_2" / COMPLETE).write_text("{}")
     data = {"data": {"src_lang": "en", "tgt_lang": "de"}}
-    set_path(data, key, str(right))
+    set_path(data, key, str(right_path(tmp_path, kind)))
     check_paths(from_dict(TrainConfig, data))  # raises if refused
 
 
@@ -355,6 +392,8 @@ def test_translate_input_that_is_not_utf8(model_dir, tmp_path, capsys, monkeypat
                  "in.txt:2: not valid UTF-8")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bad.read_bytes())))
     assert_error(main(["translate", str(model_dir)]), capsys.readouterr().err, "stdin:2: not valid UTF-8")
+    code = main(["evaluate", str(model_dir), "--src", str(bad), "--ref", str(bad)])
+    assert_error(code, capsys.readouterr().err, "in.txt:2: not valid UTF-8")
 
 
 def test_translate_input_that_is_missing(model_dir, tmp_path, capsys):
