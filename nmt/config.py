@@ -7,6 +7,7 @@ No torch here. Unknown keys and wrong types raise `NmtError` naming the key; lau
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -309,11 +310,16 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     return _scalar(tp, value, path)
 
 
+EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _scalar(tp: Any, value: Any, path: str) -> Any:
     if tp is Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str) and EXPONENT_FLOAT.fullmatch(value.strip()):
+        return float(value)  # 1e-3: YAML 1.1 (PyYAML) reads a float without a dot as a string
     if tp is int and isinstance(value, bool) or not isinstance(value, tp):
         raise NmtError(f"config key {path!r}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
     return value

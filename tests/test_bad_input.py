@@ -396,9 +396,12 @@ def test_translate_input_that_is_not_utf8(model_dir, tmp_path, capsys, monkeypat
     assert_error(code, capsys.readouterr().err, "in.txt:2: not valid UTF-8")
 
 
-def test_translate_input_that_is_missing(model_dir, tmp_path, capsys):
+def test_translate_input_that_is_missing_and_output_that_is_a_folder(model_dir, tmp_path, capsys):
     code = main(["translate", str(model_dir), "--input", str(tmp_path / "nope.txt")])
     assert_error(code, capsys.readouterr().err, "nope.txt: No such file or directory")
+    (tmp_path / "in.txt").write_text("sentence number 1 is here .\n")
+    code = main(["translate", str(model_dir), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
+    assert_error(code, capsys.readouterr().err, f"{tmp_path}: Is a directory")
 
 
 def test_a_bad_search_setting_fails_once_not_on_every_line(model_dir):

@@ -73,6 +73,16 @@ def test_bad_keys_and_types_are_named(data, key):
         from_dict(TrainConfig, data)
 
 
+def test_floats_in_exponent_form_are_floats():
+    """PyYAML reads 1e-3 (no dot) as a string; `--optim.lr 1e-3` and `lr: 1e-3` in a file mean the number."""
+    cfg = load_config(None, ["optim.lr=1e-3", "optim.eps=1E-9"])
+    assert (cfg.optim.lr, cfg.optim.eps) == (0.001, 1e-9)
+    with pytest.raises(NmtError, match=r"'optim\.eps': -1e-09 is outside the allowed range"):
+        load_config(None, ["optim.eps=-1e-9"])
+    with pytest.raises(NmtError, match="expected float"):
+        load_config(None, ["optim.lr=1e-3x"])
+
+
 def test_int_is_accepted_for_float_but_bool_is_not_int():
     assert from_dict(TrainConfig, {"optim": {"lr": 1}}).optim.lr == 1.0
     with pytest.raises(NmtError, match="max_tokens"):
