@@ -34,7 +34,7 @@ def check_run(cfg: TrainConfig) -> None:
 
 def check_paths(cfg: TrainConfig) -> None:
     """Each path key (declared with `path_key` in nmt.config) is what its kind needs: a folder, a corpus, a
-    checkpoint. Raises NmtError naming the key, the path and what it should be."""
+    checkpoint, a model directory. Raises NmtError naming the key, the path and what it should be."""
     for key, f, value in walk(cfg):
         kind = f.metadata.get(PATH)
         if kind is not None and value is not None:
