@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from nmt.batching import TokenBatchSampler, deal
 from nmt.collate import Collator
 from nmt.config import ModelConfig, TrainConfig, auto_sizes, read_yaml
-from nmt.data import bpe_dropout, pair_lengths, prepare
+from nmt.data import bpe_dropout, column, overlap_line, pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
@@ -69,6 +70,7 @@ class Report:
     measured_peak: int | None = None  # bytes, CUDA only: torch.cuda.max_memory_allocated during the probe
     sizing_pairs: int = 0  # training pairs after cleaning: what auto_sizes chooses vocabulary and model size by
     auto_chosen: list[str] = field(default_factory=list)  # the sizes auto_sizes chose (those the config left null)
+    overlap: str | None = None  # validation/test pairs that also occur in train (nmt.data.overlap_line)
     cfg: TrainConfig | None = field(default=None, repr=False)
     problems: list[str] = field(default_factory=list)
 
@@ -77,6 +79,7 @@ class Report:
         cfg = self.cfg
         out = [f"data      {_pairs(self.pairs)} pairs{_carved(self.carved)}; cleaning kept {self.pairs['train']:,} "
                f"of {self.read:,} training pairs read{_dropped(self.dropped)}",
+               *([f"overlap   {self.overlap}"] if self.overlap else []),
                f"lengths   subword tokens with </s>, training set: source {_pct(self.src_len)}; "
                f"target {_pct(self.tgt_len)}",
                f"vocab     {_vocab(self)}; unknown on validation: source {self.unk_rate['src']:.2%}, "
@@ -127,7 +130,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     # under BPE-dropout, epoch 0's segmentation as training will see it (later epochs differ by a few steps)
     train = dropout.encoded(0) if dropout else corpus.splits["train"]
     src_len, tgt_len = pair_lengths(train)
-    cost = dropout.lengths(0)[0] if dropout else train["cost"]
+    cost = dropout.lengths(0)[0] if dropout else column(train, "cost")
     sampler = TokenBatchSampler(cost, cfg.max_tokens, 0, num_processes, cfg.accum_steps, cfg.seed, src_len)
     plan = sampler.plan(0)
     clean = corpus.stats["clean"]
@@ -146,10 +149,10 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         micro_batches_per_epoch=len(plan) * cfg.accum_steps,
         total_steps=cfg.max_steps or cfg.max_epochs * len(plan), n_params=n_params,
         memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
-        sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen)
+        sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen, overlap=overlap_line(corpus.stats))
     if probe_steps > 0:
         probe(report, model, cfg, train, plan, src_len, tgt_len, probe_steps, device)
-    report.problems = find_problems(report, cfg, model_cfg, int(np.max(corpus.splits["train"]["cost"])))
+    report.problems = find_problems(report, cfg, model_cfg, int(np.max(column(corpus.splits["train"], "cost"))))
     return report
 
 
@@ -171,15 +174,15 @@ def _count_over(ds, limit: int) -> int:
 
 def unknown_rates(ds) -> dict[str, float]:
     """Share of <unk> among the validation subwords (the source's appended </s> not counted)."""
-    unk = {"src": 0, "tgt": 0}
-    total = {"src": 0, "tgt": 0}
-    for batch in ds.select_columns(["src_ids", "tgt_ids"]).iter(batch_size=10_000):
-        for side, rows in (("src", batch["src_ids"]), ("tgt", batch["tgt_ids"])):
-            for ids in rows:
-                ids = ids[:-1] if side == "src" and ids and ids[-1] == EOS else ids
-                unk[side] += ids.count(UNK)
-                total[side] += len(ids)
-    return {side: unk[side] / max(total[side], 1) for side in unk}
+    rates = {}
+    for side in ("src", "tgt"):
+        ids = ds.with_format("arrow")[f"{side}_ids"]
+        ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+        flat, ends = ids.flatten().to_numpy(), ids.offsets.to_numpy()[1:] - ids.offsets.to_numpy()[0]
+        last = flat[ends[ends > 0] - 1]  # the final id of each non-empty row
+        total = len(flat) - (int(np.sum(last == EOS)) if side == "src" else 0)
+        rates[side] = int(np.sum(flat == UNK)) / max(total, 1)
+    return rates
 
 
 def padding_share(plan, src_len: np.ndarray, tgt_len: np.ndarray) -> float:

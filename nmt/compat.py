@@ -53,6 +53,13 @@ def dataset_fingerprint(ds) -> str:
     return ds._fingerprint
 
 
+def dataset_indices(ds):
+    """The rows of the Arrow table under `ds` (`ds.data.table`) that a Dataset selects, as a NumPy array, or None
+    when it selects all in order (datasets 5.2.0: the private `_indices` table that select, train_test_split and
+    shuffle keep; the public row access reads it one row at a time)."""
+    return None if ds._indices is None else ds._indices.column(0).to_numpy()
+
+
 def is_fsdp(accelerator) -> bool:
     """Whether the run shards with FSDP (accelerate 1.15.0: `DistributedType.FSDP`, versions 1 and 2)."""
     from accelerate.utils import DistributedType

@@ -26,7 +26,8 @@ BUILTIN = "builtin:synthetic"  # the embedded corpus (nmt.synthetic)
 class DataConfig:
     """Where the parallel text comes from and how it is cleaned."""
 
-    train: str = path_key(BUILTIN, "corpus")  # PREFIX of .<lang> files, .tsv/.jsonl/.csv, a save_to_disk dir, hub:, builtin:
+    train: str | list[str] = path_key(BUILTIN, "corpus")  # PREFIX of .<lang> files, .tsv/.jsonl/.csv, dataset dir, hub:, builtin:
+    weights: list[float] | None = ranged(None, "[0, 1e6]")  # per train corpus: times seen per epoch (upsampling: [1, 2])
     valid: str | None = path_key(None, "corpus")  # same forms as train; None carves valid_ratio off train
     test: str | None = path_key(None, "corpus")  # same forms as train; None carves test_ratio off train
     src_lang: str = "en"  # source language code: file suffix, JSON field or translation key
@@ -40,11 +41,18 @@ class DataConfig:
     max_ratio: float = ranged(3.0, "[1, 1e3]")  # drop pairs whose word-length ratio exceeds this (sides > ratio_min_words)
     ratio_min_words: int = ranged(3, "[0, 1e6]")  # the length-ratio filter applies only when the longer side has more words
     dedupe: bool = True  # drop exact duplicate pairs from train
+    dedupe_eval: bool = False  # drop training pairs equal (after normalisation) to a validation or test pair
     max_train_pairs: int | None = ranged(None, "[1, 1e12]")  # use only the first N training pairs (quick experiments)
     cache_dir: str = path_key("~/.cache/nmt", "folder")  # encoded datasets and trained tokenizers, keyed by content
+    shared_cache: bool = True  # cache_dir is seen by every node: only the global main process prepares (false: each node's)
 
     def __post_init__(self) -> None:
         check_fields(self, "data.")
+        n_train = 1 if isinstance(self.train, str) else len(self.train)
+        _check(n_train > 0, "data.train", "needs at least one corpus")
+        if self.weights is not None:
+            _check(len(self.weights) == n_train, "data.weights", f"needs one weight per train corpus ({n_train})")
+            _check(max(self.weights) > 0, "data.weights", "needs one positive weight")
 
 
 @dataclass
@@ -56,6 +64,7 @@ class TokenizerConfig:
     joint: bool = True  # one vocabulary for both languages (enables shared embeddings)
     min_frequency: int = ranged(2, "[0, 1e9]")  # BPE: merges need at least this many occurrences
     dropout: float | None = ranged(None, "(0, 1)")  # BPE-dropout: skip merges with this probability, re-segmented each epoch
+    train_sample: int | None = ranged(None, "[1, 1e12]")  # train the tokenizer on N random training pairs (all encoded)
 
     def __post_init__(self) -> None:
         check_fields(self, "tokenizer.")
@@ -212,6 +221,7 @@ class TrainConfig:
     tune_alpha: list[float] | None = ranged(None, "[0, 10]")  # alphas tried on validation at the end (and 0.6); best wins
     pad_to_multiple_of: int | None = ranged(None, "[1, 4096]")  # pad batch lengths to a multiple of this (8: tensor cores)
     compile: bool = False  # torch.compile the model; measured slower on a 2-core AVX2 CPU (benchmarks/train_speed.py)
+    dist_timeout_minutes: float = ranged(30.0, "(0, 1e6]")  # process group timeout of a collective (data prep waits outside)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -294,7 +304,13 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        return _coerce(next(a for a in args if a is not type(None)), value, path)
+        members = [a for a in args if a is not type(None)]
+        for member in members[:-1]:  # str | list[str]: the first that takes the value
+            try:
+                return _coerce(member, value, path)
+            except NmtError:
+                continue
+        return _coerce(members[-1], value, path)
     if origin is Literal:
         if value not in args:
             raise NmtError(f"config key {path!r}: {value!r} is not one of {', '.join(map(repr, args))}")

@@ -15,20 +15,26 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
+from nmt import clean as columns
 from nmt.compat import dataset_fingerprint
 from nmt.config import BUILTIN, DataConfig, TokenizerConfig, TrainConfig, auto_sizes, to_dict
 from nmt.errors import NmtError
-from nmt.tokenizer import EOS, DropoutSegmenter, PairTokenizer, train_pair_tokenizer
+from nmt.textfiles import count_lines as count_lines
+from nmt.textfiles import decode_line, text_pair_batches, tsv_batches, write_arrow
+from nmt.tokenizer import EOS, DropoutSegmenter, PairTokenizer, bulk_threads, train_pair_tokenizer
 
 datasets.disable_progress_bars()
 datasets.logging.set_verbosity_error()
@@ -48,51 +54,24 @@ class Corpus:
 # --- reading ------------------------------------------------------------------------------------
 
 
-def count_lines(path: Path) -> int:
-    n, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            n += chunk.count(b"\n")
-            last = chunk[-1:]
-    return n + (last != b"\n")
-
-
-def _decode(raw: bytes, path: Path, line_no: int) -> str:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise NmtError(f"{path}:{line_no}: not valid UTF-8 (byte {e.start + 1} of the line); "
-                       "convert the file, e.g. iconv -f latin1 -t utf-8") from None
-    if line_no == 1:
-        text = text.removeprefix("\ufeff")
-    return text.rstrip("\r\n")
-
-
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     with open(path, "rb") as f:
         for i, raw in enumerate(f, 1):
-            yield i, _decode(raw, path, i)
+            yield i, decode_line(raw, path, i)
 
 
 def read_text_pair(src: str, tgt: str) -> Iterator[dict]:
-    """Line i of `src` with line i of `tgt`."""
-    src_path, tgt_path = Path(src), Path(tgt)
-    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
-    if n_src != n_tgt:
-        raise NmtError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
-                       "line i of one must be the translation of line i of the other")
-    for (_, a), (_, b) in zip(_lines(src_path), _lines(tgt_path)):
-        yield {"src": a, "tgt": b}
+    """Line i of `src` with line i of `tgt` (as dicts; `load_split` writes them to Arrow in chunks instead)."""
+    for batch in text_pair_batches(Path(src), Path(tgt)):
+        for a, b in zip(batch.column("src").to_pylist(), batch.column("tgt").to_pylist()):
+            yield {"src": a, "tgt": b}
 
 
 def read_tsv(path: str) -> Iterator[dict]:
     """Column 1 is the source, column 2 the target; further columns (attribution) are ignored."""
-    for i, line in _lines(Path(path)):
-        cols = line.split("\t")
-        if len(cols) < 2:
-            raise NmtError(f"{path}:{i}: expected source<TAB>target, found {len(cols)} column; "
-                           "fix or remove the line")
-        yield {"src": cols[0], "tgt": cols[1]}
+    for batch in tsv_batches(Path(path)):
+        for a, b in zip(batch.column("src").to_pylist(), batch.column("tgt").to_pylist()):
+            yield {"src": a, "tgt": b}
 
 
 def read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict]:
@@ -163,7 +142,7 @@ def load_split(spec: str, cfg: DataConfig, split: str, cache: Path, whole_ok: bo
         return None
     suffix = path.suffix.lower()
     if suffix == ".tsv":
-        return _from_generator(read_tsv, {"path": str(path), "stamp": _stamp(path)}, cache)
+        return _from_arrow_file(lambda: tsv_batches(path), "tsv", _stamp(path), cache)
     if suffix in (".jsonl", ".json"):
         return _from_generator(read_jsonl, {"path": str(path), "src_lang": cfg.src_lang,
                                             "tgt_lang": cfg.tgt_lang, "stamp": _stamp(path)}, cache)
@@ -175,8 +154,25 @@ def load_split(spec: str, cfg: DataConfig, split: str, cache: Path, whole_ok: bo
         if not p.is_file():
             raise NmtError(f"data file not found: {p} (from {spec!r}: give a prefix of .{cfg.src_lang}/.{cfg.tgt_lang} "
                            "files, a .tsv/.jsonl/.csv file, a save_to_disk folder, hub:NAME or builtin:synthetic)")
-    return _from_generator(read_text_pair, {"src": str(src), "tgt": str(tgt),
-                                            "stamp": _stamp(src) + _stamp(tgt)}, cache)
+    return _from_arrow_file(lambda: text_pair_batches(src, tgt), "text", _stamp(src) + _stamp(tgt), cache)
+
+
+def _from_arrow_file(batches: Callable[[], Iterator[pa.RecordBatch]], kind: str, stamp: str,
+                     cache: Path) -> datasets.Dataset:
+    """The text read once into an Arrow file named by the files' stamps, then opened memory-mapped."""
+    out = cache / "read" / f"{kind}-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.arrow"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_arrow(batches(), out)
+    return open_arrow(out, f"nmt-{out.stem}")
+
+
+def open_arrow(path: Path, fingerprint: str) -> datasets.Dataset:
+    """The Arrow file at `path`, memory-mapped. `fingerprint` names its content wherever the cache lies (datasets
+    would derive one from the path), so the content key of a preparation does not depend on data.cache_dir."""
+    from datasets.arrow_reader import ArrowReader
+
+    return datasets.Dataset(ArrowReader.read_table(str(path)), fingerprint=fingerprint)
 
 
 def _stamp(path: Path) -> str:
@@ -262,33 +258,94 @@ def drop_reason(src: str, tgt: str, cfg: DataConfig) -> str | None:
     return None
 
 
-def clean(ds: datasets.Dataset, cfg: DataConfig) -> tuple[np.ndarray, dict]:
-    """Indices of the pairs to keep (bad pairs and exact duplicates dropped), and counts per reason."""
-    keep, counts, seen = [], Counter(), set()
-    index = 0
-    for batch in ds.iter(batch_size=10_000):
-        for src, tgt in zip(batch["src"], batch["tgt"]):
-            reason = drop_reason(src, tgt, cfg)
-            if reason is None and cfg.dedupe:
-                key = hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=12).digest()
-                reason = "duplicate" if key in seen else None
-                seen.add(key)
-            if reason:
-                counts[reason] += 1
-            else:
-                keep.append(index)
-            index += 1
-    stats = {"read": index, "kept": len(keep), "dropped": dict(counts)}
-    return np.asarray(keep, dtype=np.int64), stats
+def clean(ds: datasets.Dataset, cfg: DataConfig,
+          evals: dict[str, datasets.Dataset] | None = None) -> tuple[np.ndarray, dict]:
+    """Indices of the pairs to keep (bad pairs and exact duplicates dropped), and counts per reason.
+
+    Whole columns at a time (`nmt.clean`). With `evals` (validation, test), stats["overlap"] counts their
+    pairs that also occur in `ds` after normalisation (`nmt.clean.normalise`); `cfg.dedupe_eval` drops those
+    training pairs ("in_valid_or_test").
+    """
+    codes, exact, norm = columns.scan(arrow_batches(ds), cfg)
+    keep = np.flatnonzero(codes == 0)
+    reasons, counts = np.unique(codes[codes > 0], return_counts=True)
+    dropped = Counter({columns.REASONS[r - 1]: int(n) for r, n in zip(reasons, counts)})
+    if cfg.dedupe:
+        repeated = columns.repeats(exact[keep], lambda idx: rows(ds, keep[idx]))
+        dropped["duplicate"] = int(repeated.sum())
+        keep = keep[~repeated]
+    stats = {"read": len(codes)}
+    if evals:
+        in_eval, stats["overlap"] = _eval_overlap(ds, keep, norm[keep], evals, cfg)
+        if cfg.dedupe_eval:
+            dropped["in_valid_or_test"] = int(in_eval.sum())
+            keep = keep[~in_eval]
+    stats.update(kept=len(keep), dropped={k: n for k, n in dropped.items() if n})
+    return keep.astype(np.int64), stats
+
+
+def _eval_overlap(ds: datasets.Dataset, keep: np.ndarray, norm: np.ndarray, evals: dict[str, datasets.Dataset],
+                  cfg: DataConfig) -> tuple[np.ndarray, dict]:
+    """(len(keep),) bool: kept training pairs that equal an eval pair after normalisation; and per eval split,
+    how many of its pairs occur in training."""
+    eval_texts = {name: rows(ev, np.arange(len(ev)), normalised=True) for name, ev in evals.items()}
+    eval_hashes = np.concatenate([columns.scan(arrow_batches(ev), cfg)[2] for ev in evals.values()])
+    every = set().union(*eval_texts.values())
+    in_eval = columns.in_other(norm, eval_hashes, lambda idx: rows(ds, keep[idx], normalised=True), every)
+    seen = set(rows(ds, keep[in_eval], normalised=True))
+    overlap = {name: sum(text in seen for text in texts) for name, texts in eval_texts.items()}
+    return in_eval, overlap
+
+
+def arrow_batches(ds: datasets.Dataset, batch_size: int = 50_000) -> Iterator[pa.Table]:
+    """`ds` as Arrow tables of `batch_size` rows (no row formatting; an indices mapping is applied per batch)."""
+    return ds.with_format("arrow").iter(batch_size=batch_size)
+
+
+def rows(ds: datasets.Dataset, idx: np.ndarray, normalised: bool = False) -> list[tuple[str, str]]:
+    """(source, target) of the pairs at `idx`, optionally normalised (`nmt.clean.normalise`)."""
+    if len(idx) == 0:
+        return []
+    table = ds.with_format("arrow")[idx.tolist()]
+    src, tgt = table.column("src"), table.column("tgt")
+    if normalised:
+        src, tgt = columns.normalise(src), columns.normalise(tgt)
+    return list(zip(src.to_pylist(), tgt.to_pylist()))
+
+
+def column(ds: datasets.Dataset, name: str) -> np.ndarray:
+    """(N,) a numeric column as NumPy, read through Arrow (never row by row)."""
+    return ds.with_format("arrow")[name].to_numpy()
+
+
+def overlap_line(stats: dict) -> str | None:
+    """One line for the log: validation/test pairs that also occur in train; None when there are none."""
+    overlap = stats.get("clean", {}).get("overlap") or {}
+    if not any(overlap.values()):
+        return None
+    found = " and ".join(f"{n} {name}" for name, n in overlap.items())
+    removed = stats["clean"]["dropped"].get("in_valid_or_test")
+    then = (f"data.dedupe_eval removed {removed} training pairs" if removed is not None
+            else "set data.dedupe_eval: true to remove them from train")
+    return f"{found} pairs also occur in the training data (after normalisation); {then}"
 
 
 # --- encoding -----------------------------------------------------------------------------------
 
 
-def _encode_batch(batch: dict, tokenizer: PairTokenizer) -> dict:
-    src_ids = tokenizer.encode_src(batch["src"])
-    tgt_ids = tokenizer.encode_tgt(batch["tgt"])
-    return {"src_ids": src_ids, "tgt_ids": tgt_ids, "cost": [pair_cost(s, t) for s, t in zip(src_ids, tgt_ids)]}
+IDS = pa.list_(pa.int32())
+ENCODED = pa.schema([("src", pa.string()), ("tgt", pa.string()), ("src_ids", IDS), ("tgt_ids", IDS),
+                     ("src_len", pa.int32()), ("tgt_len", pa.int32()), ("cost", pa.int32())])
+
+
+def _encode_batch(batch: pa.Table, tokenizer: PairTokenizer) -> pa.RecordBatch:
+    src_ids = tokenizer.encode_src(batch.column("src").to_pylist())
+    tgt_ids = tokenizer.encode_tgt(batch.column("tgt").to_pylist())
+    src_len = np.fromiter(map(len, src_ids), np.int32, len(src_ids))
+    tgt_len = np.fromiter(map(len, tgt_ids), np.int32, len(tgt_ids)) + 1  # + </s>, as the decoder sees it
+    return pa.record_batch([batch.column("src").combine_chunks(), batch.column("tgt").combine_chunks(),
+                            pa.array(src_ids, IDS), pa.array(tgt_ids, IDS), src_len, tgt_len,
+                            np.maximum(src_len, tgt_len)], schema=ENCODED)
 
 
 def pair_cost(src_ids: list[int], tgt_ids: list[int]) -> int:
@@ -297,28 +354,33 @@ def pair_cost(src_ids: list[int], tgt_ids: list[int]) -> int:
 
 
 def encode(ds: datasets.Dataset, tokenizer: PairTokenizer, cache_file: Path) -> datasets.Dataset:
-    """Tokenize with Dataset.map(batched=True); a second call with the same cache file re-tokenizes nothing."""
-    return ds.map(_encode_batch, batched=True, batch_size=1000, fn_kwargs={"tokenizer": tokenizer},
-                  cache_file_name=str(cache_file), load_from_cache_file=True, new_fingerprint=cache_file.stem)
+    """Tokenize into an Arrow file (columns of `ENCODED`) opened memory-mapped; a second call with the same
+    cache file re-tokenizes nothing. Batches go through the tokenizer's own threads (`bulk_threads`)."""
+    if not cache_file.is_file():
+        with bulk_threads():
+            write_arrow((_encode_batch(t, tokenizer) for t in arrow_batches(ds, 10_000)), cache_file, ENCODED)
+    return open_arrow(cache_file, f"nmt-{cache_file.parent.name}-{cache_file.stem}")
 
 
 def pair_lengths(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
     """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>)."""
-    table = ds.select_columns(["src_ids", "tgt_ids"]).with_format("arrow")[:]
-    side = lambda name: pc.list_value_length(table.column(name)).to_numpy().astype(np.int64)
+    if "src_len" in ds.column_names and "tgt_len" in ds.column_names:
+        return column(ds, "src_len").astype(np.int64), column(ds, "tgt_len").astype(np.int64)
+    side = lambda name: pc.list_value_length(ds.with_format("arrow")[name]).to_numpy().astype(np.int64)
     return side("src_ids"), side("tgt_ids") + 1
 
 
-def drop_long(train: datasets.Dataset, max_subwords: int, stats: dict) -> tuple[datasets.Dataset, dict]:
-    """Drop training pairs longer than `max_subwords` subwords on either side, counting them."""
-    cost = np.asarray(train["cost"])
+def drop_long(train: datasets.Dataset, max_subwords: int, stats: dict) -> tuple[datasets.Dataset, dict, np.ndarray]:
+    """Drop training pairs longer than `max_subwords` subwords on either side, counting them; also returns the
+    indices kept."""
+    cost = column(train, "cost")
     keep = np.flatnonzero(cost <= max_subwords)
     if len(keep) == len(cost):
-        return train, stats
+        return train, stats, keep
     if len(keep) == 0:
         raise NmtError(f"no training pairs left: all are longer than data.max_subwords={max_subwords}")
     dropped = {**stats["dropped"], "too_many_subwords": len(cost) - len(keep)}
-    return train.select(keep), {**stats, "kept": len(keep), "dropped": dropped}
+    return train.select(keep), {**stats, "kept": len(keep), "dropped": dropped}, keep
 
 
 # --- the whole preparation -----------------------------------------------------------------------
@@ -328,42 +390,78 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
             tokenizer: PairTokenizer | None = None, splits: tuple[str, ...] = SPLITS) -> Corpus:
     """Read, carve, clean, train the tokenizer (unless given) and encode, all cached by content.
 
-    `main_first` (e.g. accelerator.main_process_first) lets the main process fill the cache while the
+    `main_first` (e.g. nmt.launch.main_process_first) lets the main process fill the cache while the
     others wait and then read it. A null `tok_cfg.vocab_size` is chosen by `auto_sizes` from the number of
-    training pairs left after cleaning, recorded as stats["sizing_pairs"].
+    training pairs left after cleaning, recorded as stats["sizing_pairs"]. stats["seconds"] times each phase.
     """
     from contextlib import nullcontext
 
     cache_root = Path(os.path.expanduser(cfg.cache_dir))
     cache_root.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
     with (main_first or nullcontext)():
-        raw, split_stats = _read_splits(cfg, cache_root)
+        with _timed(seconds, "read"):
+            raw, split_stats = _read_splits(cfg, cache_root)
         key = _content_key(raw, cfg, tok_cfg, tokenizer)
         work = cache_root / "prepared" / key
         work.mkdir(parents=True, exist_ok=True)
-        raw["train"], clean_stats = _cached_clean(raw["train"], cfg, work)
+        with _timed(seconds, "clean"):
+            raw["train"], clean_stats, kept = _cached_clean(raw, cfg, work)
         sizing_pairs = len(raw["train"])
         if tok_cfg.vocab_size is None:
             tok_cfg = dataclasses.replace(tok_cfg, vocab_size=auto_sizes(sizing_pairs).vocab_size)
-        tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
-        encoded = {name: encode(raw[name], tokenizer, work / f"{name}.arrow") for name in splits}
+        with _timed(seconds, "tokenizer"):
+            tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
+        with _timed(seconds, "encode"):
+            encoded = {name: encode(raw[name], tokenizer, work / f"{name}.encoded.arrow") for name in splits}
     if "train" in encoded:
-        encoded["train"], clean_stats = drop_long(encoded["train"], cfg.max_subwords, clean_stats)
+        encoded["train"], clean_stats, long_kept = drop_long(encoded["train"], cfg.max_subwords, clean_stats)
+        if len(split_stats["corpora"]) > 1:
+            origin = np.searchsorted(np.cumsum(split_stats["corpora"]), kept[long_kept], side="right")
+            encoded["train"], split_stats["corpora"] = mix(encoded["train"], origin, cfg)
     stats = {**split_stats, "clean": clean_stats, "cache": str(work), "sizing_pairs": sizing_pairs,
-             "pairs": {name: len(ds) for name, ds in encoded.items()}}
+             "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
     return Corpus(encoded, tokenizer, stats)
 
 
+@contextmanager
+def _timed(seconds: dict, name: str):
+    start = time.perf_counter()
+    yield
+    seconds[name] = round(time.perf_counter() - start, 3)
+
+
+def train_specs(cfg: DataConfig) -> list[str]:
+    """The training corpora: data.train as a list."""
+    return [cfg.train] if isinstance(cfg.train, str) else list(cfg.train)
+
+
+def mix(train: datasets.Dataset, origin: np.ndarray, cfg: DataConfig) -> tuple[datasets.Dataset, list[dict]]:
+    """Each corpus's pairs `data.weights[i]` times per epoch (upsampling): whole copies, and for a fraction a
+    sample drawn once with `data.split_seed`. `origin` (N,) is the corpus of each training pair."""
+    weights = cfg.weights or [1.0] * len(train_specs(cfg))
+    rng = np.random.default_rng(cfg.split_seed)
+    parts, corpora = [], []
+    for i, (spec, weight) in enumerate(zip(train_specs(cfg), weights)):
+        idx = np.flatnonzero(origin == i)
+        whole, frac = divmod(float(weight), 1.0)
+        extra = np.sort(rng.choice(idx, size=round(frac * len(idx)), replace=False))
+        parts += [idx] * int(whole) + [extra]
+        corpora.append({"train": spec, "pairs": len(idx), "weight": weight, "per_epoch": int(whole) * len(idx) + len(extra)})
+    order = np.concatenate(parts)
+    if len(order) == 0:
+        raise NmtError("config key 'data.weights': every training corpus has weight 0; give one a positive weight")
+    return train.select(order), corpora
+
+
 def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Dataset], dict]:
-    """train, valid and test: from their own specs, from train's named splits, or carved off train."""
-    train = load_split(cfg.train, cfg, "train", cache)
-    if len(train) == 0:
-        raise NmtError(f"no training pairs in {cfg.train!r} (empty file?)")
-    if cfg.max_train_pairs is not None:
-        train = train.select(range(min(cfg.max_train_pairs, len(train))))
-    splits, carved = {"train": train}, []
+    """train, valid and test: from their own specs, from the first train corpus's named splits, or carved off it.
+    Further training corpora are appended to train; stats["corpora"] holds each one's pairs."""
+    specs = train_specs(cfg)
+    parts = [_read_train(spec, cfg, cache) for spec in specs]
+    splits, carved = {"train": parts[0]}, []
     for name, spec, ratio in (("valid", cfg.valid, cfg.valid_ratio), ("test", cfg.test, cfg.test_ratio)):
-        ds = load_split(spec, cfg, name, cache) if spec else load_split(cfg.train, cfg, name, cache, whole_ok=False)
+        ds = load_split(spec, cfg, name, cache) if spec else load_split(specs[0], cfg, name, cache, whole_ok=False)
         if ds is None:
             if ratio <= 0:
                 raise NmtError(f"config key 'data.{name}': no {name} set given and data.{name}_ratio is 0")
@@ -372,8 +470,20 @@ def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Datas
         splits[name] = ds
     for name, ds in splits.items():
         if len(ds) == 0:
-            raise NmtError(f"the {name} split is empty (from {getattr(cfg, name) or cfg.train!r})")
-    return splits, {"carved_from_train": carved}
+            raise NmtError(f"the {name} split is empty (from {getattr(cfg, name) or specs[0]!r})")
+    sizes = [len(splits["train"])] + [len(p) for p in parts[1:]]
+    if len(parts) > 1:
+        splits["train"] = datasets.concatenate_datasets([splits["train"], *parts[1:]])
+    return splits, {"carved_from_train": carved, "corpora": sizes}
+
+
+def _read_train(spec: str, cfg: DataConfig, cache: Path) -> datasets.Dataset:
+    train = load_split(spec, cfg, "train", cache)
+    if len(train) == 0:
+        raise NmtError(f"no training pairs in {spec!r} (empty file?)")
+    if cfg.max_train_pairs is not None:
+        train = train.select(range(min(cfg.max_train_pairs, len(train))))
+    return train
 
 
 def _carve(train: datasets.Dataset, name: str, ratio: float, seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
@@ -391,20 +501,24 @@ def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: Tok
     h = hashlib.sha256()
     for name in SPLITS:
         h.update(f"{name}:{dataset_fingerprint(raw[name])}:{len(raw[name])};".encode())
-    # BPE-dropout changes only the training pairs' per-epoch segmentation (DropoutEpochs), not what is cached here
+    # BPE-dropout changes only the training pairs' per-epoch segmentation (DropoutEpochs), not what is cached here;
+    # the mixing weights only select from the encoded pairs
     tok = to_dict(tok_cfg) | {"dropout": None}
-    h.update(json.dumps({"data": to_dict(cfg) | {"cache_dir": None}, "tok": tok}, sort_keys=True).encode())
+    data = to_dict(cfg) | {"cache_dir": None, "weights": None, "shared_cache": None}
+    h.update(json.dumps({"data": data, "tok": tok}, sort_keys=True).encode())
     if tokenizer is not None:
         h.update(tokenizer.src.to_str().encode() + tokenizer.tgt.to_str().encode())
     return h.hexdigest()[:16]
 
 
-def _cached_clean(train: datasets.Dataset, cfg: DataConfig, work: Path) -> tuple[datasets.Dataset, dict]:
-    keep_file, stats_file = work / "train.keep.npy", work / "clean.json"
+def _cached_clean(raw: dict[str, datasets.Dataset], cfg: DataConfig,
+                  work: Path) -> tuple[datasets.Dataset, dict, np.ndarray]:
+    """The cleaned training split, the cleaning stats and the kept indices (into raw["train"])."""
+    train, keep_file, stats_file = raw["train"], work / "train.keep.npy", work / "clean.json"
     if keep_file.is_file() and stats_file.is_file():
         keep, stats = np.load(keep_file), json.loads(stats_file.read_text())
     else:
-        keep, stats = clean(train, cfg)
+        keep, stats = clean(train, cfg, {name: raw[name] for name in ("valid", "test")})
         if stats["kept"] == 0:
             raise NmtError(f"no training pairs left after cleaning ({stats['read']} read; dropped: "
                            f"{stats['dropped']}); check the files or relax data.max_words / data.max_ratio")
@@ -414,18 +528,22 @@ def _cached_clean(train: datasets.Dataset, cfg: DataConfig, work: Path) -> tuple
         os.replace(tmp, keep_file)  # written before the stats, which mark the pair complete
         (work / f".clean.{os.getpid()}").write_text(json.dumps(stats))
         os.replace(work / f".clean.{os.getpid()}", stats_file)
-    return (train.select(keep) if len(keep) < len(train) else train), stats
+    return (train.select(keep) if len(keep) < len(train) else train), stats, keep
 
 
 def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: Path) -> PairTokenizer:
     tok_dir = work / "tokenizer"
     if tok_dir.is_dir():
         return PairTokenizer.load(tok_dir)
+    if tok_cfg.train_sample is not None and tok_cfg.train_sample < len(train):
+        rng = np.random.default_rng(0)  # the same sample on every run and process
+        train = train.select(np.sort(rng.choice(len(train), size=tok_cfg.train_sample, replace=False)))
 
-    def column(name: str) -> Callable[[], Iterator[str]]:
-        return lambda: (text for batch in train.iter(batch_size=10_000) for text in batch[name])
+    def column(name: str) -> Callable[[], Iterator[list[str]]]:
+        return lambda: (t.column(name).to_pylist() for t in arrow_batches(train, 10_000))
 
-    tokenizer = train_pair_tokenizer(column("src"), column("tgt"), tok_cfg, len(train))
+    with bulk_threads():
+        tokenizer = train_pair_tokenizer(column("src"), column("tgt"), tok_cfg, len(train))
     tmp = Path(tempfile.mkdtemp(dir=work, prefix=".tokenizer-"))
     tokenizer.save(tmp)
     try:
@@ -463,7 +581,7 @@ class DropoutEpochs:
                                            "max_cost": self.max_cost},
                                 new_fingerprint=f"{dataset_fingerprint(self.train)}-dropout-{self.p}-{self.seed}-{epoch}")
             self._epoch = epoch, ds.select_columns(["src_ids", "tgt_ids"])
-            self._lengths[epoch] = np.asarray(ds["cost"], dtype=np.int64), pair_lengths(ds)[0]
+            self._lengths[epoch] = column(ds, "cost").astype(np.int64), pair_lengths(ds)[0]
         return self._epoch[1]
 
     def lengths(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -515,4 +633,5 @@ def _dropout_batch(batch: dict, indices: list[int], segmenters: tuple[DropoutSeg
         src_ids.append(s)
         tgt_ids.append(t)
         cost.append(pair_cost(s, t))
-    return {"src_ids": src_ids, "tgt_ids": tgt_ids, "cost": cost}
+    return {"src_ids": src_ids, "tgt_ids": tgt_ids, "cost": cost, "src_len": [len(s) for s in src_ids],
+            "tgt_len": [len(t) + 1 for t in tgt_ids]}

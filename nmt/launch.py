@@ -23,12 +23,14 @@ uses ``Accelerator()``, ``PartialState()`` or ``torch.distributed``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import os
 import socket
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -192,3 +194,49 @@ def _cpu_worker(
     function(*args)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+_prepared_calls = [0]  # main_process_first calls so far in this process: the same count on every rank
+
+
+@contextlib.contextmanager
+def main_process_first(local: bool = False, poll_s: float = 0.5) -> Iterator[None]:
+    """The main process runs the block first (fills a cache); the others run it once it has finished.
+
+    Unlike `Accelerator.main_process_first`, the others wait by polling the process group's key-value store,
+    not inside a collective, so however long the main process takes (a cold preparation of tens of millions
+    of pairs), nothing reaches the process group timeout (`dist_timeout_minutes`). If the main process fails
+    in the block, the others stop with an error too.
+
+    Args:
+        local: True when the cache is node-local: each node's local main process runs first, and waits for
+            nobody. False (a cache every node sees): only the global main process runs first.
+        poll_s: seconds between two looks at the store.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        yield
+        return
+    from accelerate import PartialState
+
+    state = PartialState()
+    leader = state.process_index - state.local_process_index if local else 0
+    _prepared_calls[0] += 1
+    key = f"nmt/main_first/{_prepared_calls[0]}/{leader}"
+    store = dist.distributed_c10d._get_default_store()
+    if state.process_index == leader:
+        try:
+            yield
+        except BaseException:
+            store.set(key, "failed")
+            raise
+        store.set(key, "done")
+        return
+    while not store.check([key]):
+        time.sleep(poll_s)
+    if store.get(key) != b"done":
+        from nmt.errors import NmtError
+
+        raise NmtError(f"process {leader} failed while preparing the data (its error is above); nothing to do here")
+    yield

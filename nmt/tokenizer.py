@@ -6,8 +6,10 @@ The one home of the `tokenizers` library. Ids 0-3 are <pad>, <unk>, <s>, </s> in
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -46,15 +48,49 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | No
     return tok
 
 
-def _batched(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
+def _batched(texts: Iterable[str | list[str]], size: int = 1000) -> Iterator[list[str]]:
+    """Batches of `size` texts; lists in `texts` are batches already and pass as they are."""
     batch: list[str] = []
     for text in texts:
+        if isinstance(text, list):
+            yield text
+            continue
         batch.append(text)
         if len(batch) == size:
             yield batch
             batch = []
     if batch:
         yield batch
+
+
+def _encode_batch(tok: Tokenizer, texts: list[str]) -> list:
+    # encode_batch_fast (tokenizers >= 0.20.2) skips the character offsets, which nmt never reads
+    fast = getattr(tok, "encode_batch_fast", None)
+    return (fast or tok.encode_batch)(texts, add_special_tokens=False)
+
+
+PARALLELISM = "TOKENIZERS_PARALLELISM"
+_threads = {"set_by_nmt": False}
+
+
+@contextmanager
+def bulk_threads():
+    """The tokenizer's own threads (one per core) for bulk work: training and encoding a whole corpus.
+
+    Data preparation runs in one process per cache while the others wait, so it may use every core. A
+    TOKENIZERS_PARALLELISM set by the user wins. Otherwise it is "true" inside and "false" after, so a
+    process forked later (a DataLoader worker, Dataset.map(num_proc=...)) runs single-threaded, safely and
+    without the tokenizers fork warning.
+    """
+    ours = os.environ.get(PARALLELISM) is None or _threads["set_by_nmt"]
+    if ours:
+        os.environ[PARALLELISM] = "true"
+    try:
+        yield
+    finally:
+        if ours:
+            os.environ[PARALLELISM] = "false"
+            _threads["set_by_nmt"] = True
 
 
 class PairTokenizer:
@@ -80,11 +116,11 @@ class PairTokenizer:
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source ids, each ending in </s>."""
-        return [e.ids + [EOS] for e in self.src.encode_batch(texts, add_special_tokens=False)]
+        return [e.ids + [EOS] for e in _encode_batch(self.src, texts)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target ids without specials; the collator adds <s> and </s>."""
-        return [e.ids for e in self.tgt.encode_batch(texts, add_special_tokens=False)]
+        return [e.ids for e in _encode_batch(self.tgt, texts)]
 
     def src_tokens(self, text: str) -> list[str]:
         """Source subword strings as the model sees them (with the final </s>)."""

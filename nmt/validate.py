@@ -38,7 +38,8 @@ def check_paths(cfg: TrainConfig) -> None:
     for key, f, value in walk(cfg):
         kind = f.metadata.get(PATH)
         if kind is not None and value is not None:
-            PATH_CHECKS[kind](key, Path(str(value)).expanduser(), cfg)
+            for item in value if isinstance(value, (list, tuple)) else [value]:  # data.train may list corpora
+                PATH_CHECKS[kind](key, Path(str(item)).expanduser(), cfg)
 
 
 def _refuse(key: str, path: Path, problem: str, kind: str) -> NmtError:

@@ -104,7 +104,7 @@ def test_cleaning_counts_each_reason(tmp_path):
     write_pairs(tmp_path / "train", dirty, "en", "fr")
     write_pairs(tmp_path / "valid", PAIRS[30:35], "en", "fr")
     corpus = prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "valid")), TOK)
-    assert corpus.stats["clean"] == {"read": 36, "kept": 30,
+    assert corpus.stats["clean"] == {"read": 36, "kept": 30, "overlap": {"valid": 0, "test": 0},
                                      "dropped": {"empty": 2, "too_long": 1, "length_ratio": 1, "duplicate": 2}}
 
 

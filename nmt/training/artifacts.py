@@ -13,6 +13,7 @@ from pathlib import Path
 from nmt import checkpoint as ckpt
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import save_yaml, to_dict
+from nmt.data import overlap_line
 from nmt.training.state import Run
 
 
@@ -28,6 +29,8 @@ def start_run(run: Run) -> None:
         print(f"nmt: {accelerator.num_processes} process(es) on {accelerator.device}, "
               f"precision {accelerator.mixed_precision}; {n_params / 1e6:.2f}M parameters; "
               f"pairs {stats['pairs']}; cleaning dropped {stats['clean']['dropped']}", flush=True)
+        if overlap := overlap_line(stats):
+            print(f"nmt: {overlap}", flush=True)
     if cfg.log_with:
         accelerator.init_trackers("nmt", config=_flat(to_dict(cfg)))
 

@@ -16,6 +16,7 @@ from nmt import checkpoint as ckpt
 from nmt.batching import eval_batches
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
+from nmt.data import column
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
 from nmt.search import SEARCH_FILE, SearchConfig, search_encoded
@@ -40,7 +41,7 @@ def valid_loss(run: Run) -> dict:
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     sums = torch.zeros(2, dtype=torch.float64, device=device)
     collate, columns = Collator(pad_id=run.pad_id), valid.select_columns(["src_ids", "tgt_ids"])
-    for batch in eval_batches(valid["cost"], run.cfg.max_tokens, rank, world):
+    for batch in eval_batches(column(valid, "cost"), run.cfg.max_tokens, rank, world):
         b = {k: v.to(device) for k, v in collate.columns(columns[batch.tolist()]).items()}
         _, nll, n = run.objective(b["src_ids"], b["tgt_in_ids"], b["labels"])
         sums += torch.tensor([float(nll), n], dtype=torch.float64, device=device)

@@ -6,6 +6,7 @@ State lives in Accelerate (`save_state` of the objective, optimizer, scheduler a
 
 from __future__ import annotations
 
+import functools
 import json
 
 import torch
@@ -15,6 +16,7 @@ from nmt import checkpoint as ckpt
 from nmt.compat import accelerate_state_exists, reset_accelerate_state
 from nmt.config import TrainConfig
 from nmt.data import prepare
+from nmt.launch import main_process_first
 from nmt.objective import pad_id_of
 from nmt.training.artifacts import publish_final, start_run
 from nmt.training.evaluation import try_average, tune_alpha
@@ -56,7 +58,8 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
     cfg = resumed_sizes(cfg)
-    corpus = prepare(cfg.data, cfg.tokenizer, accelerator.main_process_first)
+    # the others wait outside any collective (no timeout) while the main process prepares
+    corpus = prepare(cfg.data, cfg.tokenizer, functools.partial(main_process_first, local=not cfg.data.shared_cache))
     cfg = run_sizes(accelerator, cfg, corpus)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))

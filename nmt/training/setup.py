@@ -3,12 +3,14 @@ optimizer, `prepare`, and restoring a checkpoint."""
 
 from __future__ import annotations
 
+import datetime
 import inspect
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.logging import get_logger
+from accelerate.utils import InitProcessGroupKwargs
 from torch.utils.data import DataLoader
 
 from nmt import checkpoint as ckpt
@@ -16,7 +18,7 @@ from nmt.batching import TokenBatchSampler
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
 from nmt.config import TrainConfig, pin_sizes, read_yaml
-from nmt.data import Corpus, bpe_dropout, pair_lengths
+from nmt.data import Corpus, bpe_dropout, column, pair_lengths
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
@@ -53,6 +55,7 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         project_dir=cfg.output_dir,
         # batches are sharded by our own sampler, so one scheduler step per optimizer step
         dataloader_config=DataLoaderConfiguration(split_batches=True),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(minutes=cfg.dist_timeout_minutes))],
     )
 
 
@@ -108,7 +111,7 @@ def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, pad_
     """The training DataLoader and its TokenBatchSampler (this process's share of every optimizer step)."""
     train = corpus.splits["train"]
     dropout = bpe_dropout(cfg, corpus)
-    sampler = TokenBatchSampler(train["cost"], cfg.max_tokens, rank=accelerator.process_index,
+    sampler = TokenBatchSampler(column(train, "cost"), cfg.max_tokens, rank=accelerator.process_index,
                                 world_size=accelerator.num_processes, accum_steps=cfg.accum_steps, seed=cfg.seed,
                                 ties=pair_lengths(train)[0],  # source lengths: less padding
                                 epoch_lengths=dropout.lengths if dropout else None)
