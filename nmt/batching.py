@@ -32,14 +32,11 @@ def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | 
         Batches of indices sorted by length inside each batch, in (shuffled) batch order.
     """
     rng = np.random.default_rng(seed) if seed is not None else None
-    shuffle = np.arange(len(lengths))  # each example's place in a random order
-    if rng is not None:
-        shuffle[rng.permutation(len(lengths))] = np.arange(len(lengths))
-    keys = (shuffle, lengths) if ties is None else (shuffle, np.asarray(ties), lengths)
-    order = np.lexsort(keys)  # by length, then ties, then the shuffle (lexsort's last key sorts first)
+    order = _sorted_order(np.asarray(lengths), None if ties is None else np.asarray(ties), rng)
+    sorted_lengths = np.asarray(lengths)[order]
     batches, start = [], 0
     while start < len(order):
-        end = _batch_end(lengths, order, start, budget, min_size)
+        end = _batch_end(sorted_lengths, start, budget, min_size)
         batches.append(order[start:end])
         start = end
     if len(batches) > 1 and len(batches[-1]) < min_size:  # a short tail joins its neighbour
@@ -49,13 +46,35 @@ def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | 
     return batches
 
 
-def _batch_end(lengths: np.ndarray, order: np.ndarray, start: int, budget: int, min_size: int) -> int:
+def _sorted_order(lengths: np.ndarray, ties: np.ndarray | None, rng: np.random.Generator | None) -> np.ndarray:
+    """Indices by length, then ties, then a random order.
+
+    When the keys fit in 63 bits they are packed into one integer whose low bits are the example's place in
+    the random order; sorting those values (not an argsort) and reading the place back gives the indices:
+    about 0.1 s for 3M pairs.
+    """
+    n = len(lengths)
+    perm = rng.permutation(n) if rng is not None else np.arange(n)  # perm[k]: the example in place k
+    place = np.empty(n, dtype=np.int64)
+    place[perm] = np.arange(n)
+    keys = [lengths.astype(np.int64), *([] if ties is None else [ties.astype(np.int64)]), place]
+    bits = [max(int(k.max(initial=0)), 1).bit_length() for k in keys]
+    if n == 0 or min(int(k.min()) for k in keys) < 0 or sum(bits) > 63:
+        return np.lexsort(keys[::-1])  # lexsort's last key sorts first
+    packed = np.zeros(n, dtype=np.int64)
+    for key, width in zip(keys, bits):
+        packed = (packed << width) | key
+    return perm[np.sort(packed) & ((1 << bits[-1]) - 1)]
+
+
+def _batch_end(sorted_lengths: np.ndarray, start: int, budget: int, min_size: int) -> int:
     """Largest end such that (end - start) * longest <= budget (at least min_size examples)."""
-    # sorted ascending, so the longest is the last one: count * lengths[order[end-1]] <= budget
-    counts = np.arange(1, len(order) - start + 1)
-    fits = counts * lengths[order[start:]] <= budget
+    # ascending, so the longest is the last one, and no batch from `start` holds more than budget // shortest
+    window = max(budget // max(int(sorted_lengths[start]), 1), min_size)
+    counts = np.arange(1, min(window, len(sorted_lengths) - start) + 1)
+    fits = counts * sorted_lengths[start: start + len(counts)] <= budget
     n = int(np.argmin(fits)) if not fits.all() else len(fits)
-    return start + min(max(n, min_size), len(order) - start)
+    return start + min(max(n, min_size), len(sorted_lengths) - start)
 
 
 def deal(batch: np.ndarray, n_chunks: int) -> list[np.ndarray]:
@@ -100,6 +119,8 @@ class TokenBatchSampler:
         self.max_tokens, self.rank, self.world_size = max_tokens, rank, world_size
         self.accum_steps, self.seed = accum_steps, seed
         self.epoch, self.step_in_epoch = 0, 0
+        self._plan: EpochPlan | None = None  # the last epoch planned (its number in ._planned)
+        self._planned = -1
         n_chunks = world_size * accum_steps
         if len(self.lengths) < n_chunks:
             from nmt.errors import NmtError
@@ -107,6 +128,12 @@ class TokenBatchSampler:
                            f"({world_size} processes x {accum_steps} accum_steps); use more data or fewer")
 
     def plan(self, epoch: int) -> EpochPlan:
+        """The batches of `epoch`, built once (NumPy: a sort and one pass) and kept until another epoch is asked."""
+        if self._plan is None or self._planned != epoch:
+            self._plan, self._planned = self._build_plan(epoch), epoch
+        return self._plan
+
+    def _build_plan(self, epoch: int) -> EpochPlan:
         n_chunks = self.world_size * self.accum_steps
         seed = None if self.seed is None else self.seed + epoch
         lengths, ties = (self.lengths, self.ties) if self.epoch_lengths is None else self.epoch_lengths(epoch)

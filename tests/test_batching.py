@@ -219,3 +219,49 @@ def test_epoch_lengths_plan_each_epoch_with_its_own_costs():
     stale = TokenBatchSampler(per_epoch[2], max_tokens=90, seed=3, ties=ties[0])
     stale.epoch = 2
     assert steps != list(stale)  # epoch 2 was ordered by its own ties, not epoch 0's
+
+
+def reference_batches(lengths, budget, min_size, seed, ties=None) -> list[np.ndarray]:
+    """The plain definition: lexsort by (length, ties, shuffle), then grow each batch while it fits."""
+    lengths = np.asarray(lengths)
+    rng = np.random.default_rng(seed) if seed is not None else None
+    shuffle = np.arange(len(lengths))
+    if rng is not None:
+        shuffle[rng.permutation(len(lengths))] = np.arange(len(lengths))
+    order = np.lexsort((shuffle, lengths) if ties is None else (shuffle, np.asarray(ties), lengths))
+    batches, start = [], 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end + 1 - start) * lengths[order[end]] <= budget:
+            end += 1
+        end = min(max(end, start + min_size), len(order))
+        batches.append(order[start:end])
+        start = end
+    if len(batches) > 1 and len(batches[-1]) < min_size:
+        batches[-2:] = [np.concatenate(batches[-2:])]
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+@PROPERTY
+@given(lengths=lengths_st, budget=st.integers(1, 400), min_size=st.integers(1, 4),
+       seed=st.one_of(st.none(), st.integers(0, 3)), with_ties=st.booleans())
+def test_the_numpy_plan_equals_the_plain_definition(lengths, budget, min_size, seed, with_ties):
+    ties = np.random.default_rng(0).integers(1, 30, len(lengths)) if with_ties else None
+    fast = global_batches(np.asarray(lengths), budget, min_size, seed, ties)
+    slow = reference_batches(lengths, budget, min_size, seed, ties)
+    assert [b.tolist() for b in fast] == [b.tolist() for b in slow]
+
+
+def test_an_epoch_is_planned_once_and_a_resume_does_not_replay_it(monkeypatch):
+    lengths = np.random.default_rng(2).integers(1, 30, size=500)
+    full = list(TokenBatchSampler(lengths, 60, seed=0))
+    calls = []
+    original = TokenBatchSampler._build_plan
+    monkeypatch.setattr(TokenBatchSampler, "_build_plan", lambda self, e: calls.append(e) or original(self, e))
+    resumed = TokenBatchSampler(lengths, 60, seed=0)
+    resumed.load_state_dict({"epoch": 0, "step_in_epoch": 7})
+    assert len(resumed) == len(full) - 7 and resumed.steps_per_epoch() == len(full)
+    assert list(resumed) == full[7:]
+    assert calls == [0]  # one plan of epoch 0: no batch before step 7 was built again, nor the plan re-made
