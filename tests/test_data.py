@@ -1,10 +1,14 @@
 """Reading every input format, cleaning with counts, carving splits, and the encoding cache."""
 
+import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 
 import datasets
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nmt.config import AutoSizes, DataConfig, TokenizerConfig
 from nmt.data import DropoutEpochs, count_lines, drop_reason, prepare
@@ -269,3 +273,145 @@ def test_bpe_dropout_leaves_validation_test_and_the_cache_alone(corpus_dir, tmp_
         assert plain.splits[name]["tgt_ids"] == dropout_corpus.splits[name]["tgt_ids"]
     assert Path(plain.stats["cache"]).name == Path(dropout_corpus.stats["cache"]).name  # one cache entry for both
     assert TokenizerConfig().dropout is None  # off by default
+
+
+# --- whole-column cleaning, overlap, mixing, sampling ------------------------------------------------
+
+
+class RowFormatting:
+    """Counts rows formatted one at a time by `datasets` (what iterating a Dataset or a Column does)."""
+
+    def __init__(self, monkeypatch):
+        from datasets.formatting import formatting
+
+        self.calls = 0
+        todo = [formatting.Formatter]
+        while todo:
+            cls = todo.pop()
+            todo += cls.__subclasses__()
+            if "format_row" in vars(cls):
+                monkeypatch.setattr(cls, "format_row", self._counted(vars(cls)["format_row"]))
+
+    def _counted(self, fn):
+        def format_row(formatter, table):
+            self.calls += 1
+            return fn(formatter, table)
+        return format_row
+
+
+def test_no_dataset_row_is_formatted_one_by_one(corpus_dir, tmp_path, monkeypatch):
+    """Preparation, the training sampler's inputs and `nmt check` read columns as Arrow/NumPy, never rows."""
+    from nmt.batching import TokenBatchSampler
+    from nmt.check import preflight
+    from nmt.data import column, pair_lengths
+    from tests.conftest import tiny_config
+
+    counter = RowFormatting(monkeypatch)
+    cfg = tiny_config(corpus_dir, tmp_path)
+    for _ in range(2):  # cold, then from the cache
+        corpus = prepare(cfg.data, cfg.tokenizer)
+        TokenBatchSampler(column(corpus.splits["train"], "cost"), 400, ties=pair_lengths(corpus.splits["train"])[0]).plan(0)
+    preflight(cfg, probe_steps=0)
+    assert counter.calls == 0
+    assert corpus.splits["train"][0]["src_ids"] and counter.calls == 1  # the counter sees row formatting
+
+
+WORDS = st.text(alphabet=st.sampled_from(["a", "é", " ", "\t", "\xa0", "\u3000", "\u2028", "\x1f", "\x00", "\x85",
+                                          "\u200b", "ß"]), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs=st.lists(st.tuples(WORDS, WORDS), max_size=20), max_words=st.integers(1, 6),
+       max_chars=st.integers(1, 12), max_ratio=st.floats(1, 4))
+def test_whole_column_drop_codes_equal_the_one_pair_reference(pairs, max_words, max_chars, max_ratio):
+    import pyarrow as pa
+
+    from nmt.clean import REASONS, drop_codes
+
+    cfg = DataConfig(max_words=max_words, max_chars=max_chars, max_ratio=max_ratio, ratio_min_words=1)
+    codes = drop_codes(pa.array([s for s, _ in pairs], pa.string()), pa.array([t for _, t in pairs], pa.string()), cfg)
+    assert [REASONS[c - 1] if c else None for c in codes] == [drop_reason(s, t, cfg) for s, t in pairs]
+
+
+def test_dedupe_is_exact_even_when_every_hash_collides(tmp_path, monkeypatch):
+    import numpy as np
+
+    from nmt import clean
+
+    pairs = PAIRS[:20] + [PAIRS[3], PAIRS[7], PAIRS[3]]
+    write_pairs(tmp_path / "train", pairs, "en", "fr")
+    write_pairs(tmp_path / "valid", PAIRS[40:45], "en", "fr")
+    monkeypatch.setattr(clean, "pair_hashes", lambda src, tgt: np.zeros(len(src), np.uint64))
+    corpus = prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "valid")), TOK)
+    assert corpus.stats["clean"]["dropped"] == {"duplicate": 3}
+    assert list(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"])) == PAIRS[:20]
+
+
+def test_string_hashes_tell_apart_what_they_should():
+    import pyarrow as pa
+
+    from nmt.clean import string_hashes
+
+    texts = ["", "a", "a\x00", "\x00a", "ab", "ba", "é", "e\u0301", "a" * 1000, "a" * 1001]
+    hashes = string_hashes(pa.array(texts))
+    assert len(set(hashes.tolist())) == len(texts)
+    assert (string_hashes(pa.array(texts[3:] + texts[:3])) == list(hashes[3:]) + list(hashes[:3])).all()  # no position
+
+
+def test_eval_pairs_in_train_are_reported_and_removed_on_request(tmp_path):
+    valid, test = PAIRS[40:45], PAIRS[45:50]
+    noisy = [(f"  {s.upper()} ", t) for s, t in valid[:2]]  # equal after normalisation (case, spaces)
+    write_pairs(tmp_path / "train", PAIRS[:30] + noisy + test[:1], "en", "fr")
+    write_pairs(tmp_path / "valid", valid, "en", "fr")
+    write_pairs(tmp_path / "test", test, "en", "fr")
+    cfg = cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "test"))
+    corpus = prepare(cfg, TOK)
+    assert corpus.stats["clean"]["overlap"] == {"valid": 2, "test": 1} and corpus.stats["pairs"]["train"] == 33
+    from nmt.data import overlap_line
+    assert overlap_line(corpus.stats).startswith("2 valid and 1 test pairs also occur in the training data")
+    removed = prepare(dataclasses.replace(cfg, dedupe_eval=True), TOK)
+    assert removed.stats["pairs"]["train"] == 30 and removed.stats["clean"]["dropped"] == {"in_valid_or_test": 3}
+    assert set(zip(removed.splits["train"]["src"], removed.splits["train"]["tgt"])) == set(PAIRS[:30])
+
+
+def test_several_training_corpora_mixed_by_weight(tmp_path):
+    real, synthetic = PAIRS[:20], [(f"synthetic {i} .", f"synthétique {i} .") for i in range(10)]
+    write_pairs(tmp_path / "real", real, "en", "fr")
+    write_pairs(tmp_path / "synthetic", synthetic, "en", "fr")
+    write_pairs(tmp_path / "valid", PAIRS[40:45], "en", "fr")
+    cfg = cfg_for(tmp_path, tmp_path / "real", valid=str(tmp_path / "valid"), test=str(tmp_path / "valid"))
+    cfg = dataclasses.replace(cfg, train=[str(tmp_path / "real"), str(tmp_path / "synthetic")], weights=[1, 2.5])
+    corpus = prepare(cfg, TOK)
+    seen = Counter(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"]))
+    assert all(seen[p] == 1 for p in real)
+    assert sorted(seen[p] for p in synthetic) == [2] * 5 + [3] * 5  # 2 copies, and half of them once more
+    assert [c["per_epoch"] for c in corpus.stats["corpora"]] == [20, 25]
+    assert corpus.stats["sizing_pairs"] == 30  # unique pairs size the vocabulary and model, not the copies
+    with pytest.raises(NmtError, match="data.weights"):
+        dataclasses.replace(cfg, weights=[1])
+
+
+def test_tokenizer_trained_on_a_sample_still_encodes_every_pair(tmp_path):
+    write_pairs(tmp_path / "train", PAIRS, "en", "fr")
+    full = read_all(tmp_path, tmp_path / "train")
+    sampled = prepare(cfg_for(tmp_path, tmp_path / "train", valid_ratio=0.1, test_ratio=0.1),
+                      dataclasses.replace(TOK, train_sample=3))
+    assert sampled.stats["pairs"] == full.stats["pairs"]
+    assert sampled.tokenizer.src.get_vocab() != full.tokenizer.src.get_vocab()  # learnt from 3 pairs only
+    assert sampled.stats["cache"] != full.stats["cache"]
+
+
+def test_bulk_threads_respect_the_user_and_leave_forks_single_threaded(monkeypatch):
+    import os
+
+    from nmt import tokenizer
+
+    monkeypatch.setattr(tokenizer, "_threads", {"set_by_nmt": False})
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    with tokenizer.bulk_threads():
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "false"  # the user's choice
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    for _ in range(2):
+        with tokenizer.bulk_threads():
+            assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
