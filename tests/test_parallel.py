@@ -180,3 +180,49 @@ def test_bpe_dropout_and_alpha_tuning_on_two_processes_equal_one(corpus_dir, tmp
     tuned = [json.loads((Path(cfg.output_dir) / "model" / "search.json").read_text()) for cfg in (one, two)]
     assert tuned[0]["alpha"] == tuned[1]["alpha"] and tuned[0]["bleu"] == pytest.approx(tuned[1]["bleu"])
     assert json.loads((Path(two.output_dir) / "model" / "training.json").read_text())["num_processes"] == 2
+
+
+def _prepare_slowly(rank: int, cfg, port: int, wait: str, out: Path) -> None:  # one of 2 processes
+    import datetime
+    import functools
+    import time
+
+    import nmt.data
+    from accelerate import PartialState
+
+    from nmt.launch import _reset_accelerate_state, main_process_first
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", ACCELERATE_USE_CPU="1")
+    torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+    _reset_accelerate_state()
+    state = PartialState(cpu=True)  # joins the group above
+    if rank == 0:  # a preparation far longer than the process group timeout
+        read = nmt.data._read_splits
+        nmt.data._read_splits = lambda *a: (time.sleep(8), read(*a))[1]
+    first = functools.partial(main_process_first, local=False) if wait == "nmt" else state.main_process_first
+    corpus = nmt.data.prepare(cfg.data, cfg.tokenizer, first)
+    total = torch.tensor([len(corpus.splits["train"])])
+    torch.distributed.all_reduce(total)  # a collective after the wait still works
+    (out / f"rank{rank}").write_text(f"{int(total)} {corpus.stats['cache']}")
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("wait", ["nmt", "accelerate"])
+def test_a_preparation_longer_than_the_process_group_timeout(corpus_dir, tmp_path, wait):
+    """nmt's main_process_first waits outside collectives: the run survives a preparation of 8 s under a 3 s
+    timeout. Accelerator.main_process_first (a barrier) does not: the control that the timeout is real."""
+    from torch.multiprocessing import start_processes
+
+    from nmt.launch import free_port
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(corpus_dir, tmp_path)
+    args = (cfg, free_port(), wait, tmp_path)
+    if wait == "accelerate":
+        with pytest.raises(Exception, match="(?i)time"):
+            start_processes(_prepare_slowly, args=args, nprocs=2, start_method="fork")
+        return
+    start_processes(_prepare_slowly, args=args, nprocs=2, start_method="fork")
+    results = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
+    assert results[0] == results[1] and int(results[0][0]) == 2 * 600  # one cache, read by both
