@@ -22,7 +22,7 @@ import torch
 from nmt.batching import TokenBatchSampler, deal
 from nmt.collate import Collator
 from nmt.config import ModelConfig, TrainConfig, auto_sizes, read_yaml
-from nmt.data import bpe_dropout, column, overlap_line, pair_lengths, prepare
+from nmt.data import arrow_batches, bpe_dropout, column, overlap_line, pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
@@ -176,8 +176,7 @@ def unknown_rates(ds) -> dict[str, float]:
     """Share of <unk> among the validation subwords (the source's appended </s> not counted)."""
     rates = {}
     for side in ("src", "tgt"):
-        ids = ds.with_format("arrow")[f"{side}_ids"]
-        ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+        ids = pa.concat_tables(arrow_batches(ds.select_columns([f"{side}_ids"]))).column(0).combine_chunks()
         flat, ends = ids.flatten().to_numpy(), ids.offsets.to_numpy()[1:] - ids.offsets.to_numpy()[0]
         last = flat[ends[ends > 0] - 1]  # the final id of each non-empty row
         total = len(flat) - (int(np.sum(last == EOS)) if side == "src" else 0)

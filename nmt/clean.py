@@ -7,7 +7,10 @@ never drops a pair. The one loop in Python runs over the nominated pairs only.
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -16,9 +19,6 @@ import pyarrow.compute as pc
 from nmt.config import DataConfig
 
 REASONS = ("empty", "nul_byte", "too_long", "length_ratio")  # code i + 1; 0 keeps the pair
-# what Python's str.split() splits on: ASCII whitespace, \x1c-\x1f, \x85 and Unicode separators (Z*)
-SPACE = r"\s\x0b\x1c-\x1f\x85\p{Z}"
-WORD = f"[^{SPACE}]+"
 
 _MULT = (0x100000001B3, 0x9E3779B97F4A7C15)  # odd multipliers: invertible modulo 2**64
 _powers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -27,7 +27,7 @@ _powers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 def drop_codes(src: pa.Array, tgt: pa.Array, cfg: DataConfig) -> np.ndarray:
     """(n,) int8: 0 keeps the pair, i + 1 drops it for REASONS[i] (the first that applies, as in
     nmt.data.drop_reason, its one-pair reference)."""
-    words = [pc.count_substring_regex(side, WORD).to_numpy(zero_copy_only=False) for side in (src, tgt)]
+    words = [word_counts(side) for side in (src, tgt)]
     chars = [pc.utf8_length(side).to_numpy(zero_copy_only=False) for side in (src, tgt)]
     longest, shortest = np.maximum(*words), np.minimum(*words)
     code = np.zeros(len(src), dtype=np.int8)
@@ -39,10 +39,17 @@ def drop_codes(src: pa.Array, tgt: pa.Array, cfg: DataConfig) -> np.ndarray:
     return code
 
 
+def word_counts(text: pa.Array) -> np.ndarray:
+    """(n,) len(s.split()) of each string: Arrow's Unicode whitespace is Python's (bidi WS, B, S or category Zs)."""
+    trimmed = pc.utf8_trim_whitespace(text)
+    counts = pc.list_value_length(pc.utf8_split_whitespace(trimmed)).to_numpy(zero_copy_only=False)
+    return np.where(pc.utf8_length(trimmed).to_numpy(zero_copy_only=False) == 0, 0, counts)
+
+
 def normalise(text: pa.Array) -> pa.Array:
     """NFKC, lower case, whitespace runs as one space, trimmed: how eval pairs are matched against train."""
-    text = pc.utf8_lower(pc.utf8_normalize(text, "NFKC"))
-    return pc.utf8_trim(pc.replace_substring_regex(text, f"[{SPACE}]+", " "), " ")
+    return pc.binary_join(pc.utf8_split_whitespace(pc.utf8_trim_whitespace(pc.utf8_lower(pc.utf8_normalize(text, "NFKC")))),
+                          " ")
 
 
 def string_hashes(text: pa.Array, which: int = 0) -> np.ndarray:
@@ -97,16 +104,26 @@ def repeats(hashes: np.ndarray, texts: Callable[[np.ndarray], list]) -> np.ndarr
 
 
 def scan(batches: Iterable[pa.Table], cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(N,) drop codes, (N,) exact pair hashes and (N,) normalised pair hashes of a corpus read in batches."""
-    codes, exact, norm = [], [], []
-    for table in batches:
-        src, tgt = table.column("src"), table.column("tgt")
-        codes.append(drop_codes(src, tgt, cfg))
-        exact.append(pair_hashes(src, tgt))
-        norm.append(pair_hashes(normalise(src), normalise(tgt)))
-    if not codes:
+    """(N,) drop codes, (N,) exact pair hashes and (N,) normalised pair hashes of a corpus read in batches.
+
+    Batches are scanned on one thread per core (Arrow compute and NumPy release the GIL), a few at a time, so
+    memory holds a few batches, never the corpus.
+    """
+    threads = os.cpu_count() or 1
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    with ThreadPoolExecutor(threads) as pool:
+        window = list(itertools.islice(iter_batches := iter(batches), threads))
+        while window:
+            parts += pool.map(lambda table: _scan_one(table, cfg), window)
+            window = list(itertools.islice(iter_batches, threads))
+    if not parts:
         return np.zeros(0, np.int8), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    return np.concatenate(codes), np.concatenate(exact), np.concatenate(norm)
+    return tuple(np.concatenate(column) for column in zip(*parts))  # type: ignore[return-value]
+
+
+def _scan_one(table: pa.Table, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    src, tgt = table.column("src"), table.column("tgt")
+    return drop_codes(src, tgt, cfg), pair_hashes(src, tgt), pair_hashes(normalise(src), normalise(tgt))
 
 
 def in_other(hashes: np.ndarray, other: np.ndarray, texts: Callable[[np.ndarray], list], other_texts: set) -> np.ndarray:

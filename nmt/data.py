@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nmt import clean as columns
-from nmt.compat import dataset_fingerprint
+from nmt.compat import dataset_fingerprint, dataset_indices
 from nmt.config import BUILTIN, DataConfig, TokenizerConfig, TrainConfig, auto_sizes, to_dict
 from nmt.errors import NmtError
 from nmt.textfiles import count_lines as count_lines
@@ -266,7 +266,7 @@ def clean(ds: datasets.Dataset, cfg: DataConfig,
     pairs that also occur in `ds` after normalisation (`nmt.clean.normalise`); `cfg.dedupe_eval` drops those
     training pairs ("in_valid_or_test").
     """
-    codes, exact, norm = columns.scan(arrow_batches(ds), cfg)
+    codes, exact, norm = columns.scan(arrow_batches(ds, 20_000), cfg)
     keep = np.flatnonzero(codes == 0)
     reasons, counts = np.unique(codes[codes > 0], return_counts=True)
     dropped = Counter({columns.REASONS[r - 1]: int(n) for r, n in zip(reasons, counts)})
@@ -298,15 +298,30 @@ def _eval_overlap(ds: datasets.Dataset, keep: np.ndarray, norm: np.ndarray, eval
 
 
 def arrow_batches(ds: datasets.Dataset, batch_size: int = 50_000) -> Iterator[pa.Table]:
-    """`ds` as Arrow tables of `batch_size` rows (no row formatting; an indices mapping is applied per batch)."""
-    return ds.with_format("arrow").iter(batch_size=batch_size)
+    """`ds` as contiguous Arrow tables of `batch_size` rows: no row formatting, and a selection is one Arrow take
+    per batch (datasets itself gathers the rows of a selection one by one, as single-row chunks)."""
+    table, mapping = _table_and_mapping(ds)
+    for start in range(0, len(ds), batch_size):
+        if mapping is None:
+            yield table.slice(start, batch_size).combine_chunks()
+        else:
+            yield table.take(mapping[start: start + batch_size])
+
+
+def _table_and_mapping(ds: datasets.Dataset) -> tuple[pa.Table, np.ndarray | None]:
+    """The Arrow table under `ds` and the rows of it that `ds` selects (None: all, in order).
+
+    Read through the table, not through datasets' row access, which gathers a selection one row at a time.
+    """
+    return ds.data.table, dataset_indices(ds)
 
 
 def rows(ds: datasets.Dataset, idx: np.ndarray, normalised: bool = False) -> list[tuple[str, str]]:
     """(source, target) of the pairs at `idx`, optionally normalised (`nmt.clean.normalise`)."""
     if len(idx) == 0:
         return []
-    table = ds.with_format("arrow")[idx.tolist()]
+    table, mapping = _table_and_mapping(ds)
+    table = table.take(idx if mapping is None else mapping[idx])
     src, tgt = table.column("src"), table.column("tgt")
     if normalised:
         src, tgt = columns.normalise(src), columns.normalise(tgt)
@@ -315,7 +330,9 @@ def rows(ds: datasets.Dataset, idx: np.ndarray, normalised: bool = False) -> lis
 
 def column(ds: datasets.Dataset, name: str) -> np.ndarray:
     """(N,) a numeric column as NumPy, read through Arrow (never row by row)."""
-    return ds.with_format("arrow")[name].to_numpy()
+    table, mapping = _table_and_mapping(ds)
+    values = table.column(name).to_numpy()
+    return values if mapping is None else values[mapping]
 
 
 def overlap_line(stats: dict) -> str | None:
@@ -366,8 +383,10 @@ def pair_lengths(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
     """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>)."""
     if "src_len" in ds.column_names and "tgt_len" in ds.column_names:
         return column(ds, "src_len").astype(np.int64), column(ds, "tgt_len").astype(np.int64)
-    side = lambda name: pc.list_value_length(ds.with_format("arrow")[name]).to_numpy().astype(np.int64)
-    return side("src_ids"), side("tgt_ids") + 1
+    table, mapping = _table_and_mapping(ds)
+    side = lambda name: pc.list_value_length(table.column(name)).to_numpy().astype(np.int64)
+    src, tgt = side("src_ids"), side("tgt_ids") + 1
+    return (src, tgt) if mapping is None else (src[mapping], tgt[mapping])
 
 
 def drop_long(train: datasets.Dataset, max_subwords: int, stats: dict) -> tuple[datasets.Dataset, dict, np.ndarray]:

@@ -187,9 +187,9 @@ def _prepare_slowly(rank: int, cfg, port: int, wait: str, out: Path) -> None:  #
     import functools
     import time
 
-    import nmt.data
     from accelerate import PartialState
 
+    import nmt.data
     from nmt.launch import _reset_accelerate_state, main_process_first
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
