@@ -38,13 +38,13 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
-def build_corpus(data: Path, n: int, work: Path) -> Path:
+def build_corpus(data: Path, n: int, work: Path, langs: tuple[str, str] = ("en", "de")) -> Path:
     """`n` unique pairs at work/pairs-N.{en,de}: pair k joins Tatoeba pairs i = k mod m and (i + 1 + k // m) mod m."""
     prefix = work / f"pairs-{n}"
     if Path(f"{prefix}.de").is_file():
         return prefix
-    en = (data / "train.en").read_text(encoding="utf-8").splitlines()
-    de = (data / "train.de").read_text(encoding="utf-8").splitlines()
+    en = (data / f"train.{langs[0]}").read_text(encoding="utf-8").splitlines()
+    de = (data / f"train.{langs[1]}").read_text(encoding="utf-8").splitlines()
     m = len(en)
     if n > m * (m - 1):
         raise SystemExit(f"at most {m * (m - 1):,} pairs from {m:,} sentences")
@@ -102,12 +102,18 @@ def child_limit(args: argparse.Namespace) -> dict:
     return {"train": trained - start, "encode": time.perf_counter() - trained}
 
 
+def child_env() -> dict:
+    """Offline; TOKENIZERS_PARALLELISM unset, so nmt uses the tokenizer's threads as it does by default."""
+    env = {k: v for k, v in os.environ.items() if k != "TOKENIZERS_PARALLELISM"}
+    return {**env, "HF_HUB_OFFLINE": "1"}
+
+
 def run_child(kind: str, prefix: Path, cache: Path, vocab: int) -> dict:
     """Run a child in a fresh process: its JSON, its wall time and its peak RSS (MiB)."""
     cmd = [sys.executable, __file__, "--child", kind, "--prefix", str(prefix), "--cache", str(cache),
            "--vocab", str(vocab)]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{kind} failed:\n{proc.stderr[-3000:]}")
@@ -122,7 +128,7 @@ def first_step_seconds(prefix: Path, cache: Path, vocab: int, out: Path, timeout
            "max_steps=100000", "log_every=1", "eval_every=100000", "save_every=100000"]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            start_new_session=True, env=child_env())
     metrics = out / "metrics.jsonl"
     try:
         while not (metrics.is_file() and metrics.stat().st_size > 0):
@@ -141,7 +147,7 @@ def first_step_seconds(prefix: Path, cache: Path, vocab: int, out: Path, timeout
 
 
 def measure(n: int, args: argparse.Namespace) -> dict:
-    prefix = build_corpus(args.data, n, args.work)
+    prefix = build_corpus(args.data, n, args.work, (args.src_lang, args.tgt_lang))
     cache = args.work / f"cache-{n}"
     shutil.rmtree(cache, ignore_errors=True)
     row = {"pairs": n, "cold": run_child("prepare", prefix, cache, args.vocab)}
@@ -194,6 +200,8 @@ def main() -> None:
     p.add_argument("--sizes", default="100k,1M,3M", help="comma-separated pair counts (k, M suffixes)")
     p.add_argument("--work", type=Path, default=Path("/tmp/nmt-scale"), help="corpora, caches and runs go here")
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--src-lang", default="en", help="DATA/train.SRC_LANG is the source side")
+    p.add_argument("--tgt-lang", default="de", help="DATA/train.TGT_LANG is the target side")
     p.add_argument("--no-train", dest="train", action="store_false", help="skip the nmt train first-step timing")
     p.add_argument("--child", choices=("prepare", "limit"), help=argparse.SUPPRESS)
     p.add_argument("--prefix", help=argparse.SUPPRESS)

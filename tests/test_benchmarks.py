@@ -75,3 +75,11 @@ def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
     table = out[out.index("system"):].splitlines()
     assert [row.split()[0] for row in table[1:3]] == ["nmt", "baseline"]
     assert table[3].startswith("nmt - baseline: BLEU ")
+
+
+def test_scale(corpus_dir, tmp_path):
+    out = run("scale.py", str(corpus_dir), "--sizes", "1k,3k", "--work", str(tmp_path), "--vocab", "300",
+              "--tgt-lang", "xx")
+    assert "3,000 pairs" in out and "nmt train start -> first optimizer step: cold" in out
+    assert "limit: tokenizers alone" in out and "linearity" in out and "bytes per added pair" in out
+    assert not list(corpus_dir.glob("pairs-*"))  # the corpora are written to --work only
