@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -108,6 +109,27 @@ def child_env() -> dict:
     return {**env, "HF_HUB_OFFLINE": "1"}
 
 
+class AnonPeak:
+    """Peak anonymous memory (RssAnon, sampled every 20 ms). Peak RSS also counts the pages of memory-mapped
+    Arrow files a process has touched, which the kernel drops under memory pressure: both are reported."""
+
+    def __init__(self):
+        self.peak, self.done = 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.02):
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    self.peak = max(self.peak, int(line.split()[1]))
+
+    def stop(self) -> float:
+        self.done.set()
+        self.thread.join()
+        return self.peak / 1024
+
+
 def run_child(kind: str, prefix: Path, cache: Path, vocab: int) -> dict:
     """Run a child in a fresh process: its JSON, its wall time and its peak RSS (MiB)."""
     cmd = [sys.executable, __file__, "--child", kind, "--prefix", str(prefix), "--cache", str(cache),
@@ -159,6 +181,7 @@ def measure(n: int, args: argparse.Namespace) -> dict:
         row["first_step"] = {when: first_step_seconds(prefix, train_cache, args.vocab, args.work / f"run-{n}")
                              for when in ("cold", "warm")}
     print_row(row)
+    sys.stdout.flush()  # one size at a time, for long runs
     return row
 
 
@@ -169,7 +192,10 @@ def print_row(row: dict) -> None:
     for phase in PHASES:
         print(f"  {phase:<34}{cold[phase]:>9.2f}{warm[phase]:>9.2f}")
     print(f"  {'process wall (nmt check, no probe)':<34}{cold['wall']:>9.2f}{warm['wall']:>9.2f}")
-    print(f"  {'peak RSS MiB':<34}{cold['maxrss_mib']:>9.0f}{warm['maxrss_mib']:>9.0f}")
+    print(f"  {'peak RSS MiB':<34}{cold['maxrss_mib']:>9.0f}{warm['maxrss_mib']:>9.0f}"
+          f"   (tokenizers alone: {limit['maxrss_mib']:.0f})")
+    print(f"  {'peak anonymous memory MiB':<34}{cold['anon_mib']:>9.0f}{warm['anon_mib']:>9.0f}"
+          f"   (tokenizers alone: {limit['anon_mib']:.0f})")
     own = limit["train"] + limit["encode"]
     work = sum(cold[p] for p in ("tokenizer", "encode"))
     print(f"  limit: tokenizers alone, all threads: train {limit['train']:.2f} s + encode {limit['encode']:.2f} s "
@@ -189,9 +215,10 @@ def print_linearity(rows: list[dict]) -> None:
     for when in ("cold", "warm"):
         per = [r[when]["wall"] / r["pairs"] * 1e6 for r in (small, large)]
         print(f"  {when:<5} process wall {per[0]:8.2f} -> {per[1]:8.2f} s/M pairs: {per[1] / per[0]:.2f}")
-    rss = [r["cold"]["maxrss_mib"] for r in (small, large)]
-    per_pair = (rss[1] - rss[0]) * 2**20 / (large["pairs"] - small["pairs"])
-    print(f"  peak RSS {rss[0]:.0f} -> {rss[1]:.0f} MiB: {per_pair:.0f} bytes per added pair")
+    for name, key in (("peak RSS", "maxrss_mib"), ("peak anonymous memory", "anon_mib")):
+        mib = [r["cold"][key] for r in (small, large)]
+        per_pair = (mib[1] - mib[0]) * 2**20 / (large["pairs"] - small["pairs"])
+        print(f"  {name}, cold {mib[0]:.0f} -> {mib[1]:.0f} MiB: {per_pair:.0f} bytes per added pair")
 
 
 def main() -> None:
@@ -208,8 +235,10 @@ def main() -> None:
     p.add_argument("--cache", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
+        anon = AnonPeak()
         out = child_prepare(args) if args.child == "prepare" else child_limit(args)
         out["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["anon_mib"] = anon.stop()
         print(json.dumps(out))
         return
     if args.data is None:

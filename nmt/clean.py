@@ -62,8 +62,12 @@ def string_hashes(text: pa.Array, which: int = 0) -> np.ndarray:
     raw = np.frombuffer(data, dtype=np.uint8)[offsets[0]: offsets[-1]] if data is not None else np.zeros(0, np.uint8)
     power, inverse = _power_table(len(raw) + 1, which)
     with np.errstate(over="ignore"):
+        terms = raw.astype(np.uint64)  # in place from here: one temporary of 8 bytes per byte of text
+        terms += np.uint64(1)
+        terms *= power[: len(raw)]
         prefix = np.zeros(len(raw) + 1, dtype=np.uint64)
-        np.cumsum((raw.astype(np.uint64) + np.uint64(1)) * power[: len(raw)], out=prefix[1:])
+        np.cumsum(terms, out=prefix[1:])
+        del terms
         start, end = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
         return (prefix[end] - prefix[start]) * inverse[start] + (end - start).astype(np.uint64)
 
@@ -72,7 +76,7 @@ def _power_table(n: int, which: int) -> tuple[np.ndarray, np.ndarray]:
     """mult**k and mult**-k (mod 2**64) for k < n, cached and grown as needed."""
     have = _powers.get(which)
     if have is None or len(have[0]) < n:
-        size = max(n, 1 << 20)
+        size = max(n, 1 << 16)
         with np.errstate(over="ignore"):
             mult = np.full(size, _MULT[which], dtype=np.uint64)
             inv = np.full(size, pow(_MULT[which], -1, 1 << 64), dtype=np.uint64)
@@ -129,7 +133,9 @@ def _scan_one(table: pa.Table, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray,
 def in_other(hashes: np.ndarray, other: np.ndarray, texts: Callable[[np.ndarray], list], other_texts: set) -> np.ndarray:
     """(n,) bool: True where the element's text is in `other_texts` (`other` holds their hashes); `texts(idx)`
     gives the texts at idx, read only where the hash matches."""
-    candidates = np.flatnonzero(np.isin(hashes, other))
+    other = np.sort(other)  # small (validation + test): a binary search per element, no copy of `hashes` sorted
+    found = other[np.minimum(np.searchsorted(other, hashes), max(len(other) - 1, 0))] if len(other) else other
+    candidates = np.flatnonzero(found == hashes) if len(other) else np.zeros(0, np.int64)
     out = np.zeros(len(hashes), dtype=bool)
     out[candidates] = [text in other_texts for text in texts(candidates)]
     return out

@@ -266,7 +266,7 @@ def clean(ds: datasets.Dataset, cfg: DataConfig,
     pairs that also occur in `ds` after normalisation (`nmt.clean.normalise`); `cfg.dedupe_eval` drops those
     training pairs ("in_valid_or_test").
     """
-    codes, exact, norm = columns.scan(arrow_batches(ds, 20_000), cfg)
+    codes, exact, norm = columns.scan(arrow_batches(ds, 10_000), cfg)
     keep = np.flatnonzero(codes == 0)
     reasons, counts = np.unique(codes[codes > 0], return_counts=True)
     dropped = Counter({columns.REASONS[r - 1]: int(n) for r, n in zip(reasons, counts)})
