@@ -226,3 +226,34 @@ def test_a_preparation_longer_than_the_process_group_timeout(corpus_dir, tmp_pat
     start_processes(_prepare_slowly, args=args, nprocs=2, start_method="fork")
     results = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
     assert results[0] == results[1] and int(results[0][0]) == 2 * 600  # one cache, read by both
+
+
+def _enter_times(rank: int, port: int, local: bool, out: Path) -> None:  # 2 "nodes" of 1 process each
+    import time
+
+    from accelerate import PartialState
+
+    from nmt.launch import _reset_accelerate_state, main_process_first
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", ACCELERATE_USE_CPU="1")
+    _reset_accelerate_state()
+    PartialState(cpu=True)
+    torch.distributed.barrier()
+    start = time.monotonic()
+    with main_process_first(local=local):
+        (out / f"entered{rank}").write_text(str(time.monotonic() - start))
+        time.sleep(3 if rank == 0 else 0)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_node_local_cache_lets_each_node_prepare_and_a_shared_one_only_the_first(tmp_path, local):
+    from torch.multiprocessing import start_processes
+
+    from nmt.launch import free_port
+
+    start_processes(_enter_times, args=(free_port(), local, tmp_path), nprocs=2, start_method="fork")
+    waited = float((tmp_path / "entered1").read_text())
+    assert waited < 2 if local else waited >= 3  # node 1's main: its own cache at once, or after node 0's
