@@ -558,11 +558,11 @@ def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: P
         rng = np.random.default_rng(0)  # the same sample on every run and process
         train = train.select(np.sort(rng.choice(len(train), size=tok_cfg.train_sample, replace=False)))
 
-    def column(name: str) -> Callable[[], Iterator[list[str]]]:
+    def texts(name: str) -> Callable[[], Iterator[list[str]]]:  # batches of one side, as tokenizers takes them
         return lambda: (t.column(name).to_pylist() for t in arrow_batches(train, 10_000))
 
     with bulk_threads():
-        tokenizer = train_pair_tokenizer(column("src"), column("tgt"), tok_cfg, len(train))
+        tokenizer = train_pair_tokenizer(texts("src"), texts("tgt"), tok_cfg, len(train))
     tmp = Path(tempfile.mkdtemp(dir=work, prefix=".tokenizer-"))
     tokenizer.save(tmp)
     try:
