@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from nmt.batching import eval_batches, global_batches  # noqa: E402
 from nmt.collate import Collator  # noqa: E402
 from nmt.config import DataConfig, TokenizerConfig  # noqa: E402
-from nmt.data import Corpus, pair_lengths, prepare  # noqa: E402
+from nmt.data import Corpus, column, pair_lengths, prepare  # noqa: E402
 from nmt.metrics import corpus_scores  # noqa: E402
 from nmt.tokenizer import BOS, EOS, PAD  # noqa: E402
 
@@ -145,11 +145,11 @@ def train_baseline(data: DataConfig, minutes: float, cfg: BaselineConfig | None 
         optimizer, lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1))))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     train = corpus.splits["train"]
-    cost, src_len = np.asarray(train["cost"]), pair_lengths(train)[0]  # nmt's pair_cost and ties, as nmt.train
+    cost, src_len = column(train, "cost"), pair_lengths(train)[0]  # nmt's pair_cost and ties, as nmt.train
     collate = Collator()
     valid = corpus.splits["valid"]
     valid_batches = [collate(_rows(valid, order))  # collated once, scored after every epoch
-                     for order in eval_batches(valid["cost"], cfg.max_tokens, 0, 1)]
+                     for order in eval_batches(column(valid, "cost"), cfg.max_tokens, 0, 1)]
     best_state, tokens, budget = None, 0, minutes * 60
     t0 = time.perf_counter()
     model.train()
