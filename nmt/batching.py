@@ -55,16 +55,20 @@ def _sorted_order(lengths: np.ndarray, ties: np.ndarray | None, rng: np.random.G
     """
     n = len(lengths)
     perm = rng.permutation(n) if rng is not None else np.arange(n)  # perm[k]: the example in place k
-    place = np.empty(n, dtype=np.int64)
-    place[perm] = np.arange(n)
-    keys = [lengths.astype(np.int64), *([] if ties is None else [ties.astype(np.int64)]), place]
+    place = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+    place[perm] = np.arange(n, dtype=place.dtype)
+    keys = [np.asarray(lengths), *([] if ties is None else [np.asarray(ties)]), place]
     bits = [max(int(k.max(initial=0)), 1).bit_length() for k in keys]
     if n == 0 or min(int(k.min()) for k in keys) < 0 or sum(bits) > 63:
         return np.lexsort(keys[::-1])  # lexsort's last key sorts first
     packed = np.zeros(n, dtype=np.int64)
-    for key, width in zip(keys, bits):
-        packed = (packed << width) | key
-    return perm[np.sort(packed) & ((1 << bits[-1]) - 1)]
+    for key, width in zip(keys, bits):  # in place: 8 bytes per pair, no temporaries
+        np.left_shift(packed, width, out=packed)
+        np.bitwise_or(packed, key, out=packed, casting="unsafe")
+    del place
+    packed.sort()
+    np.bitwise_and(packed, (1 << bits[-1]) - 1, out=packed)
+    return perm[packed]
 
 
 def _batch_end(sorted_lengths: np.ndarray, start: int, budget: int, min_size: int) -> int:
