@@ -26,8 +26,8 @@ BUILTIN = "builtin:synthetic"  # the embedded corpus (nmt.synthetic)
 class DataConfig:
     """Where the parallel text comes from and how it is cleaned."""
 
-    train: str | list[str] = path_key(BUILTIN, "corpus")  # PREFIX of .<lang> files, .tsv/.jsonl/.csv, dataset dir, hub:, builtin:
-    weights: list[float] | None = ranged(None, "[0, 1e6]")  # per train corpus: times seen per epoch (upsampling: [1, 2])
+    train: str | list[str] = path_key(BUILTIN, "corpus")  # PREFIX of .<lang> files, .tsv/.jsonl/.csv, dataset dir, hub:; list
+    weights: list[float] | None = ranged(None, "(0, 1e6]")  # per train corpus: times seen per epoch (upsampling: [1, 2])
     valid: str | None = path_key(None, "corpus")  # same forms as train; None carves valid_ratio off train
     test: str | None = path_key(None, "corpus")  # same forms as train; None carves test_ratio off train
     src_lang: str = "en"  # source language code: file suffix, JSON field or translation key
@@ -52,7 +52,6 @@ class DataConfig:
         _check(n_train > 0, "data.train", "needs at least one corpus")
         if self.weights is not None:
             _check(len(self.weights) == n_train, "data.weights", f"needs one weight per train corpus ({n_train})")
-            _check(max(self.weights) > 0, "data.weights", "needs one positive weight")
 
 
 @dataclass

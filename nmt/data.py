@@ -467,10 +467,7 @@ def mix(train: datasets.Dataset, origin: np.ndarray, cfg: DataConfig) -> tuple[d
         extra = np.sort(rng.choice(idx, size=round(frac * len(idx)), replace=False))
         parts += [idx] * int(whole) + [extra]
         corpora.append({"train": spec, "pairs": len(idx), "weight": weight, "per_epoch": int(whole) * len(idx) + len(extra)})
-    order = np.concatenate(parts)
-    if len(order) == 0:
-        raise NmtError("config key 'data.weights': every training corpus has weight 0; give one a positive weight")
-    return train.select(order), corpora
+    return train.select(np.concatenate(parts)), corpora
 
 
 def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Dataset], dict]:
