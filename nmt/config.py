@@ -26,7 +26,7 @@ BUILTIN = "builtin:synthetic"  # the embedded corpus (nmt.synthetic)
 class DataConfig:
     """Where the parallel text comes from and how it is cleaned."""
 
-    train: str | list[str] = path_key(BUILTIN, "corpus")  # PREFIX of .<lang> files, .tsv/.jsonl/.csv, dataset dir, hub:; list
+    train: str | list[str] = path_key(BUILTIN, "corpus")  # PREFIX of .<lang> files, .tsv/.jsonl/.csv, dataset dir; or a list
     weights: list[float] | None = ranged(None, "(0, 1e6]")  # per train corpus: times seen per epoch (upsampling: [1, 2])
     valid: str | None = path_key(None, "corpus")  # same forms as train; None carves valid_ratio off train
     test: str | None = path_key(None, "corpus")  # same forms as train; None carves test_ratio off train
