@@ -190,12 +190,13 @@ def _prepare_slowly(rank: int, cfg, port: int, wait: str, out: Path) -> None:  #
     from accelerate import PartialState
 
     import nmt.data
-    from nmt.launch import _reset_accelerate_state, main_process_first
+    from nmt.compat import reset_accelerate_state
+    from nmt.launch import main_process_first
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", ACCELERATE_USE_CPU="1")
     torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
-    _reset_accelerate_state()
+    reset_accelerate_state()
     state = PartialState(cpu=True)  # joins the group above
     if rank == 0:  # a preparation far longer than the process group timeout
         read = nmt.data._read_splits
@@ -233,11 +234,12 @@ def _enter_times(rank: int, port: int, local: bool, out: Path) -> None:  # 2 "no
 
     from accelerate import PartialState
 
-    from nmt.launch import _reset_accelerate_state, main_process_first
+    from nmt.compat import reset_accelerate_state
+    from nmt.launch import main_process_first
 
     os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", ACCELERATE_USE_CPU="1")
-    _reset_accelerate_state()
+    reset_accelerate_state()
     PartialState(cpu=True)
     torch.distributed.barrier()
     start = time.monotonic()
