@@ -17,6 +17,7 @@ from torch import nn
 
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.errors import NmtError
+from nmt.fastlinear import linear
 from nmt.loss import smoothed_cross_entropy
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
@@ -138,7 +139,7 @@ class Attention(nn.Module):
     def project_kv(self, memory: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention keys and values of the encoder output (B, S, D), or (N, D) packed by `packing`:
         computed once per sentence."""
-        kv = F.linear(memory, self.kv.weight, self.kv.bias.masked_fill(self.key_slots, 0.0))
+        kv = linear(memory, self.kv.weight, self.kv.bias.masked_fill(self.key_slots, 0.0))
         k, v = (kv if packing is None else packing.unpack(kv)).chunk(2, dim=-1)
         return self.heads(k), self.heads(v)
 
@@ -151,9 +152,9 @@ class Attention(nn.Module):
         """
         unpack = (lambda t: t) if packing is None else packing.unpack
         if self.cross:
-            q, (k, v) = self.heads(unpack(self.q(x))), kv
+            q, (k, v) = self.heads(unpack(linear(x, self.q.weight, self.q.bias))), kv
         else:
-            qkv = F.linear(x, self.qkv.weight, self.qkv.bias.masked_fill(self.key_slots, 0.0))
+            qkv = linear(x, self.qkv.weight, self.qkv.bias.masked_fill(self.key_slots, 0.0))
             q, k, v = map(self.heads, unpack(qkv).chunk(3, dim=-1))
             if kv is not None:
                 k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
@@ -161,7 +162,7 @@ class Attention(nn.Module):
                                            dropout_p=self.dropout if self.training else 0.0)
         B, H, L, Dh = y.shape
         y = y.transpose(1, 2).reshape(B, L, H * Dh)
-        return self.out(y if packing is None else packing.pack(y)), (k, v)
+        return linear(y if packing is None else packing.pack(y), self.out.weight, self.out.bias), (k, v)
 
 
 class FeedForward(nn.Module):
@@ -172,7 +173,11 @@ class FeedForward(nn.Module):
         self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.drop(self.act(self.up(x))))
+        if isinstance(self.act, nn.ReLU):  # fused into the product where fastlinear can
+            h = linear(x, self.up.weight, self.up.bias, relu=True)
+        else:
+            h = self.act(linear(x, self.up.weight, self.up.bias))
+        return linear(self.drop(h), self.down.weight, self.down.bias)
 
 
 class Sublayer(nn.Module):
@@ -211,9 +216,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | tuple, attend: torch.Tensor | None,
                 self_kv: tuple | None = None, packing: Packing | None = None,
-                memory_packing: Packing | None = None) -> tuple[torch.Tensor, tuple]:
+                memory_packing: Packing | None = None, group: int = 1) -> tuple[torch.Tensor, tuple]:
         """x (B, T, D), or (N, D) packed by `packing`; memory: the encoder output (B, S, D) (or packed by
-        `memory_packing`), or its cross-attention (K, V) from a cache.
+        `memory_packing`), or its cross-attention (K, V) from a cache. With `group` > 1, memory and `attend`
+        hold one sentence per `group` consecutive rows of x (beams sharing a source), B / group of them.
 
         Projecting the memory here, inside forward, matters under FSDP: a wrapped layer's weights are
         gathered only while its forward runs.
@@ -227,9 +233,18 @@ class DecoderLayer(nn.Module):
         self_attend = causal_attend(new, past, x.device) if past and new > 1 else None
         x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, attend=self_attend, causal=causal, kv=self_kv,
                                                               packing=packing))
-        x, _ = self.sub_cross(x, lambda h: self.cross_attn(h, attend=attend, kv=cross_kv, packing=packing))
+        x, _ = self.sub_cross(x, lambda h: self.attend_memory(h, cross_kv, attend, packing, group))
         x, _ = self.sub_ff(x, self.ff)
         return x, new_kv
+
+    def attend_memory(self, h: torch.Tensor, cross_kv: tuple, attend: torch.Tensor | None, packing: Packing | None,
+                      group: int) -> torch.Tensor:
+        """Cross-attention; a sentence's `group` rows (B, T, D) are attended as one row of group * T queries."""
+        if group == 1:
+            return self.cross_attn(h, attend=attend, kv=cross_kv, packing=packing)[0]
+        B, T, D = h.shape
+        y, _ = self.cross_attn(h.reshape(B // group, group * T, D), attend=attend, kv=cross_kv)
+        return y.view(B, T, D)
 
     def cross_kv(self, memory: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention (K, V) of the encoder output (B, S, D), or (N, D) packed by `packing`, for this
@@ -240,26 +255,35 @@ class DecoderLayer(nn.Module):
 class DecoderCache:
     """Per-layer keys/values for incremental decoding; every tensor is batch-leading.
 
-    Cross-attention K/V come from the encoder output once; self-attention K/V grow by one step
-    per call. `reorder` re-indexes every layer at once when beams are re-ranked or pruned.
+    Cross-attention K/V come from the encoder output once per sentence; self-attention K/V grow by one step
+    per call, one row per hypothesis. A sentence's `group` hypotheses (beam search's K beams) are consecutive
+    rows and share its cross-attention K/V, which are never copied per beam. `select` re-indexes every layer at
+    once when hypotheses are re-ranked, repeated or pruned.
     """
 
     def __init__(self, cross_kv: list[tuple], attend: torch.Tensor | None):
-        self.cross_kv = cross_kv
-        self.attend = attend  # (B, 1, 1, S) or None
-        self.self_kv: list[tuple | None] = [None] * len(cross_kv)
+        self.cross_kv = cross_kv  # per layer (G, H, S, Dh) twice
+        self.attend = attend  # (G, 1, 1, S) or None
+        self.self_kv: list[tuple | None] = [None] * len(cross_kv)  # per layer (R, H, t, Dh) twice, R = G * group
+        self.group = 1
 
     @property
     def length(self) -> int:
         return 0 if self.self_kv[0] is None else self.self_kv[0][0].shape[2]
 
+    def select(self, rows: torch.Tensor, sentences: torch.Tensor | None = None, group: int = 1) -> None:
+        """Keep hypothesis rows `rows` (R',) in that order, `group` per sentence; `sentences` (G',) picks the
+        sentences that go on (None: all of them, in order)."""
+        pick = lambda kv, index: None if kv is None else (kv[0].index_select(0, index), kv[1].index_select(0, index))
+        self.self_kv = [pick(kv, rows) for kv in self.self_kv]
+        if sentences is not None:
+            self.cross_kv = [pick(kv, sentences) for kv in self.cross_kv]
+            self.attend = None if self.attend is None else self.attend.index_select(0, sentences)
+        self.group = group
+
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep rows `index` (K,) of every cached tensor, in that order."""
-        pick = lambda kv: None if kv is None else (kv[0].index_select(0, index), kv[1].index_select(0, index))
-        self.cross_kv = [pick(kv) for kv in self.cross_kv]
-        self.self_kv = [pick(kv) for kv in self.self_kv]
-        if self.attend is not None:
-            self.attend = self.attend.index_select(0, index)
+        """Keep rows `index` (K,) of a cache holding one row per sentence, in that order."""
+        self.select(index, index, 1)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -338,7 +362,7 @@ class Seq2SeqTransformer(nn.Module):
             return self.run_decoder(tgt_in_ids, None, memory, None, src_ids)
         x = self.embed(tgt_in_ids, self.tgt_embed, cache.length)
         for i, layer in enumerate(self.decoder):
-            x, cache.self_kv[i] = layer(x, cache.cross_kv[i], cache.attend, cache.self_kv[i])
+            x, cache.self_kv[i] = layer(x, cache.cross_kv[i], cache.attend, cache.self_kv[i], group=cache.group)
         return self.dec_norm(x)
 
     def run_decoder(self, tgt_in_ids: torch.Tensor, tgt: Packing | None, memory: torch.Tensor, src: Packing | None,
@@ -354,7 +378,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., V) through the output projection tied to the target embedding."""
-        return F.linear(hidden, self.tgt_embed.weight)
+        return linear(hidden, self.tgt_embed.weight)
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) at every position, as cached decoding computes them."""

@@ -1,20 +1,25 @@
-"""Decoding: a greedy fast path and batched beam search over any model with `encode`/`decode`.
+"""Decoding: greedy search, sampling and batched beam search over any model with `encode`/`decode`, an
+`nmt.ensemble.Ensemble` of them included: one loop each, on the stepping interface of `nmt.decoder`.
 
-Models that offer `start_cache` (like `Seq2SeqTransformer`) decode incrementally: one new token per
-step, encoder keys/values computed once, and rows of finished sentences dropped from the cache so
-work shrinks as sentences end. Other models are re-run on the whole prefix each step.
+`search(model, src_ids, cfg, sampling)` is the entry: n-best hypotheses per sentence. Models that offer
+`start_cache` (like `Seq2SeqTransformer`) decode incrementally: one new token per step, encoder keys/values
+computed once per sentence (shared by its beams), and rows of finished sentences dropped from the cache so
+work shrinks as sentences end.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from nmt.collate import pad as pad_rows
+from nmt.decoder import start_decoder
 from nmt.errors import NmtError
 from nmt.ranges import check_fields, ranged
+from nmt.sampling import SamplingConfig, choose
 
 
 @dataclass
@@ -43,52 +48,6 @@ class Hypothesis:
     finished: bool = True  # ended in </s>
 
 
-@dataclass
-class _Decoder:
-    """The model's stepping interface: cached when the model supports it."""
-
-    model: torch.nn.Module
-    src_ids: torch.Tensor  # (N, S) rows being decoded
-    memory: torch.Tensor  # (N, S, D)
-    cache: object | None = None
-    prefix: torch.Tensor | None = field(default=None)  # (N, t) tokens fed so far (uncached models)
-
-    @classmethod
-    def start(cls, model, src_ids: torch.Tensor) -> _Decoder:
-        memory = model.encode(src_ids)
-        cache = model.start_cache(memory, src_ids) if hasattr(model, "start_cache") else None
-        return cls(model, src_ids, memory, cache)
-
-    def step(self, last: torch.Tensor) -> torch.Tensor:
-        """last (N,) newest tokens -> next-token log-probs (N, V) in float32."""
-        if self.cache is not None:
-            logits = self.model.decode(last[:, None], self.memory, self.src_ids, cache=self.cache)[:, -1]
-        else:
-            self.prefix = last[:, None] if self.prefix is None else torch.cat([self.prefix, last[:, None]], 1)
-            logits = self.model.decode(self.prefix, self.memory, self.src_ids)[:, -1]
-        return torch.log_softmax(logits.float(), dim=-1)
-
-    def keep(self, rows: torch.Tensor) -> None:
-        """Continue with rows `rows` only (reordered, repeated or pruned)."""
-        self.src_ids, self.memory = self.src_ids.index_select(0, rows), self.memory.index_select(0, rows)
-        if self.cache is not None:
-            self.cache.reorder(rows)
-        if self.prefix is not None:
-            self.prefix = self.prefix.index_select(0, rows)
-
-    def reorder_beams(self, rows: torch.Tensor) -> None:
-        """Like `keep`, for rows that move only among the beams of their own sentence.
-
-        The rows of one sentence share its source, memory and cross-attention K/V, so only the
-        self-attention K/V differ; re-indexing nothing else saves most of a step's copying.
-        """
-        self_kv = getattr(self.cache, "self_kv", None)
-        if self_kv is None:
-            return self.keep(rows)
-        self.cache.self_kv = [None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows))
-                              for kv in self_kv]
-
-
 def length_limits(src_ids: torch.Tensor, pad_id: int, cfg: SearchConfig) -> torch.Tensor:
     """(B,) most tokens to generate per sentence: min(a + b * source length, max_new_tokens)."""
     src_len = src_ids.ne(pad_id).sum(1).float()
@@ -100,21 +59,40 @@ def _ids(model, name: str) -> int:
 
 
 @torch.no_grad()
-def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None) -> list[Hypothesis]:
-    """Best-first decoding, one hypothesis per sentence; finished rows leave the batch."""
+def search(model, src_ids: torch.Tensor, cfg: SearchConfig,
+           sampling: SamplingConfig | None = None) -> list[list[Hypothesis]]:
+    """src_ids (B, S) -> cfg.nbest hypotheses per sentence, best first: drawn by `sampling` when given
+    (cfg.nbest independent samples each), else found by beam search (greedy at beam size 1)."""
+    if sampling is None:
+        return beam_search(model, src_ids, cfg)
+    n = cfg.nbest
+    drawn = greedy(model, src_ids.repeat_interleave(n, 0) if n > 1 else src_ids, cfg, sampling)
+    return [sorted(drawn[i * n: (i + 1) * n], key=lambda h: -h.score) for i in range(src_ids.shape[0])]
+
+
+@torch.no_grad()
+def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
+           sampling: SamplingConfig | None = None) -> list[Hypothesis]:
+    """Best-first decoding (or, with `sampling`, each token drawn), one hypothesis per sentence; finished
+    rows leave the batch. A hypothesis' logprob is the model's own (before sampling's temperature)."""
     cfg = cfg or SearchConfig(beam_size=1)
     pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
     B, dev = src_ids.shape[0], src_ids.device
     limits = length_limits(src_ids, pad, cfg)
-    steps = int(limits.max())
-    dec = _Decoder.start(model, src_ids)
+    steps, never = int(limits.max()), torch.tensor([pad, bos], device=dev)
+    dec = start_decoder(model, src_ids)
+    generator = sampling.generator(dev) if sampling is not None else None
     alive = torch.arange(B, device=dev)  # sentence of each row
     last = torch.full((B,), bos, dtype=torch.long, device=dev)
     tokens = torch.full((B, steps), pad, dtype=torch.long, device=dev)  # <pad> is never emitted: it marks the end
     logprob = torch.zeros(B, dtype=torch.float64, device=dev)  # summed in float64 like Python floats
     for t in range(steps):
-        lp = _constrain(dec.step(last), limits[alive] <= t + 1, (pad, bos), eos)
-        best, last = lp.max(-1)
+        lp = _constrain(dec.step(last), limits[alive] <= t + 1, never, eos)
+        if sampling is None:
+            best, last = lp.max(-1)
+        else:
+            last = choose(lp, sampling, generator)
+            best = lp.gather(1, last[:, None]).squeeze(1)
         tokens[alive, t] = last
         logprob.index_add_(0, alive, best.double())
         going = last.ne(eos)
@@ -123,7 +101,7 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None) -> lis
             alive, last = alive[rows], last[rows]
             if len(alive) == 0:
                 break
-            dec.keep(rows)
+            dec.reorder(rows, rows)
     lengths, out, lps = tokens.ne(pad).sum(1).tolist(), tokens.tolist(), logprob.tolist()
     return [Hypothesis(toks[:n], lp / _penalty(n, cfg.alpha), lp, toks[n - 1: n] == [eos])
             for toks, n, lp in zip(out, lengths, lps)]
@@ -146,7 +124,7 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
     pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
     B, K, dev = src_ids.shape[0], cfg.beam_size, src_ids.device
     limits = length_limits(src_ids, pad, cfg)
-    dec = _Decoder.start(model, src_ids)
+    dec, never = start_decoder(model, src_ids), torch.tensor([pad, bos], device=dev)
     sent, sent_list = torch.arange(B, device=dev), list(range(B))  # sentence of each active group of rows
     scores = torch.zeros(B, 1, device=dev)  # (N, W) log-probability of each row's prefix; W = 1, then K
     history = torch.full((B, 0), pad, dtype=torch.long, device=dev)  # (N*W, t) tokens of each row
@@ -154,7 +132,7 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(int(limits.max())):
         N, W = scores.shape
-        lp = _constrain(dec.step(last), limits[sent].repeat_interleave(W) <= t + 1, (pad, bos), eos)
+        lp = _constrain(dec.step(last), limits[sent].repeat_interleave(W) <= t + 1, never, eos)
         top, beam, tok = _best_continuations(scores, lp, 2 * K)  # (N, 2K): at most K are </s>, K others remain
         _finalize(finished, sent_list, top, beam, tok, history, W, K, eos, cfg.alpha)
         top, pick = top.masked_fill(tok.eq(eos), -torch.inf).topk(K, dim=1)  # (N, K) best non-</s> continuations
@@ -163,19 +141,17 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
         history = torch.cat([history.index_select(0, rows), last[:, None]], 1)
         going = [len(finished[s]) < K for s in sent_list]
         going = torch.tensor(going, device=dev) & (limits[sent] > t + 1)
-        if not bool(going.all()):
-            keep_groups = going.nonzero().squeeze(1)
-            rows_kept = (keep_groups[:, None] * K + torch.arange(K, device=dev)).view(-1)
-            rows, sent, scores = rows.index_select(0, rows_kept), sent[keep_groups], scores[keep_groups]
-            last, history = last[rows_kept], history[rows_kept]
-            sent_list = [sent_list[g] for g in keep_groups.tolist()]
-            if not sent_list:
-                break
-            dec.keep(rows)
-        elif W == 1:
-            dec.keep(rows)  # the first step: each sentence's row becomes K rows
-        else:
-            dec.reorder_beams(rows)
+        if bool(going.all()):
+            dec.reorder(rows, None, K)  # the first step turns each sentence's row into K rows
+            continue
+        keep = going.nonzero().squeeze(1)  # the sentences that go on
+        kept_rows = (keep[:, None] * K + torch.arange(K, device=dev)).view(-1)
+        rows, sent, scores = rows.index_select(0, kept_rows), sent[keep], scores[keep]
+        last, history = last[kept_rows], history[kept_rows]
+        sent_list = [sent_list[g] for g in keep.tolist()]
+        if not sent_list:
+            break
+        dec.reorder(rows, keep, K)
     return [sorted(f, key=lambda h: -h.score)[: cfg.nbest] for f in finished]
 
 
@@ -200,9 +176,9 @@ def _best_continuations(scores: torch.Tensor, lp: torch.Tensor, n: int) -> tuple
     return top, beam, tok
 
 
-def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: tuple[int, ...], eos: int) -> torch.Tensor:
-    """Never emit `never` (<pad>, <s>); rows (N,) at their length limit may only emit </s>."""
-    lp[:, list(never)] = -torch.inf
+def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: torch.Tensor, eos: int) -> torch.Tensor:
+    """Never emit the ids `never` (<pad>, <s>); rows (N,) at their length limit may only emit </s>."""
+    lp.index_fill_(1, never, -torch.inf)
     if bool(at_limit.any()):
         only_eos = torch.full_like(lp[0], -torch.inf)
         only_eos[eos] = 0.0
@@ -225,20 +201,11 @@ def _finalize(finished, sent_list, top, beam, tok, history, W, K, eos, alpha) ->
         finished[s].append(Hypothesis(tokens, logprob / _penalty(len(tokens), alpha), logprob, True))
 
 
-def to_tensor(hyps: list[list[int]], pad_id: int, device=None) -> torch.Tensor:
-    """Token lists -> (B, L) LongTensor right-padded with pad_id."""
-    length = max((len(h) for h in hyps), default=0)
-    out = torch.full((len(hyps), length), pad_id, dtype=torch.long, device=device)
-    for i, h in enumerate(hyps):
-        out[i, : len(h)] = torch.tensor(h, dtype=torch.long)
-    return out
-
-
 def generate(model, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: int = 128, **kwargs) -> torch.Tensor:
     """(B, S) source ids -> (B, L) best translation ids, each ending in </s> (unless cut), then padding."""
     cfg = SearchConfig(beam_size=beam_size, max_new_tokens=max_new_tokens, **kwargs)
     best = [h[0].tokens for h in beam_search(model, src_ids, cfg)]
-    return to_tensor(best, _ids(model, "pad_id"), src_ids.device)
+    return pad_rows(best, _ids(model, "pad_id")).to(src_ids.device)
 
 
 # --- a model directory's own search defaults -----------------------------------------------------

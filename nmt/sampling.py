@@ -1,0 +1,63 @@
+"""Sampling instead of searching: which tokens may be drawn (top-k, top-p), how sharply (temperature), and the
+seeded draw itself. `nmt.search` runs the loop; this module only chooses the next token of each row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nmt.errors import NmtError
+
+
+@dataclass
+class SamplingConfig:
+    """Draw each next token from the model's distribution instead of taking the best one.
+
+    Sampled back-translation gives the forward model more varied synthetic sources than beam search
+    (Edunov et al. 2018). With topk 1, or temperature 0, sampling is greedy search.
+    """
+
+    topk: int = 0  # draw only among the k most likely tokens (0: no limit)
+    topp: float = 1.0  # ... and among the fewest most likely tokens whose probabilities sum to >= p (nucleus)
+    temperature: float = 1.0  # divides the log-probabilities: < 1 sharper, > 1 flatter, 0 greedy
+    seed: int | None = 0  # the same seed, inputs and batches give the same samples; None: torch's global RNG
+
+    def __post_init__(self):
+        if self.topk < 0:
+            raise NmtError(f"sampling topk must be >= 0 (0: no limit), got {self.topk}")
+        if not 0 < self.topp <= 1:
+            raise NmtError(f"sampling topp must be in (0, 1], got {self.topp}")
+        if self.temperature < 0:
+            raise NmtError(f"sampling temperature must be >= 0, got {self.temperature}")
+
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        return None if self.seed is None else torch.Generator(device=device).manual_seed(self.seed)
+
+
+def allowed(lp: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """lp (N, V) log-probabilities -> (N, V) the tempered log-weights to draw from, -inf outside top-k/top-p.
+
+    Top-k and top-p are applied to the model's own distribution (before the temperature), as fairseq does;
+    the most likely token is always kept, so every row can draw.
+    """
+    out = lp / cfg.temperature
+    k = cfg.topk if 0 < cfg.topk < lp.shape[1] else 0
+    if k:
+        kth = lp.topk(k, dim=1).values[:, -1:]  # (N, 1): ties with the k-th token stay in
+        out = out.masked_fill(lp < kth, -torch.inf)
+    if cfg.topp < 1:
+        probs, order = lp.exp().sort(dim=1, descending=True)
+        before = probs.cumsum(1) - probs  # (N, V) mass of the tokens ranked above each one
+        drop = torch.zeros_like(lp, dtype=torch.bool).scatter(1, order, before >= cfg.topp)  # in vocabulary order
+        out = out.masked_fill(drop, -torch.inf)
+    return out
+
+
+def choose(lp: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """lp (N, V) -> (N,) one token per row drawn from `allowed(lp, cfg)`; the argmax at temperature 0."""
+    if cfg.temperature == 0 or cfg.topk == 1:
+        return lp.argmax(-1)
+    probs = torch.softmax(allowed(lp, cfg), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
