@@ -1,4 +1,5 @@
-"""The `nmt` command: train, check, translate, evaluate, export, plot, info. User errors print one line and exit with code 2.
+"""The `nmt` command: train, check, translate, evaluate, score, export, plot, info.
+User errors print one line and exit with code 2.
 
 `accelerate launch run.py ...` is `nmt train ...` on as many processes as the profile says.
 """
@@ -96,20 +97,27 @@ def cmd_info(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _search_kwargs(args: argparse.Namespace) -> dict:
-    """--alpha only when given: otherwise the model directory's tuned alpha (search.json), else 0.6."""
+    """--alpha only when given: otherwise the model directory's tuned alpha (search.json), else 0.6.
+    --sampling (with --topk/--topp/--temperature/--seed) draws translations instead of beam search."""
     alpha = {} if args.alpha is None else {"alpha": args.alpha}
-    return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, **alpha)
+    sampling = None
+    if args.sampling:
+        from nmt.sampling import SamplingConfig
+
+        sampling = SamplingConfig(topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed)
+    return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, sampling=sampling, **alpha)
 
 
 def _translator(args: argparse.Namespace):
-    """The PyTorch model of MODEL_DIR, or with --ct2 DIR the CTranslate2 export."""
+    """The PyTorch model of MODEL_DIR (several: an ensemble), or with --ct2 DIR the CTranslate2 export."""
     from nmt.translate import Translator
 
     if args.ct2:
         return Translator.from_ctranslate2(args.ct2, device=args.device)
     if not args.model_dir:
         raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")
-    return Translator.from_pretrained(args.model_dir, device=args.device)
+    dirs = args.model_dir
+    return Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
 
 
 def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
@@ -141,8 +149,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
     if args.attention:
         if not first:
             raise NmtError("--attention: the input is empty; there is no first sentence to draw")
-        torch_translator = (translator if translator.backend == "torch"
-                            else Translator.from_pretrained(args.model_dir, args.device))
+        torch_translator = (translator if translator.backend == "torch" and len(args.model_dir) == 1
+                            else Translator.from_pretrained(args.model_dir[0], args.device))
         _draw_attention(torch_translator, first[0], args)
     return 0
 
@@ -179,6 +187,28 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     scores = corpus_scores(hyps, ref)
     print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
+    return 0
+
+
+def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
+    """Per line: the sum and mean log-probability (nats) of the target given the source, tab-separated
+    (--per-token: then each token's, space-separated)."""
+    from nmt.translate import Translator
+
+    _no_extra(extra)
+    src, tgt = _read_lines(args.src), _read_lines(args.tgt)
+    if len(src) != len(tgt):
+        raise NmtError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
+    dirs = args.model_dir
+    translator = Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
+    sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for s in translator.score(src, tgt, batch_tokens=args.batch_tokens):
+            tokens = "\t" + " ".join(f"{x:.4f}" for x in s.token_logprobs) if args.per_token else ""
+            sink.write(f"{s.total:.4f}\t{s.mean:.4f}{tokens}\n")
+    finally:
+        if args.output:
+            sink.close()
     return 0
 
 
@@ -224,8 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, help_ in (("translate", cmd_translate, "translate stdin or --input to stdout or --output"),
                             ("evaluate", cmd_evaluate, "BLEU and chrF of a model on a test set")):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("model_dir", nargs="?", help="a model directory (output_dir/model of a run); "
-                       "optional with --ct2")
+        p.add_argument("model_dir", nargs="*", help="a model directory (output_dir/model of a run); several: "
+                       "an ensemble (one tokenizer); optional with --ct2")
         p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
                        "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
         p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
@@ -236,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
         p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
+        _add_sampling_args(p)
         if name == "translate":
             p.add_argument("--input", help="read here instead of stdin")
             p.add_argument("--nbest", type=Number(int, "nmt.search:SearchConfig.nbest"), default=1,
@@ -248,6 +279,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--src", required=True, help="source sentences, one per line")
             p.add_argument("--ref", required=True, help="reference translations, one per line")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("score", help="log-probability of given translations (forced decoding), one line per pair")
+    p.add_argument("model_dir", nargs="+", help="a model directory; several: an ensemble (one tokenizer)")
+    p.add_argument("--src", required=True, help="source sentences, one per line")
+    p.add_argument("--tgt", required=True, help="their translations to score, one per line")
+    p.add_argument("--per-token", action="store_true", help="also print each target token's log-probability")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="padded tokens per batch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--output", help="write here instead of stdout")
+    p.set_defaults(fn=cmd_score)
     p = sub.add_parser("export", help="export a model directory for another runtime (CTranslate2)")
     p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
     p.add_argument("--to", required=True, choices=["ctranslate2"], help="the target format")
@@ -275,6 +315,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 DEBUG_HELP = "on an error, print the Python traceback too (normally one line: exit 2 for bad input, 1 otherwise)"
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sampling", action="store_true", help="draw each translation from the model instead of beam "
+                   "search (--nbest N: N samples per sentence)")
+    p.add_argument("--topk", type=Number(int, "nmt.sampling:SamplingConfig.topk"), default=0,
+                   help="with --sampling: draw among the k most likely tokens (0: all)")
+    p.add_argument("--topp", type=Number(float, "nmt.sampling:SamplingConfig.topp"), default=1.0,
+                   help="with --sampling: draw among the most likely tokens whose probabilities sum to p (nucleus)")
+    p.add_argument("--temperature", type=Number(float, "nmt.sampling:SamplingConfig.temperature"), default=1.0,
+                   help="with --sampling: < 1 sharper, > 1 flatter, 0 greedy")
+    p.add_argument("--seed", type=Number(int, "nmt.sampling:SamplingConfig.seed"), default=0,
+                   help="with --sampling: the same seed and input give the same output")
 
 
 def _add_check_args(p: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ from nmt.batching import eval_batches
 from nmt.collate import pad
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.errors import NmtError
+from nmt.sampling import SamplingConfig
 from nmt.search import SEARCH_FILE, Hypothesis, SearchConfig, length_limits
 from nmt.tokenizer import UNK, PairTokenizer
 
@@ -187,14 +188,17 @@ class CT2Model:
         except (RuntimeError, ValueError) as e:
             raise NmtError(f"{directory}: CTranslate2 cannot load it ({e})") from None
 
-    def search(self, src_ids: list[list[int]], search: SearchConfig, batch_tokens: int) -> dict[int, list[Hypothesis]]:
+    def search(self, src_ids: list[list[int]], search: SearchConfig, batch_tokens: int,
+               sampling: SamplingConfig | None = None) -> dict[int, list[Hypothesis]]:
         """Hypotheses for every input, keyed by position, as `nmt.search.search_encoded` returns them.
 
         Batches are nmt's (length-sorted, a token budget); each is decoded with the longest length limit of
         its sentences. Greedy output equals nmt's; beam scores are CTranslate2's, logprob / length ** alpha
-        (nmt's are GNMT's, logprob / ((5 + length) / 6) ** alpha), so n-best orders can differ.
+        (nmt's are GNMT's, logprob / ((5 + length) / 6) ** alpha), so n-best orders can differ. `sampling` draws
+        with CTranslate2's own sampler (same options, its own random stream: samples differ from nmt's).
         """
         cfg, out = self.cfg, {}
+        options = {} if sampling is None else self._sampling_options(sampling, search)
         never = [[self.tgt_vocab[cfg.pad_id]], [self.tgt_vocab[cfg.bos_id]]]
         for batch in eval_batches([len(s) for s in src_ids], batch_tokens, 0, 1):
             rows = batch.tolist()
@@ -202,12 +206,20 @@ class CT2Model:
             # nmt's limit counts the final </s> (forced at the limit); CT2's max_decoding_length does not
             limit = int(length_limits(pad([src_ids[r] for r in rows]), cfg.pad_id, search).max())
             results = self.translator.translate_batch(
-                tokens, beam_size=search.beam_size, num_hypotheses=search.nbest, length_penalty=search.alpha,
-                max_decoding_length=max(limit - 1, 1), return_scores=True, return_end_token=True,
-                suppress_sequences=never)
+                tokens, **{"beam_size": search.beam_size, "num_hypotheses": search.nbest, **options},
+                length_penalty=search.alpha, max_decoding_length=max(limit - 1, 1), return_scores=True,
+                return_end_token=True, suppress_sequences=never)
             for r, res in zip(rows, results):
                 out[r] = [self._hypothesis(h, s) for h, s in zip(res.hypotheses, res.scores)]
         return out
+
+    @staticmethod
+    def _sampling_options(sampling: SamplingConfig, search: SearchConfig) -> dict:
+        if sampling.seed is not None:
+            require_ctranslate2().set_random_seed(sampling.seed)
+        greedy = sampling.temperature == 0 or sampling.topk == 1
+        return {"beam_size": 1, "num_hypotheses": 1 if greedy else search.nbest, "sampling_topp": sampling.topp,
+                "sampling_topk": 1 if greedy else sampling.topk, "sampling_temperature": max(sampling.temperature, 1e-6)}
 
     def _hypothesis(self, tokens: list[str], score: float) -> Hypothesis:
         """CT2 tokens -> ids ending in </s> (added when the length limit cut the hypothesis, as nmt does)."""

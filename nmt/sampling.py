@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt.errors import NmtError
+from nmt.ranges import check_fields, ranged
 
 
 @dataclass
@@ -19,18 +19,13 @@ class SamplingConfig:
     (Edunov et al. 2018). With topk 1, or temperature 0, sampling is greedy search.
     """
 
-    topk: int = 0  # draw only among the k most likely tokens (0: no limit)
-    topp: float = 1.0  # ... and among the fewest most likely tokens whose probabilities sum to >= p (nucleus)
-    temperature: float = 1.0  # divides the log-probabilities: < 1 sharper, > 1 flatter, 0 greedy
-    seed: int | None = 0  # the same seed, inputs and batches give the same samples; None: torch's global RNG
+    topk: int = ranged(0, "[0, 1e6]")  # draw only among the k most likely tokens (0: no limit)
+    topp: float = ranged(1.0, "(0, 1]")  # ... and among the fewest most likely tokens holding probability >= p
+    temperature: float = ranged(1.0, "[0, 1e3]")  # divides the log-probabilities: < 1 sharper, > 1 flatter, 0 greedy
+    seed: int | None = ranged(0, "[0, 1e18]")  # same seed, inputs and batches: same samples; None: torch's global RNG
 
-    def __post_init__(self):
-        if self.topk < 0:
-            raise NmtError(f"sampling topk must be >= 0 (0: no limit), got {self.topk}")
-        if not 0 < self.topp <= 1:
-            raise NmtError(f"sampling topp must be in (0, 1], got {self.topp}")
-        if self.temperature < 0:
-            raise NmtError(f"sampling temperature must be >= 0, got {self.temperature}")
+    def __post_init__(self) -> None:
+        check_fields(self, noun="sampling setting")
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         return None if self.seed is None else torch.Generator(device=device).manual_seed(self.seed)

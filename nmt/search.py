@@ -10,7 +10,7 @@ work shrinks as sentences end.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -227,20 +227,22 @@ def search_defaults(directory: Path) -> dict:
     return {"alpha": float(alpha)}
 
 
-def search_encoded(model, src_ids: list[list[int]], search: SearchConfig, batch_tokens: int,
-                   rank: int = 0, world_size: int = 1, device=None) -> dict[int, list[Hypothesis]]:
+def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tokens: int,
+                   rank: int = 0, world_size: int = 1, device=None,
+                   sampling: SamplingConfig | None = None) -> dict[int, list[Hypothesis]]:
     """Hypotheses for this process's share of `src_ids`, keyed by input position.
 
     Inputs are sorted by length into batches of at most `batch_tokens` padded source tokens, and the
     batches dealt round robin to `world_size` processes: each input is decoded exactly once overall.
+    With `sampling`, batch number k draws with seed `sampling.seed + k`.
     """
     from nmt.batching import eval_batches
-    from nmt.collate import pad
 
     out: dict[int, list[Hypothesis]] = {}
     lengths = [len(s) for s in src_ids]
-    for batch in eval_batches(lengths, batch_tokens, rank, world_size):
-        ids = pad([src_ids[i] for i in batch]).to(device)
-        for i, hyps in zip(batch.tolist(), beam_search(model, ids, search)):
+    for k, batch in enumerate(eval_batches(lengths, batch_tokens, rank, world_size)):
+        ids = pad_rows([src_ids[i] for i in batch]).to(device)
+        draw = sampling if sampling is None or sampling.seed is None else replace(sampling, seed=sampling.seed + k)
+        for i, hyps in zip(batch.tolist(), search(model, ids, cfg, draw)):
             out[i] = hyps
     return out

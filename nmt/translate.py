@@ -1,9 +1,14 @@
-"""Translating text with a trained model directory: token-budget batches, output in input order.
+"""Translating and scoring text with trained model directories: token-budget batches, output in input order.
 
 `Translator.from_pretrained(d).translate([...])` is the Python entry; `translate_stream` keeps
 memory flat on inputs of any size by working through them a chunk at a time.
-`Translator.from_ctranslate2(d)` decodes a model exported by `nmt export` with CTranslate2 instead
-(same methods, except `attention`, which needs the PyTorch model).
+`Translator.from_pretrained([d1, d2])` is an ensemble (`nmt.ensemble`): one vocabulary, log-probabilities
+averaged per step. `Translator.from_ctranslate2(d)` decodes a model exported by `nmt export` with CTranslate2
+instead (same methods, except `attention` and `score`, which need the PyTorch model).
+
+Sampling is one keyword: `translate(texts, sampling=SamplingConfig(topk=10, temperature=1.0, seed=0))`
+draws each translation instead of searching for it (`sampling=None`, the default: beam search with
+`beam_size`; nbest > 1 gives that many samples per sentence). `translate_stream(lines, sampling=...)` alike.
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nmt.ensemble import Ensemble
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
+from nmt.sampling import SamplingConfig
+from nmt.score import Score, score_encoded
 from nmt.search import SearchConfig, beam_search, search_defaults, search_encoded
 from nmt.tokenizer import PairTokenizer
 
@@ -29,7 +37,8 @@ log = logging.getLogger(__name__)
 class Translator:
     """A trained model and its tokenizer, ready to translate sentences."""
 
-    def __init__(self, model: Seq2SeqTransformer | CT2Model, tokenizer: PairTokenizer, device: str | torch.device = "cpu",
+    def __init__(self, model: Seq2SeqTransformer | Ensemble | CT2Model, tokenizer: PairTokenizer,
+                 device: str | torch.device = "cpu",
                  search_defaults: dict | None = None):
         self.model = model.to(device).eval() if isinstance(model, torch.nn.Module) else model
         self.tokenizer = tokenizer
@@ -42,13 +51,31 @@ class Translator:
         return "torch" if isinstance(self.model, torch.nn.Module) else "ctranslate2"
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> Translator:
-        """Load config.json, model.safetensors and tokenizer.json from a model directory."""
+    def from_pretrained(cls, directory: str | Path | list[str | Path], device: str | torch.device = "cpu") -> Translator:
+        """Load config.json, model.safetensors and tokenizer.json from a model directory; from a list of
+        them, an ensemble (same tokenizer required; search defaults from the first)."""
+        if isinstance(directory, (list, tuple)):
+            return cls._ensemble([Path(d) for d in directory], device)
         directory = Path(directory)
         model = Seq2SeqTransformer.from_pretrained(directory)
         tokenizer = PairTokenizer.load(directory).without_dropout()
         tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
         return cls(model, tokenizer, device, search_defaults(directory))
+
+    @classmethod
+    def _ensemble(cls, directories: list[Path], device) -> Translator:
+        if not directories:
+            raise NmtError("give at least one model directory")
+        if len(directories) == 1:
+            return cls.from_pretrained(directories[0], device)
+        members = [cls.from_pretrained(d) for d in directories]
+        first = _tokenizer_text(members[0].tokenizer)
+        for d, m in zip(directories[1:], members[1:]):
+            if _tokenizer_text(m.tokenizer) != first:
+                raise NmtError(f"{d}: its tokenizer differs from {directories[0]}'s; an ensemble needs models "
+                               "trained with one tokenizer (nmt average combines checkpoints of one run instead)")
+        model = Ensemble([m.model for m in members])
+        return cls(model, members[0].tokenizer, device, members[0].search_defaults)
 
     @classmethod
     def from_ctranslate2(cls, directory: str | Path, device: str | torch.device = "cpu", compute_type: str = "default",
@@ -76,8 +103,8 @@ class Translator:
         """
         from nmt.attention import cross_attention
 
-        if self.backend != "torch":
-            raise NmtError("attention pictures need the PyTorch model: use Translator.from_pretrained(MODEL_DIR)")
+        if self.backend != "torch" or isinstance(self.model, Ensemble):
+            raise NmtError("attention pictures need one PyTorch model: use Translator.from_pretrained(MODEL_DIR)")
         limit = self.model.cfg.max_positions
         ids = fit_length(self.tokenizer.encode_src([text])[0], limit, "truncate")[0]
         search_kwargs = {**self.search_defaults, **search_kwargs}
@@ -91,9 +118,12 @@ class Translator:
         return src_tokens, self.tokenizer.tgt_tokens(best), weights
 
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
-                  long_inputs: str = "truncate", **search_kwargs) -> list[str] | list[list[tuple[str, float]]]:
+                  long_inputs: str = "truncate", sampling: SamplingConfig | None = None,
+                  **search_kwargs) -> list[str] | list[list[tuple[str, float]]]:
         """Translate sentences; returns strings, or (translation, score) lists when nbest > 1.
 
+        `sampling` (a `SamplingConfig`) draws translations instead of beam search (nbest: samples per
+        sentence); `search_kwargs` are `SearchConfig` fields (alpha, max_len_a, ...).
         A source longer than the model's max_positions is truncated (`long_inputs="truncate"`) or cut into
         pieces translated one after the other (`"split"`), with a warning either way.
         """
@@ -108,14 +138,33 @@ class Translator:
                 owner.append(i)
         if self.backend == "torch":
             with torch.inference_mode():
-                found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device)
+                found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device, sampling=sampling)
         else:
-            found = self.model.search(pieces, search, batch_tokens)
+            found = self.model.search(pieces, search, batch_tokens, sampling)
         if nbest == 1:
             decoded = self.tokenizer.decode_tgt([found[j][0].tokens for j in range(len(pieces))])
             return _join_pieces(decoded, owner, len(texts))
         hyps = [found[j] for j in range(len(pieces))]
         return [list(zip(self.tokenizer.decode_tgt([h.tokens for h in hs]), [h.score for h in hs])) for hs in hyps]
+
+    def score(self, sources: list[str], targets: list[str], batch_tokens: int = 4096) -> list[Score]:
+        """The log-probability (nats) of each target given its source, per token with </s>, in input order.
+
+        Both sides are tokenized as in training; a source over max_positions is truncated (with a warning), a
+        target over it is an error naming the line (1-based)."""
+        if self.backend != "torch":
+            raise NmtError("scoring needs the PyTorch model: use Translator.from_pretrained(MODEL_DIR)")
+        if len(sources) != len(targets):
+            raise NmtError(f"{len(sources)} sources but {len(targets)} targets: give one target per source")
+        limit = self.model.cfg.max_positions
+        src_ids = [fit_length(ids, limit, "truncate")[0] for ids in self.tokenizer.encode_src(list(sources))]
+        tgt_ids = self.tokenizer.encode_tgt(list(targets))
+        for n, ids in enumerate(tgt_ids, 1):
+            if len(ids) + 1 > limit:
+                raise NmtError(f"target line {n} has {len(ids) + 1} subwords with </s>, more than model.max_positions="
+                               f"{limit}: it cannot be scored")
+        with torch.inference_mode():
+            return score_encoded(self.model, src_ids, tgt_ids, batch_tokens, self.device)
 
     def translate_stream(self, lines: Iterable[str], chunk_size: int = 2000, **kwargs) -> Iterator[str]:
         """Translate an iterable of lines of any length, yielding outputs in input order.
@@ -170,6 +219,10 @@ def fit_length(ids: list[int], limit: int, how: str) -> list[list[int]]:
         raise NmtError(f"long_inputs must be 'truncate' or 'split', got {how!r}")
     log.warning("a source sentence of %d subwords was truncated to model.max_positions=%d", len(ids), limit)
     return [body[: limit - 1] + eos]
+
+
+def _tokenizer_text(tokenizer: PairTokenizer) -> tuple[str, str]:
+    return tokenizer.src.to_str(), tokenizer.tgt.to_str()
 
 
 def _join_pieces(decoded: list[str], owner: list[int], n: int) -> list[str]:
