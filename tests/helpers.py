@@ -78,3 +78,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def model_dir(path, seed: int = 0, vocab: int = 60, layers: int = 1, mirrored: bool = False):
+    """A model directory (random tiny model + a BPE tokenizer trained on synthetic pairs), as train writes one;
+    `mirrored`: the tokenizer is trained on the text spelled backwards (another tokenizer of the same size)."""
+    from pathlib import Path
+
+    from nmt.config import TokenizerConfig
+    from nmt.synthetic import generate_pairs
+    from nmt.tokenizer import PairTokenizer, train_tokenizer
+
+    texts = [t[::-1] if mirrored else t for pair in generate_pairs(200, seed=7) for t in pair]
+    tok = train_tokenizer(texts, TokenizerConfig(vocab_size=vocab, min_frequency=1))
+    model = tiny_model(seed=seed, vocab=tok.get_vocab_size(), layers=layers)
+    path = Path(path)
+    model.save_pretrained(path)
+    PairTokenizer(tok).save(path)
+    return path
