@@ -195,7 +195,8 @@ class CT2Model:
         Batches are nmt's (length-sorted, a token budget); each is decoded with the longest length limit of
         its sentences. Greedy output equals nmt's; beam scores are CTranslate2's, logprob / length ** alpha
         (nmt's are GNMT's, logprob / ((5 + length) / 6) ** alpha), so n-best orders can differ. `sampling` draws
-        with CTranslate2's own sampler (same options, its own random stream: samples differ from nmt's).
+        with CTranslate2's own sampler (same options; its draws differ from nmt's, and seeding it with
+        `ctranslate2.set_random_seed` did not make two runs equal in our tests).
         """
         cfg, out = self.cfg, {}
         options = {} if sampling is None else self._sampling_options(sampling, search)

@@ -14,6 +14,7 @@ from nmt import Translator, train
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
+from nmt.sampling import SamplingConfig
 from nmt.search import SearchConfig, greedy, length_limits
 from nmt.tokenizer import SPECIALS
 from tests.conftest import tiny_config
@@ -114,6 +115,9 @@ def test_translator_and_cli_with_the_export_equal_the_pytorch_model(trained, exp
     assert ct2_translator.translate(texts, beam_size=1, batch_tokens=64) == ours
     nbest = ct2_translator.translate(texts[:3], beam_size=4, nbest=2)
     assert [len(n) for n in nbest] == [2, 2, 2] and all(n[0][1] >= n[1][1] for n in nbest)
+    for translator in (Translator.from_pretrained(trained), ct2_translator):  # sampling: top-k 1 is greedy
+        assert translator.translate(texts, sampling=SamplingConfig(topk=1)) == ours
+        assert translator.translate(texts, sampling=SamplingConfig(temperature=1.5, seed=4)) != ours
     (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts))
     assert main(["translate", "--ct2", str(exported), "--beam", "1", "--input", str(tmp_path / "in.txt"),
                  "--output", str(tmp_path / "out.txt")]) == 0
