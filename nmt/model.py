@@ -157,7 +157,7 @@ class Attention(nn.Module):
             qkv = linear(x, self.qkv.weight, self.qkv.bias.masked_fill(self.key_slots, 0.0))
             q, k, v = map(self.heads, unpack(qkv).chunk(3, dim=-1))
             if kv is not None:
-                k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
+                k, v = kv.extend(k, v)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         B, H, L, Dh = y.shape
@@ -215,7 +215,7 @@ class DecoderLayer(nn.Module):
         self.sub_self, self.sub_cross, self.sub_ff = Sublayer(cfg), Sublayer(cfg), Sublayer(cfg)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | tuple, attend: torch.Tensor | None,
-                self_kv: tuple | None = None, packing: Packing | None = None,
+                self_kv: SelfKV | None = None, packing: Packing | None = None,
                 memory_packing: Packing | None = None, group: int = 1) -> tuple[torch.Tensor, tuple]:
         """x (B, T, D), or (N, D) packed by `packing`; memory: the encoder output (B, S, D) (or packed by
         `memory_packing`), or its cross-attention (K, V) from a cache. With `group` > 1, memory and `attend`
@@ -228,7 +228,7 @@ class DecoderLayer(nn.Module):
         # causality is a property of the decoder: full-prefix runs use is_causal; a cached call with
         # several new positions needs a mask aligned to the end (is_causal aligns to the start). Right
         # padding needs no target mask: real positions only ever look left, at real tokens.
-        past, new = (0 if self_kv is None else self_kv[0].shape[2]), (x.shape[1] if packing is None else packing.L)
+        past, new = (0 if self_kv is None else self_kv.length), (x.shape[1] if packing is None else packing.L)
         causal = past == 0 and new > 1
         self_attend = causal_attend(new, past, x.device) if past and new > 1 else None
         x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, attend=self_attend, causal=causal, kv=self_kv,
@@ -252,8 +252,54 @@ class DecoderLayer(nn.Module):
         return self.cross_attn.project_kv(memory, packing)
 
 
+class SelfKV:
+    """One decoder layer's self-attention keys and values so far, stored time-major (t, R, H, Dh).
+
+    A reorder of the rows (beams re-ranked, sentences finished) is only noted; the next `extend` copies the
+    old steps in the new row order and appends the new one in a single pass (time-major, the old steps are
+    one contiguous block of the result). Attention reads them as (R, H, t, Dh) views.
+    """
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None  # (t, R, H, Dh)
+        self.v: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None  # reorder still to apply: new row i is old row rows[i]
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[0]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        if self.k is not None:
+            self.rows = rows if self.rows is None else self.rows.index_select(0, rows)
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new positions k, v (R, H, n, Dh); returns all positions, (R, H, t + n, Dh) each."""
+        self.k, self.v = self._append(self.k, k), self._append(self.v, v)
+        self.rows = None
+        return tuple(self)
+
+    def __iter__(self):
+        """K and V as batch-leading (R, H, t, Dh) views (after `extend`)."""
+        if self.k is not None:
+            yield from (self.k.permute(1, 2, 0, 3), self.v.permute(1, 2, 0, 3))
+
+    def _append(self, old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+        new = new.permute(2, 0, 1, 3)  # (n, R, H, Dh)
+        if old is None:
+            return new.contiguous()
+        out = new.new_empty(old.shape[0] + new.shape[0], *new.shape[1:])
+        if self.rows is None:
+            out[: old.shape[0]] = old
+        else:
+            torch.index_select(old, 1, self.rows, out=out[: old.shape[0]])
+        out[old.shape[0]:] = new
+        return out
+
+
 class DecoderCache:
-    """Per-layer keys/values for incremental decoding; every tensor is batch-leading.
+    """Per-layer keys/values for incremental decoding; every tensor is batch-leading (self-attention K/V are
+    stored time-major, `SelfKV`, and seen batch-leading).
 
     Cross-attention K/V come from the encoder output once per sentence; self-attention K/V grow by one step
     per call, one row per hypothesis. A sentence's `group` hypotheses (beam search's K beams) are consecutive
@@ -264,20 +310,20 @@ class DecoderCache:
     def __init__(self, cross_kv: list[tuple], attend: torch.Tensor | None):
         self.cross_kv = cross_kv  # per layer (G, H, S, Dh) twice
         self.attend = attend  # (G, 1, 1, S) or None
-        self.self_kv: list[tuple | None] = [None] * len(cross_kv)  # per layer (R, H, t, Dh) twice, R = G * group
+        self.self_kv = [SelfKV() for _ in cross_kv]  # R = G * group rows
         self.group = 1
 
     @property
     def length(self) -> int:
-        return 0 if self.self_kv[0] is None else self.self_kv[0][0].shape[2]
+        return self.self_kv[0].length
 
     def select(self, rows: torch.Tensor, sentences: torch.Tensor | None = None, group: int = 1) -> None:
         """Keep hypothesis rows `rows` (R',) in that order, `group` per sentence; `sentences` (G',) picks the
         sentences that go on (None: all of them, in order)."""
-        pick = lambda kv, index: None if kv is None else (kv[0].index_select(0, index), kv[1].index_select(0, index))
-        self.self_kv = [pick(kv, rows) for kv in self.self_kv]
+        for kv in self.self_kv:
+            kv.reorder(rows)
         if sentences is not None:
-            self.cross_kv = [pick(kv, sentences) for kv in self.cross_kv]
+            self.cross_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.cross_kv]
             self.attend = None if self.attend is None else self.attend.index_select(0, sentences)
         self.group = group
 
@@ -362,7 +408,7 @@ class Seq2SeqTransformer(nn.Module):
             return self.run_decoder(tgt_in_ids, None, memory, None, src_ids)
         x = self.embed(tgt_in_ids, self.tgt_embed, cache.length)
         for i, layer in enumerate(self.decoder):
-            x, cache.self_kv[i] = layer(x, cache.cross_kv[i], cache.attend, cache.self_kv[i], group=cache.group)
+            x, _ = layer(x, cache.cross_kv[i], cache.attend, cache.self_kv[i], group=cache.group)
         return self.dec_norm(x)
 
     def run_decoder(self, tgt_in_ids: torch.Tensor, tgt: Packing | None, memory: torch.Tensor, src: Packing | None,
