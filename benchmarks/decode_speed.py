@@ -3,6 +3,7 @@
     python benchmarks/decode_speed.py                      # 224 sentences, batch 32, 3 rounds, 1 thread
     python benchmarks/decode_speed.py --threads 2 --rounds 5
     python benchmarks/decode_speed.py --profile            # cProfile of nmt's beam search, then exit
+    python benchmarks/decode_speed.py --ensemble           # also nmt beam 4 with an ensemble of two models
 
 One model size for all (d_model 256, 3+3 layers, 4 heads, FFN 1024, vocabulary 8000), random weights:
 nmt's model, a `MarianMTModel` from a `MarianConfig` of the same dimensions, and the nmt model exported
@@ -11,6 +12,8 @@ ids (5-30 tokens) and generates exactly as many tokens: a batch's target length 
 and </s> is impossible before it (nmt/CT2: the output embedding of </s> is set so that its logit is
 -30 for every decoder state; HF: min_new_tokens). Systems run interleaved in every round, in a rotating
 order; the figure is the median round. CPU; `--threads` for torch and CTranslate2 alike.
+"nmt sample" draws (top-k 10) on the same decoding path as greedy; the figure to watch is nmt beam 4 /
+CT2 float32 beam 4 (same float32 arithmetic; target >= 0.9).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmt.config import ModelConfig  # noqa: E402
+from nmt.ensemble import Ensemble  # noqa: E402
 from nmt.model import Seq2SeqTransformer  # noqa: E402
+from nmt.sampling import SamplingConfig  # noqa: E402
 from nmt.search import SearchConfig, beam_search, greedy  # noqa: E402
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -81,11 +86,14 @@ def batches(srcs: list[list[int]], size: int) -> list[tuple[torch.Tensor, int]]:
 
 # Each system: (src_ids, L) -> number of generated tokens (checked against the others).
 
-def run_nmt(model, beam: int):
+def run_nmt(model, beam: int, sampling: SamplingConfig | None = None):
     def run(src_ids: torch.Tensor, L: int) -> int:
         cfg = SearchConfig(beam_size=beam, max_len_a=L, max_len_b=0.0, max_new_tokens=L)
         with torch.inference_mode():
-            hyps = greedy(model, src_ids, cfg) if beam == 1 else [n[0] for n in beam_search(model, src_ids, cfg)]
+            if beam == 1:
+                hyps = greedy(model, src_ids, cfg, sampling)
+            else:
+                hyps = [n[0] for n in beam_search(model, src_ids, cfg)]
         return sum(len(h.tokens) for h in hyps)  # L each: L - 1 words, then the forced </s>
     return run
 
@@ -109,7 +117,10 @@ def run_ct2(translator, beam: int, vocab: list[str]):
 
 
 def build_systems(args, model, tmp: Path) -> dict:
-    systems = {"nmt greedy": run_nmt(model, 1), "nmt beam4": run_nmt(model, 4)}
+    systems = {"nmt greedy": run_nmt(model, 1), "nmt beam4": run_nmt(model, 4),
+               "nmt sample": run_nmt(model, 1, SamplingConfig(topk=10, seed=0))}
+    if args.ensemble:
+        systems["nmt ens2 beam4"] = run_nmt(Ensemble([model, nmt_model(args.seed + 1)]), 4)
     try:
         hf = hf_model()
         systems |= {"HF greedy": run_hf(hf, 1), "HF beam4": run_hf(hf, 4)}
@@ -155,7 +166,9 @@ def report(results: dict[str, tuple[float, int]], args, n_sentences: int) -> Non
         print(f"{name:<20}{tok / sec:>10.0f}{sec:>10.2f}")
     speed = {n: t / s for n, (s, t) in results.items()}
     print()
-    for a, b, target in (("nmt beam4", "HF beam4", 2.0), ("nmt greedy", "HF greedy", 1.5),
+    for a, b, target in (("nmt beam4", "CT2 float32 beam4", 0.9), ("nmt greedy", "CT2 float32 greedy", None),
+                         ("nmt sample", "nmt greedy", None), ("nmt ens2 beam4", "nmt beam4", None),
+                         ("nmt beam4", "HF beam4", 2.0), ("nmt greedy", "HF greedy", 1.5),
                          ("CT2 int8 beam4", "HF beam4", 5.0), ("CT2 float32 beam4", "HF beam4", None),
                          ("CT2 int8 beam4", "nmt beam4", None)):
         if a in speed and b in speed:
@@ -185,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", help="comma-separated substrings: run only matching systems (e.g. 'nmt,HF beam')")
     p.add_argument("--profile", action="store_true", help="cProfile nmt beam 4 over all batches and exit")
+    p.add_argument("--ensemble", action="store_true", help="also time nmt beam 4 with an ensemble of two models")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = nmt_model(args.seed)

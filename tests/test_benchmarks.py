@@ -50,8 +50,11 @@ def test_padding(corpus_dir):
 
 
 def test_decode_speed():
-    out = run("decode_speed.py", "--sentences", "8", "--batch", "4", "--rounds", "1", "--only", "nmt")
-    assert "nmt greedy" in out and "nmt beam4" in out and "WARNING" not in out  # same tokens for every system
+    out = run("decode_speed.py", "--sentences", "8", "--batch", "4", "--rounds", "1", "--only", "nmt,CT2 float32",
+              "--ensemble")
+    for system in ("nmt greedy", "nmt beam4", "nmt sample", "nmt ens2 beam4", "CT2 float32 beam4"):
+        assert f"\n{system} " in out, system
+    assert "nmt beam4 / CT2 float32 beam4: " in out and "WARNING" not in out  # same tokens for every system
 
 
 def test_quality(corpus_dir, tmp_path):
