@@ -86,3 +86,14 @@ def test_scale(corpus_dir, tmp_path):
     assert "3,000 pairs" in out and "nmt train start -> first optimizer step: cold" in out
     assert "limit: tokenizers alone" in out and "linearity" in out and "bytes per added pair" in out
     assert not list(corpus_dir.glob("pairs-*"))  # the corpora are written to --work only
+
+
+def test_ensemble(corpus_dir, tmp_path):
+    out = run("ensemble.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "--output",
+              str(tmp_path / "runs"), "--config", str(ROOT / "configs" / "default.yaml"),
+              f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "model.d_model=32",
+              "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_ff=64",
+              "max_tokens=400", "max_steps=20", "eval_every=10", "eval_max_sentences=8", "average_last=0", cwd=tmp_path)
+    table = out[out.index("system"):].splitlines()
+    assert [row.split()[0] for row in table[1:4]] == ["seed", "seed", "ensemble"]
+    assert all(float(row.split()[-3]) >= 0 for row in table[1:4]) and "nrefs:1" in table[-1]
