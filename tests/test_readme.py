@@ -73,6 +73,8 @@ NOT_RUN = {
     "python benchmarks/decode_speed.py --profile": BENCHMARK,
     "python benchmarks/decode_speed.py --rounds 3": BENCHMARK,
     "python benchmarks/decode_speed.py --rounds 3 --threads 2": BENCHMARK,
+    'python benchmarks/decode_speed.py --rounds 3 --threads 2 --only "nmt,CT2 float32"': BENCHMARK,
+    "python benchmarks/ensemble.py --data ../shared/data/tatoeba-en-de --minutes 12": BENCHMARK,
     "python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25": BENCHMARK,
     "python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25 --baseline": BENCHMARK,
     "python benchmarks/train_speed.py --mode fp32 --rounds 5": BENCHMARK,
@@ -468,8 +470,16 @@ def check_export(wd: Path, args, stdin: str | None, out: str) -> None:
     assert (wd / args.out / "model.bin").is_file() and (wd / args.out / "tokenizer.json").is_file()
 
 
+def check_score(wd: Path, args, stdin: str | None, out: str) -> None:
+    lines = ((wd / args.output).read_text() if args.output else out).splitlines()
+    assert len(lines) == len((wd / args.src).read_text().splitlines()), out
+    for line in lines:
+        fields = line.split("\t")
+        assert len(fields) == (3 if args.per_token else 2) and float(fields[0]) <= float(fields[1]) <= 0, line
+
+
 NMT_CHECKS = {"translate": check_translate, "evaluate": check_evaluate, "plot": check_plot, "info": check_info,
-              "average": check_average, "export": check_export}
+              "average": check_average, "export": check_export, "score": check_score}
 
 
 def run_sh_variant(docs: Docs, cmd: Cmd, monkeypatch) -> None:
