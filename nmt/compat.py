@@ -47,6 +47,30 @@ def mkldnn_bf16_supported() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def mkldnn_packed_linear_available() -> bool:
+    """Whether oneDNN's packed linear ops exist (torch 2.13.0: the private `torch.ops.mkldnn._reorder_linear_weight`
+    and `_linear_pointwise`, what inductor's CPU freezing uses; there is no public equivalent)."""
+    import torch
+
+    ops = getattr(torch.ops, "mkldnn", None)
+    return (torch.backends.mkldnn.is_available() and ops is not None and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise"))
+
+
+def mkldnn_pack_linear_weight(weight):
+    """weight (N, K) reordered into oneDNN's blocked layout for `mkldnn_packed_linear` (torch 2.13.0)."""
+    import torch
+
+    return torch.ops.mkldnn._reorder_linear_weight(weight)
+
+
+def mkldnn_packed_linear(x, packed, bias, relu: bool):
+    """x (..., K) @ packed^T + bias -> (..., N), then ReLU if `relu`, fused (torch 2.13.0 `_linear_pointwise`)."""
+    import torch
+
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr="relu" if relu else "none", scalars=[], algorithm="")
+
+
 def dataset_fingerprint(ds) -> str:
     """The content hash datasets keeps for a Dataset (datasets 5.2.0: the private `_fingerprint`, also what
     `map(new_fingerprint=...)` chains from)."""

@@ -6,8 +6,8 @@ refreshed when the weight changes) and multiplied there. On the small row counts
 up to twice as fast as MKL's sgemm on the plain weight, which is most of a CPU decoding step.
 
 The two ops are PyTorch's own private ones that inductor's CPU freezing uses (`torch.ops.mkldnn.
-_reorder_linear_weight` / `_linear_pointwise`, checked against torch 2.13); this module is their only user,
-and `tests/test_fastlinear.py` fails loudly if they change. Without them, `F.linear` runs.
+_reorder_linear_weight` / `_linear_pointwise`), reached through `nmt.compat` like every private API;
+`tests/test_fastlinear.py` fails loudly if they change. Without them, `F.linear` runs.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from nmt import compat
+
 _PACKED: dict[int, tuple[tuple, torch.Tensor]] = {}  # id(weight) -> (what it was packed from, packed weight)
-_OPS = getattr(torch.ops, "mkldnn", None)
-AVAILABLE = (torch.backends.mkldnn.is_available() and _OPS is not None
-             and hasattr(_OPS, "_reorder_linear_weight") and hasattr(_OPS, "_linear_pointwise"))
+AVAILABLE = compat.mkldnn_packed_linear_available()
 enabled = True  # switch off to compare against F.linear
 MIN_WEIGHT = 256 * 256  # smaller weights take F.linear: oneDNN's ~0.1 ms set-up per call outweighs its gain
 
@@ -41,7 +41,7 @@ def packed(weight: torch.Tensor) -> torch.Tensor:
     if hit is None:
         weakref.finalize(weight, _PACKED.pop, id(weight), None)  # the packed copy goes with its weight
     with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable outside inference mode too
-        out = _OPS._reorder_linear_weight(weight.detach())
+        out = compat.mkldnn_pack_linear_weight(weight.detach())
     _PACKED[id(weight)] = (key, out)
     return out
 
@@ -51,4 +51,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not _usable(x, weight):
         y = F.linear(x, weight, bias)
         return F.relu(y) if relu else y
-    return _OPS._linear_pointwise(x, packed(weight), bias, "relu" if relu else "none", [], "")
+    return compat.mkldnn_packed_linear(x, packed(weight), bias, relu)

@@ -134,13 +134,12 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
         N, W = scores.shape
         lp = _constrain(dec.step(last), limits[sent].repeat_interleave(W) <= t + 1, never, eos)
         top, beam, tok = _best_continuations(scores, lp, 2 * K)  # (N, 2K): at most K are </s>, K others remain
-        _finalize(finished, sent_list, top, beam, tok, history, W, K, eos, cfg.alpha)
+        _finalize(finished, sent_list, (top, beam, tok), history, W=W, K=K, eos=eos, alpha=cfg.alpha)
         top, pick = top.masked_fill(tok.eq(eos), -torch.inf).topk(K, dim=1)  # (N, K) best non-</s> continuations
         rows = (torch.arange(N, device=dev)[:, None] * W + beam.gather(1, pick)).view(-1)
         last, scores = tok.gather(1, pick).view(-1), top
         history = torch.cat([history.index_select(0, rows), last[:, None]], 1)
-        going = [len(finished[s]) < K for s in sent_list]
-        going = torch.tensor(going, device=dev) & (limits[sent] > t + 1)
+        going = torch.tensor([len(finished[s]) < K for s in sent_list], device=dev) & (limits[sent] > t + 1)
         if bool(going.all()):
             dec.reorder(rows, None, K)  # the first step turns each sentence's row into K rows
             continue
@@ -186,8 +185,9 @@ def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: torch.Tensor, eo
     return lp
 
 
-def _finalize(finished, sent_list, top, beam, tok, history, W, K, eos, alpha) -> None:
-    """Move </s> candidates ranked within the first K of a sentence into its finished list."""
+def _finalize(finished, sent_list, candidates, history, *, W, K, eos, alpha) -> None:
+    """Move </s> candidates (top, beam, tok) ranked within the first K of a sentence into its finished list."""
+    top, beam, tok = candidates
     ends = (tok[:, :K].eq(eos) & top[:, :K].isfinite()).nonzero().tolist()
     if not ends:
         return

@@ -29,6 +29,14 @@ def test_mkldnn_bf16_probe_answers_a_bool():
     assert isinstance(compat.mkldnn_bf16_supported(), bool)
 
 
+def test_mkldnn_packed_linear_computes_f_linear():
+    assert compat.mkldnn_packed_linear_available(), "torch dropped mkldnn _reorder_linear_weight/_linear_pointwise"
+    x, w, b = torch.randn(5, 64), torch.randn(48, 64), torch.randn(48)
+    packed = compat.mkldnn_pack_linear_weight(w)
+    assert torch.allclose(compat.mkldnn_packed_linear(x, packed, b, False), torch.nn.functional.linear(x, w, b), atol=1e-4)
+    assert torch.allclose(compat.mkldnn_packed_linear(x, packed, b, True), torch.relu(x @ w.T + b), atol=1e-4)
+
+
 def test_dataset_fingerprint_follows_the_content():
     import datasets
 
