@@ -41,7 +41,8 @@ class Decoder:
             if self.group > 1:
                 memory, src_ids = memory.repeat_interleave(self.group, 0), src_ids.repeat_interleave(self.group, 0)
             logits = self.model.decode(self.prefix, memory, src_ids)[:, -1]
-        return torch.log_softmax(logits.float(), dim=-1)
+        logits = logits.float().contiguous()  # (R, V), this step's own tensor
+        return torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new (R, V) buffer each step
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None = None, group: int = 1) -> None:
         """Continue with rows `rows` (R',) of the current ones, in that order, `group` consecutive rows per
