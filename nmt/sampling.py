@@ -31,28 +31,24 @@ class SamplingConfig:
         return None if self.seed is None else torch.Generator(device=device).manual_seed(self.seed)
 
 
-def allowed(lp: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """lp (N, V) log-probabilities -> (N, V) the tempered log-weights to draw from, -inf outside top-k/top-p.
+def choose(lp: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """lp (N, V) log-probabilities -> (N,) one token per row, drawn from the tempered top-k / top-p set; the
+    argmax at temperature 0 or top-k 1.
 
     Top-k and top-p are applied to the model's own distribution (before the temperature), as fairseq does;
-    the most likely token is always kept, so every row can draw.
+    the most likely token is always kept, so every row can draw. With top-k the draw looks at k tokens a
+    row only; top-p alone sorts the whole vocabulary.
     """
-    out = lp / cfg.temperature
-    k = cfg.topk if 0 < cfg.topk < lp.shape[1] else 0
-    if k:
-        kth = lp.topk(k, dim=1).values[:, -1:]  # (N, 1): ties with the k-th token stay in
-        out = out.masked_fill(lp < kth, -torch.inf)
-    if cfg.topp < 1:
-        probs, order = lp.exp().sort(dim=1, descending=True)
-        before = probs.cumsum(1) - probs  # (N, V) mass of the tokens ranked above each one
-        drop = torch.zeros_like(lp, dtype=torch.bool).scatter(1, order, before >= cfg.topp)  # in vocabulary order
-        out = out.masked_fill(drop, -torch.inf)
-    return out
-
-
-def choose(lp: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
-    """lp (N, V) -> (N,) one token per row drawn from `allowed(lp, cfg)`; the argmax at temperature 0."""
     if cfg.temperature == 0 or cfg.topk == 1:
         return lp.argmax(-1)
-    probs = torch.softmax(allowed(lp, cfg), dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    V = lp.shape[1]
+    k = cfg.topk if 0 < cfg.topk < V else (V if cfg.topp < 1 else 0)
+    if not k:
+        return torch.multinomial(torch.softmax(lp / cfg.temperature, dim=-1), 1, generator=generator).squeeze(1)
+    top, token = lp.topk(k, dim=1)  # (N, k), most likely first
+    if cfg.topp < 1:
+        probs = top.exp()
+        before = probs.cumsum(1) - probs  # (N, k) mass of the tokens ranked above each one
+        top = top.masked_fill(before >= cfg.topp, -torch.inf)
+    pick = torch.multinomial(torch.softmax(top / cfg.temperature, dim=-1), 1, generator=generator)  # (N, 1)
+    return token.gather(1, pick).squeeze(1)
