@@ -13,7 +13,8 @@ from nmt.train import TrainResult, train
 from nmt.translate import Translator
 
 __all__ = [
-    "DataConfig", "ModelConfig", "NmtError", "OptimConfig", "SamplingConfig", "SearchConfig", "Seq2SeqTransformer", "TokenizerConfig",
+    "DataConfig", "ModelConfig", "NmtError", "OptimConfig", "SamplingConfig", "SearchConfig",
+    "Seq2SeqTransformer", "TokenizerConfig",
     "TrainConfig", "TrainResult", "Translator", "launch", "load_config", "train",
 ]
 __version__ = "0.1.0"

@@ -130,7 +130,8 @@ class Translator:
         limit = self.model.cfg.max_positions
         search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
-        search = SearchConfig(beam_size=beam_size, nbest=nbest, **search_kwargs)
+        beams = beam_size if sampling is None else max(beam_size, nbest)  # nbest samples need no beams
+        search = SearchConfig(beam_size=beams, nbest=nbest, **search_kwargs)
         pieces, owner = [], []  # model inputs, and the sentence each belongs to
         for i, ids in enumerate(self.tokenizer.encode_src(list(texts))):
             for piece in fit_length(ids, limit, long_inputs):

@@ -103,6 +103,7 @@ def test_translator_samples_reproducibly_and_checks_its_options(tmp_path):
     sampled = translator.translate(texts, sampling=SamplingConfig(topp=0.9, seed=1), max_new_tokens=10)
     assert sampled == translator.translate(texts, sampling=SamplingConfig(topp=0.9, seed=1), max_new_tokens=10)
     assert len(translator.translate(texts, nbest=2, sampling=SamplingConfig(seed=1), max_new_tokens=10)[0]) == 2
+    assert len(translator.translate(texts, beam_size=1, nbest=6, sampling=SamplingConfig(), max_new_tokens=10)[0]) == 6
     for bad in (dict(topk=-1), dict(topp=0.0), dict(topp=1.5), dict(temperature=-1.0)):
         with pytest.raises(NmtError, match="sampling"):
             SamplingConfig(**bad)
