@@ -22,7 +22,7 @@ class SamplingConfig:
     topk: int = ranged(0, "[0, 1e6]")  # draw only among the k most likely tokens (0: no limit)
     topp: float = ranged(1.0, "(0, 1]")  # ... and among the fewest most likely tokens holding probability >= p
     temperature: float = ranged(1.0, "[0, 1e3]")  # divides the log-probabilities: < 1 sharper, > 1 flatter, 0 greedy
-    seed: int | None = ranged(0, "[0, 1e18]")  # same seed, inputs and batches: same samples; None: torch's global RNG
+    seed: int | None = ranged(0, "[0, 1e9]")  # same seed, inputs and batches: same samples; None: torch's global RNG
 
     def __post_init__(self) -> None:
         check_fields(self, noun="sampling setting")
