@@ -741,7 +741,7 @@ def test_extraction_finds_new_commands():
 
 
 # Commands of the optional extras (pyproject: ct2, bench) and the module each needs: without it installed (the
-# dev install of CI has neither) they are skipped, as the rest of the suite skips CTranslate2.
+# dev install of CI has ctranslate2 but not transformers) they are skipped.
 OPTIONAL = [(re.compile(r"ctranslate2|--ct2|\bct2\b|\[ct2\]|\[bench\]"), "ctranslate2"),
             (re.compile(r"\[bench\]"), "transformers")]
 
