@@ -6,16 +6,13 @@ loaded and nothing is unpickled, so `describe` is safe on a directory from anywh
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 from pathlib import Path
 
-from nmt.config import ModelConfig, from_dict, to_dict
+from nmt.config import to_dict
 from nmt.errors import NmtError
-from nmt.search import SEARCH_FILE
-
-CONFIG_FILE, WEIGHTS_FILE, SUMMARY_FILE = "config.json", "model.safetensors", "training.json"
+from nmt.model_dir import SEARCH_FILE, SUMMARY_FILE, WEIGHTS_FILE, load_model_config, read_json
 
 
 def describe(model_dir: str | Path) -> dict:
@@ -29,33 +26,16 @@ def describe(model_dir: str | Path) -> dict:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise NmtError(f"{model_dir}: no such model directory")
-    arch = _read_model_config(model_dir)
+    arch = load_model_config(model_dir)
     out = {"model_dir": str(model_dir), "architecture": to_dict(arch), **weights_summary(model_dir / WEIGHTS_FILE),
            "vocab": vocab_sizes(model_dir)}
-    summary = _read_json(model_dir / SUMMARY_FILE) if (model_dir / SUMMARY_FILE).is_file() else {}
+    summary = read_json(model_dir / SUMMARY_FILE) if (model_dir / SUMMARY_FILE).is_file() else {}
     argv = summary.get("argv") or []
     out.update(step=summary.get("step"), best=summary.get("metrics", {}), data=summary.get("data", {}),
                num_processes=summary.get("num_processes"), argv=argv, command=command_line(argv))
     if (model_dir / SEARCH_FILE).is_file():
-        out["search"] = _read_json(model_dir / SEARCH_FILE)
+        out["search"] = read_json(model_dir / SEARCH_FILE)
     return out
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NmtError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise NmtError(f"{path}: expected a JSON object")
-    return data
-
-
-def _read_model_config(model_dir: Path) -> ModelConfig:
-    path = model_dir / CONFIG_FILE
-    if not path.is_file():
-        raise NmtError(f"{path}: missing; {model_dir} is not an nmt model directory (give output_dir/model)")
-    return from_dict(ModelConfig, _read_json(path), "model")
 
 
 def weights_summary(path: Path) -> dict:
