@@ -6,6 +6,7 @@ loaded and nothing is unpickled, so `describe` is safe on a directory from anywh
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from pathlib import Path
@@ -40,22 +41,34 @@ def describe(model_dir: str | Path) -> dict:
 
 def weights_summary(path: Path) -> dict:
     """Parameter count, tensor count and dtypes from the safetensors header (shapes only, no data read)."""
-    from safetensors import SafetensorError, safe_open
-
     if not path.is_file():
         raise NmtError(f"{path}: missing; {path.parent} holds no weights")
+    tensors = safetensors_header(path)
     n_params, dtypes = 0, {}
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            names = list(f.keys())
-            for name in names:
-                view = f.get_slice(name)
-                n_params += math.prod(view.get_shape())
-                dtypes[view.get_dtype()] = dtypes.get(view.get_dtype(), 0) + 1
-    except (SafetensorError, OSError) as e:
-        raise NmtError(f"{path}: not a readable safetensors file ({e})") from None
+    for name in sorted(tensors):
+        n_params += math.prod(tensors[name]["shape"])
+        dtypes[tensors[name]["dtype"]] = dtypes.get(tensors[name]["dtype"], 0) + 1
     # a shared source/target/output embedding is stored once, so this is the unique parameter count
-    return {"parameters": n_params, "tensors": len(names), "dtypes": dtypes}
+    return {"parameters": n_params, "tensors": len(tensors), "dtypes": dtypes}
+
+
+def safetensors_header(path: Path) -> dict[str, dict]:
+    """{tensor name: {"dtype", "shape", "data_offsets"}} of a safetensors file, from its header alone.
+
+    The format (huggingface/safetensors): 8 bytes little-endian N, then N bytes of JSON. Read here with json
+    rather than with the safetensors library, which would import numpy or torch to answer `nmt info`."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 2 <= size <= path.stat().st_size - 8:
+                raise ValueError(f"header length {size} does not fit the file")
+            header = json.loads(f.read(size))
+        tensors = {name: spec for name, spec in header.items() if name != "__metadata__"}
+        if not all(isinstance(s, dict) and {"dtype", "shape"} <= s.keys() for s in tensors.values()):
+            raise ValueError("a tensor entry without dtype or shape")
+    except (OSError, ValueError, AttributeError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise NmtError(f"{path}: not a readable safetensors file ({e})") from None
+    return tensors
 
 
 def vocab_sizes(model_dir: Path) -> dict:

@@ -83,3 +83,11 @@ def test_scale(corpus_dir, tmp_path):
     assert "3,000 pairs" in out and "nmt train start -> first optimizer step: cold" in out
     assert "limit: tokenizers alone" in out and "linearity" in out and "bytes per added pair" in out
     assert not list(corpus_dir.glob("pairs-*"))  # the corpora are written to --work only
+
+
+def test_startup():
+    out = run("startup.py", "--runs", "1")
+    rows = {line[:24].strip(): line[24:].split(None, 1) for line in out.splitlines() if line.startswith("  ")}
+    assert list(rows) == ["python -c pass", "import nmt", "nmt --help", "nmt train --help", "nmt info MODEL_DIR"]
+    assert all(float(row[0]) > 0 for row in rows.values())
+    assert rows["import nmt"][1] == "[]" and "torch" not in rows["nmt info MODEL_DIR"][1]
