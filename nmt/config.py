@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from nmt.errors import NmtError
 from nmt.ranges import allowed_text, check_fields, path_key, ranged
 
@@ -370,6 +368,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def read_yaml(path: str | Path) -> dict:
+    import yaml  # here, not at the top: `nmt --help` and `nmt info` read no YAML
+
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"config file not found: {path}")
@@ -389,6 +389,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise NmtError(f"override {item!r}: write it as key=value, e.g. model.d_model=256")
+    import yaml
+
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -408,6 +410,8 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
 
 
 def save_yaml(cfg: Any, path: str | Path) -> None:
+    import yaml
+
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
 
 
