@@ -456,6 +456,21 @@ def reference_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def reference_text() -> str:
+    """The same reference as `reference_markdown`, for a terminal (`nmt train --help`): keys grouped by section,
+    each with its type, default and allowed values, then its meaning on the next line."""
+    groups: dict[str, list[str]] = {}
+    for key, tp, default, doc, allowed in config_fields():
+        section = key.split(".")[0] if "." in key else "training"
+        shown = "null" if default is None else json_default(default)
+        groups.setdefault(section, []).append(f"  --{key} {tp} = {shown}{f'  (allowed: {allowed})' if allowed else ''}\n"
+                                              f"        {doc}")
+    out = ["config keys: override any as --KEY VALUE or KEY=VALUE; README.md has the same table"]
+    for section, lines in groups.items():
+        out += ["", f"{section}:", *lines]
+    return "\n".join(out) + "\n"
+
+
 def json_default(value: Any) -> str:
     import json
 
