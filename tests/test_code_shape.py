@@ -1,5 +1,6 @@
-"""The shape the house style asks of training code and the modules listed here: modules under ~350 lines, functions under ~40, calls
-with at most 5 positional arguments (benchmarks/code_shape.py prints the figures for all of nmt/)."""
+"""The shape the house style asks of training code and the modules listed here: modules under ~350 lines,
+functions under ~40, calls with at most 5 positional arguments (benchmarks/code_shape.py prints the figures for
+all of nmt/)."""
 
 import ast
 import sys
