@@ -16,11 +16,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
+from nmt.model_dir import JOINT_FILE, SRC_FILE, TGT_FILE
 
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
 PAD, UNK, BOS, EOS = range(4)
-JOINT_FILE = "tokenizer.json"
-SRC_FILE, TGT_FILE = "tokenizer.src.json", "tokenizer.tgt.json"
 
 
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None) -> Tokenizer:
