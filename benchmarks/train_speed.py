@@ -1,4 +1,5 @@
-"""Training speed: nmt's Seq2SeqTransformer vs HF MarianMTModel vs the seed's nn.Transformer model.
+"""Training speed: nmt's Seq2SeqTransformer vs HF MarianMTModel vs the DataParallel question's nn.Transformer
+model (docs/coming-from-dataparallel.md; `--systems seed`).
 
 Equal dimensions, the same token-budget batches, forward + backward + gradient clipping + AdamW step.
 The systems are interleaved over several rounds in one process (the machine may be shared, so only
@@ -80,7 +81,7 @@ def pick_batches(pairs: list[dict], max_tokens: int, n: int, seed: int) -> list[
 
 
 class PositionalEncoding(nn.Module):
-    """The seed's (Medium article's) sinusoidal positions, sequence-first, with dropout."""
+    """The DataParallel question's (from a Medium article) sinusoidal positions, sequence-first, with dropout."""
 
     def __init__(self, dim_model: int, dropout_p: float, max_len: int = 5000):
         super().__init__()
@@ -96,9 +97,9 @@ class PositionalEncoding(nn.Module):
 
 
 class SeedTransformer(nn.Module):
-    """The seed question's model as written there: sequence-first nn.Transformer, masks passed in.
+    """The DataParallel question's model as written there: sequence-first nn.Transformer, masks passed in.
 
-    One change: the memory padding mask is passed too (the seed forgot it), so it computes what the others do.
+    One change: the memory padding mask is passed too (the question forgot it), so it computes what the others do.
     """
 
     def __init__(self, vocab: int, d: int, heads: int, n_enc: int, n_dec: int, ffn: int, dropout: float):

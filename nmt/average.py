@@ -13,20 +13,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from nmt.errors import NmtError
-
-WEIGHTS = "model.safetensors"
+from nmt.model_dir import SUMMARY_FILE, WEIGHTS_FILE
 
 
 def average_weights(dirs: list[Path]) -> dict[str, torch.Tensor]:
-    """Mean of the `model.safetensors` of `dirs` (checkpoints or model directories), in float32."""
+    """Mean of the weights (model.safetensors) of `dirs` (checkpoints or model directories), in float32."""
     if not dirs:
         raise NmtError("nothing to average: no checkpoints given")
     total: dict[str, torch.Tensor] = {}
     for d in dirs:
         try:
-            state = load_file(str(Path(d) / WEIGHTS))
+            state = load_file(str(Path(d) / WEIGHTS_FILE))
         except (SafetensorError, OSError, FileNotFoundError) as e:
-            raise NmtError(f"{Path(d) / WEIGHTS}: cannot read ({e})") from None
+            raise NmtError(f"{Path(d) / WEIGHTS_FILE}: cannot read ({e})") from None
         if total and state.keys() != total.keys():
             raise NmtError(f"{d}: its weights have other names than {dirs[0]}'s; average checkpoints of one run only")
         for k, v in state.items():
@@ -64,5 +63,5 @@ def average_run(run_dir: str | Path, last: int, out: str | Path) -> Path:
     load_into(model, average_weights(found))
     model.save_pretrained(out)
     PairTokenizer.load(source).save(out)
-    (out / "training.json").write_text(json.dumps({"averaged": [str(d) for d in found], "from": str(source)}, indent=2))
+    (out / SUMMARY_FILE).write_text(json.dumps({"averaged": [str(d) for d in found], "from": str(source)}, indent=2))
     return out

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from nmt.batching import TokenBatchSampler, deal
@@ -26,7 +25,7 @@ from nmt.data import arrow_batches, bpe_dropout, column, overlap_line, pair_leng
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
-from nmt.tokenizer import EOS, UNK
+from nmt.tokenizer import unknown_rate
 from nmt.training import step as training_step
 from nmt.training.sizing import sized_config
 from nmt.training.step import OneDevice, make_optim
@@ -174,14 +173,11 @@ def _count_over(ds, limit: int) -> int:
 
 def unknown_rates(ds) -> dict[str, float]:
     """Share of <unk> among the validation subwords (the source's appended </s> not counted)."""
-    rates = {}
-    for side in ("src", "tgt"):
-        ids = pa.concat_tables(arrow_batches(ds.select_columns([f"{side}_ids"]))).column(0).combine_chunks()
-        flat, ends = ids.flatten().to_numpy(), ids.offsets.to_numpy()[1:] - ids.offsets.to_numpy()[0]
-        last = flat[ends[ends > 0] - 1]  # the final id of each non-empty row
-        total = len(flat) - (int(np.sum(last == EOS)) if side == "src" else 0)
-        rates[side] = int(np.sum(flat == UNK)) / max(total, 1)
-    return rates
+    def rows(side: str):  # Arrow batches as Python lists: no per-row formatting by datasets
+        for table in arrow_batches(ds.select_columns([f"{side}_ids"])):
+            yield from table.column(0).to_pylist()
+
+    return {side: unknown_rate(rows(side)) for side in ("src", "tgt")}
 
 
 def padding_share(plan, src_len: np.ndarray, tgt_len: np.ndarray) -> float:

@@ -241,44 +241,86 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt", description="Train and use neural machine translation models.")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train a model (any config key can be overridden: --model.d_model 256)")
+    for add in (_add_train, _add_check, _add_translate, _add_evaluate, _add_score, _add_export, _add_plot,
+                _add_average, _add_info):
+        add(sub)
+    for p in sub.choices.values():  # also after the command (nmt train ... --debug); SUPPRESS keeps the global one
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    return parser
+
+
+CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (nmt.config.reference_text)
+
+
+class _ConfigKeysHelp(argparse.RawDescriptionHelpFormatter):
+    """`nmt train --help` / `nmt check --help`: after the flags, every config key with its type, default, allowed
+    values and meaning, from the source of README's table; computed only when the help is shown."""
+
+    def add_text(self, text: str | None) -> None:
+        if text == CONFIG_KEYS:
+            from nmt.config import reference_text
+
+            text = reference_text()
+        super().add_text(text)
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a model (any config key can be overridden: --model.d_model 256)",
+                       epilog=CONFIG_KEYS, formatter_class=_ConfigKeysHelp)
     p.add_argument("--config", help="a YAML file from configs/ or your own")
     p.add_argument("--resume", help="'latest' or a checkpoint folder (output_dir/checkpoints/step_N)")
     p.add_argument("--dry-run", action="store_true", help="check data, batches, time and memory (as nmt check); no training")
     _add_check_args(p)
     p.set_defaults(fn=cmd_train)
-    p = sub.add_parser("check", help="pre-flight check: data, lengths, vocabulary, batches, time, memory, problems")
+
+
+def _add_check(sub) -> None:
+    p = sub.add_parser("check", help="pre-flight check: data, lengths, vocabulary, batches, time, memory, problems",
+                       epilog=CONFIG_KEYS, formatter_class=_ConfigKeysHelp)
     p.add_argument("--config", help="a YAML file from configs/ or your own (overrides as for train)")
     _add_check_args(p)
     p.set_defaults(fn=cmd_check)
-    for name, fn, help_ in (("translate", cmd_translate, "translate stdin or --input to stdout or --output"),
-                            ("evaluate", cmd_evaluate, "BLEU and chrF of a model on a test set")):
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("model_dir", nargs="*", help="a model directory (output_dir/model of a run); several: "
-                       "an ensemble (one tokenizer); optional with --ct2")
-        p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
-                       "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
-        p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
-                       help="beam size (1: greedy)")
-        p.add_argument("--alpha", type=Number(float, "nmt.search:SearchConfig.alpha"),
-                       help="length penalty exponent (default: the model's tuned alpha, "
-                       "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
-        p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
-        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-        p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
-        _add_sampling_args(p)
-        if name == "translate":
-            p.add_argument("--input", help="read here instead of stdin")
-            p.add_argument("--nbest", type=Number(int, "nmt.search:SearchConfig.nbest"), default=1,
-                           help="hypotheses per sentence (tab-separated with scores; at most --beam)")
-            p.add_argument("--attention", metavar="PNG", help="also draw the cross-attention alignment of the FIRST "
-                           "input sentence into this image (.png/.svg/.pdf); needs MODEL_DIR, also with --ct2")
-            p.add_argument("--attention-layer", type=Number(int, "[-1000, 999]"), default=-1,
-                           help="decoder layer drawn by --attention, averaged over its heads (default: the last)")
-        else:
-            p.add_argument("--src", required=True, help="source sentences, one per line")
-            p.add_argument("--ref", required=True, help="reference translations, one per line")
-        p.set_defaults(fn=fn)
+
+
+def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
+    """The arguments `nmt translate` and `nmt evaluate` share: the model, the search, the device, --output."""
+    p = sub.add_parser(name, help=help_)
+    p.add_argument("model_dir", nargs="*", help="a model directory (output_dir/model of a run); several: "
+                   "an ensemble (one tokenizer); optional with --ct2")
+    p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
+                   "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
+    p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
+                   help="beam size (1: greedy)")
+    p.add_argument("--alpha", type=Number(float, "nmt.search:SearchConfig.alpha"),
+                   help="length penalty exponent (default: the model's tuned alpha, "
+                   "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
+    _add_sampling_args(p)
+    return p
+
+
+def _add_translate(sub) -> None:
+    p = _add_decoding(sub, "translate", "translate stdin or --input to stdout or --output")
+    p.add_argument("--input", help="read here instead of stdin")
+    p.add_argument("--nbest", type=Number(int, "nmt.search:SearchConfig.nbest"), default=1,
+                   help="hypotheses per sentence (tab-separated with scores; at most --beam)")
+    p.add_argument("--attention", metavar="PNG", help="also draw the cross-attention alignment of the FIRST "
+                   "input sentence into this image (.png/.svg/.pdf); needs MODEL_DIR, also with --ct2")
+    p.add_argument("--attention-layer", type=Number(int, "[-1000, 999]"), default=-1,
+                   help="decoder layer drawn by --attention, averaged over its heads (default: the last)")
+    p.set_defaults(fn=cmd_translate)
+
+
+def _add_evaluate(sub) -> None:
+    p = _add_decoding(sub, "evaluate", "BLEU and chrF of a model on a test set")
+    p.add_argument("--src", required=True, help="source sentences, one per line")
+    p.add_argument("--ref", required=True, help="reference translations, one per line")
+    p.set_defaults(fn=cmd_evaluate)
+
+
+def _add_score(sub) -> None:
     p = sub.add_parser("score", help="log-probability of given translations (forced decoding), one line per pair")
     p.add_argument("model_dir", nargs="+", help="a model directory; several: an ensemble (one tokenizer)")
     p.add_argument("--src", required=True, help="source sentences, one per line")
@@ -288,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--output", help="write here instead of stdout")
     p.set_defaults(fn=cmd_score)
+
+
+def _add_export(sub) -> None:
     p = sub.add_parser("export", help="export a model directory for another runtime (CTranslate2)")
     p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
     p.add_argument("--to", required=True, choices=["ctranslate2"], help="the target format")
@@ -296,22 +341,28 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: float32)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.set_defaults(fn=cmd_export)
+
+
+def _add_plot(sub) -> None:
     p = sub.add_parser("plot", help="draw loss, validation BLEU/chrF, learning rate and throughput of runs into a PNG")
     p.add_argument("run_dirs", nargs="+", help="run directories (output_dir of nmt train); several are overlaid")
     p.add_argument("-o", "--output", help="the image to write (.png, .svg, .pdf); default RUN_DIR/curves.png")
     p.set_defaults(fn=cmd_plot)
+
+
+def _add_average(sub) -> None:
     p = sub.add_parser("average", help="average the weights of a run's last N checkpoints into a model directory")
     p.add_argument("run_dir", help="a run directory (output_dir of nmt train)")
     p.add_argument("--last", type=POSITIVE, default=5, help="how many of the newest checkpoints")
     p.add_argument("-o", "--output", required=True, help="the model directory to write")
     p.set_defaults(fn=cmd_average)
+
+
+def _add_info(sub) -> None:
     p = sub.add_parser("info", help="architecture, size, vocabulary, training data and scores of a model directory")
     p.add_argument("model_dir", help="a model directory (output_dir/model or output_dir/best)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
     p.set_defaults(fn=cmd_info)
-    for p in sub.choices.values():  # also after the command (nmt train ... --debug); SUPPRESS keeps the global one
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
-    return parser
 
 
 DEBUG_HELP = "on an error, print the Python traceback too (normally one line: exit 2 for bad input, 1 otherwise)"

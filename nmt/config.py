@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from nmt.errors import NmtError
 from nmt.ranges import allowed_text, check_fields, path_key, ranged
 
@@ -370,6 +368,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def read_yaml(path: str | Path) -> dict:
+    import yaml  # here, not at the top: `nmt --help` and `nmt info` read no YAML
+
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"config file not found: {path}")
@@ -389,6 +389,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise NmtError(f"override {item!r}: write it as key=value, e.g. model.d_model=256")
+    import yaml
+
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -408,6 +410,8 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
 
 
 def save_yaml(cfg: Any, path: str | Path) -> None:
+    import yaml
+
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
 
 
@@ -450,6 +454,21 @@ def reference_markdown() -> str:
         allowed = f"`{allowed}`" if allowed[:1] in "[(" and allowed else allowed
         lines.append(f"| `{key}` | {tp.replace('|', 'or')} | `{shown}` | {allowed} | {doc.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
+
+
+def reference_text() -> str:
+    """The same reference as `reference_markdown`, for a terminal (`nmt train --help`): keys grouped by section,
+    each with its type, default and allowed values, then its meaning on the next line."""
+    groups: dict[str, list[str]] = {}
+    for key, tp, default, doc, allowed in config_fields():
+        section = key.split(".")[0] if "." in key else "training"
+        shown = "null" if default is None else json_default(default)
+        groups.setdefault(section, []).append(f"  --{key} {tp} = {shown}{f'  (allowed: {allowed})' if allowed else ''}\n"
+                                              f"        {doc}")
+    out = ["config keys: override any as --KEY VALUE or KEY=VALUE; README.md has the same table"]
+    for section, lines in groups.items():
+        out += ["", f"{section}:", *lines]
+    return "\n".join(out) + "\n"
 
 
 def json_default(value: Any) -> str:

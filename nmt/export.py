@@ -20,8 +20,9 @@ from nmt.batching import eval_batches
 from nmt.collate import pad
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.errors import NmtError
+from nmt.model_dir import SEARCH_FILE
 from nmt.sampling import SamplingConfig
-from nmt.search import SEARCH_FILE, Hypothesis, SearchConfig, length_limits
+from nmt.search import Hypothesis, SearchConfig, length_limits
 from nmt.tokenizer import UNK, PairTokenizer
 
 META_FILE = "nmt_ctranslate2.json"
@@ -151,7 +152,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
         raise NmtError(f"{out_dir} exists and is not empty; choose another directory or pass --force")
     model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
-    tokenizer = PairTokenizer.load(model_dir).without_dropout()
+    tokenizer = PairTokenizer.load(model_dir)
     tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, model_dir)
     partial = out_dir.with_name(out_dir.name + ".partial")  # a failed export leaves OUT untouched
     shutil.rmtree(partial, ignore_errors=True)

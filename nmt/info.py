@@ -11,11 +11,9 @@ import math
 import shlex
 from pathlib import Path
 
-from nmt.config import ModelConfig, from_dict, to_dict
+from nmt.config import to_dict
 from nmt.errors import NmtError
-from nmt.search import SEARCH_FILE
-
-CONFIG_FILE, WEIGHTS_FILE, SUMMARY_FILE = "config.json", "model.safetensors", "training.json"
+from nmt.model_dir import SEARCH_FILE, SUMMARY_FILE, WEIGHTS_FILE, load_model_config, read_json
 
 
 def describe(model_dir: str | Path) -> dict:
@@ -29,53 +27,48 @@ def describe(model_dir: str | Path) -> dict:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise NmtError(f"{model_dir}: no such model directory")
-    arch = _read_model_config(model_dir)
+    arch = load_model_config(model_dir)
     out = {"model_dir": str(model_dir), "architecture": to_dict(arch), **weights_summary(model_dir / WEIGHTS_FILE),
            "vocab": vocab_sizes(model_dir)}
-    summary = _read_json(model_dir / SUMMARY_FILE) if (model_dir / SUMMARY_FILE).is_file() else {}
+    summary = read_json(model_dir / SUMMARY_FILE) if (model_dir / SUMMARY_FILE).is_file() else {}
     argv = summary.get("argv") or []
     out.update(step=summary.get("step"), best=summary.get("metrics", {}), data=summary.get("data", {}),
                num_processes=summary.get("num_processes"), argv=argv, command=command_line(argv))
     if (model_dir / SEARCH_FILE).is_file():
-        out["search"] = _read_json(model_dir / SEARCH_FILE)
+        out["search"] = read_json(model_dir / SEARCH_FILE)
     return out
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NmtError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise NmtError(f"{path}: expected a JSON object")
-    return data
-
-
-def _read_model_config(model_dir: Path) -> ModelConfig:
-    path = model_dir / CONFIG_FILE
-    if not path.is_file():
-        raise NmtError(f"{path}: missing; {model_dir} is not an nmt model directory (give output_dir/model)")
-    return from_dict(ModelConfig, _read_json(path), "model")
 
 
 def weights_summary(path: Path) -> dict:
     """Parameter count, tensor count and dtypes from the safetensors header (shapes only, no data read)."""
-    from safetensors import SafetensorError, safe_open
-
     if not path.is_file():
         raise NmtError(f"{path}: missing; {path.parent} holds no weights")
+    tensors = safetensors_header(path)
     n_params, dtypes = 0, {}
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            names = list(f.keys())
-            for name in names:
-                view = f.get_slice(name)
-                n_params += math.prod(view.get_shape())
-                dtypes[view.get_dtype()] = dtypes.get(view.get_dtype(), 0) + 1
-    except (SafetensorError, OSError) as e:
-        raise NmtError(f"{path}: not a readable safetensors file ({e})") from None
+    for name in sorted(tensors):
+        n_params += math.prod(tensors[name]["shape"])
+        dtypes[tensors[name]["dtype"]] = dtypes.get(tensors[name]["dtype"], 0) + 1
     # a shared source/target/output embedding is stored once, so this is the unique parameter count
-    return {"parameters": n_params, "tensors": len(names), "dtypes": dtypes}
+    return {"parameters": n_params, "tensors": len(tensors), "dtypes": dtypes}
+
+
+def safetensors_header(path: Path) -> dict[str, dict]:
+    """{tensor name: {"dtype", "shape", "data_offsets"}} of a safetensors file, from its header alone.
+
+    The format (huggingface/safetensors): 8 bytes little-endian N, then N bytes of JSON. Read here with json
+    rather than with the safetensors library, which would import numpy or torch to answer `nmt info`."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 2 <= size <= path.stat().st_size - 8:
+                raise ValueError(f"header length {size} does not fit the file")
+            header = json.loads(f.read(size))
+        tensors = {name: spec for name, spec in header.items() if name != "__metadata__"}
+        if not all(isinstance(s, dict) and {"dtype", "shape"} <= s.keys() for s in tensors.values()):
+            raise ValueError("a tensor entry without dtype or shape")
+    except (OSError, ValueError, AttributeError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise NmtError(f"{path}: not a readable safetensors file ({e})") from None
+    return tensors
 
 
 def vocab_sizes(model_dir: Path) -> dict:

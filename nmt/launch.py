@@ -62,36 +62,37 @@ def launch(
     """Run function(*args) on num_processes processes forming ONE process group: on GPUs via
     accelerate.notebook_launcher; on a CPU-only machine via real multi-process gloo DDP (as
     accelerate.debug_launcher does, with a free port and ACCELERATE_USE_CPU), so rank/world are right.
-
-    Example (notebook cell)::
-
-        from nmt import launch
-        launch(train, (cfg,), num_processes=2)
+    Example (notebook cell): ``from nmt import launch; launch(train, (cfg,), num_processes=2)``.
 
     Args:
         function: the training function, defined at the top level of a module or notebook (see the module
             docstring). It receives ``*args``; its return value is discarded. It must build its own
             ``Accelerator`` (which then sees the right rank, world size and mixed precision).
         args: positional arguments for ``function``.
-        num_processes: how many processes. ``None``: one per visible GPU, or 1 without GPUs.
-            With 1, ``function`` runs in this process (no subprocess, no process group).
-            On GPUs it may not exceed the number of visible GPUs; on CPU any number works (each
-            process gets ``physical cores // num_processes`` torch threads unless OMP_NUM_THREADS is set).
+        num_processes: how many processes. ``None``: one per visible GPU, or 1 without GPUs. With 1,
+            ``function`` runs in this process (no subprocess, no process group); afterwards this process's
+            accelerate state is reset if it was empty before, so a later call may use other settings.
+            On GPUs at most the number of visible GPUs; on CPU any number (each process gets
+            ``physical cores // num_processes`` torch threads unless OMP_NUM_THREADS is set).
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``; passed to the processes as
             ``ACCELERATE_MIXED_PRECISION``, which ``Accelerator()`` reads when not given one explicitly.
-        port: rendezvous port on 127.0.0.1. ``None``: a free port chosen by the OS, so two launches in a
-            row or in parallel do not collide.
+        port: rendezvous port on 127.0.0.1. ``None``: a free port chosen by the OS.
 
     Raises:
         ValueError: num_processes < 1, more processes than GPUs, or an unknown mixed_precision.
         RuntimeError: this process is already part of a torch.distributed group.
-        torch.multiprocessing.ProcessRaisedException / ProcessExitedException (CPU) or
-        RuntimeError / ChildFailedError (GPU): a process failed; the other processes are terminated.
-
-    After ``launch`` returns, this process's accelerate state is as it was before: with several processes
-    it is never touched (the children have their own copies); with one process it is reset afterwards if it
-    was empty before, so a later ``launch`` or in-process ``train`` may use other settings.
+        torch.multiprocessing.ProcessRaisedException / ProcessExitedException (CPU) or RuntimeError /
+        ChildFailedError (GPU): a process failed; the other processes are terminated.
     """
+    mixed_precision, num_processes, n_gpus = _checked(mixed_precision, num_processes)
+    if num_processes == 1:
+        return _run_in_process(function, tuple(args), mixed_precision)
+    start = _launch_gpus if n_gpus else _launch_cpu
+    start(function, tuple(args), num_processes, mixed_precision, free_port() if port is None else port)
+
+
+def _checked(mixed_precision: str, num_processes: int | None) -> tuple[str, int, int]:
+    """(mixed_precision, num_processes, visible GPUs) of a launch request, or the error that refuses it."""
     mixed_precision = str(mixed_precision).lower()
     if mixed_precision not in _MIXED_PRECISIONS:
         raise ValueError(f"mixed_precision must be one of {_MIXED_PRECISIONS}, got {mixed_precision!r}")
@@ -100,27 +101,17 @@ def launch(
         num_processes = n_gpus or 1
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be a positive integer, got {num_processes!r}")
-    args = tuple(args)
-
-    if num_processes == 1:
-        _run_in_process(function, args, mixed_precision)
-        return
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if num_processes > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         raise RuntimeError(
             "launch() was called from a process that is already in a torch.distributed process group; "
             "call it from a plain notebook kernel or script"
         )
-    if port is None:
-        port = free_port()
-    if n_gpus:
-        if num_processes > n_gpus:
-            raise ValueError(
-                f"num_processes={num_processes} but only {n_gpus} GPU(s) are visible; "
-                "use at most one process per GPU"
-            )
-        _launch_gpus(function, args, num_processes, mixed_precision, port)
-    else:
-        _launch_cpu(function, args, num_processes, mixed_precision, port)
+    if num_processes > 1 and n_gpus and num_processes > n_gpus:
+        raise ValueError(
+            f"num_processes={num_processes} but only {n_gpus} GPU(s) are visible; "
+            "use at most one process per GPU"
+        )
+    return mixed_precision, num_processes, n_gpus
 
 
 def _run_in_process(function: Callable[..., Any], args: tuple, mixed_precision: str) -> None:

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.cache import DecoderCache, SelfKV
-from nmt.config import ModelConfig, from_dict, to_dict
+from nmt.config import ModelConfig, to_dict
 from nmt.errors import NmtError
 from nmt.fastlinear import linear
 from nmt.loss import smoothed_cross_entropy
+from nmt.model_dir import CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
 
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 INT64 = torch.iinfo(torch.int64)
 
 
@@ -413,14 +413,3 @@ class Seq2SeqTransformer(nn.Module):
             raise NmtError(f"{directory / WEIGHTS_FILE}: weights do not match config.json "
                            f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
         return model
-
-
-def load_model_config(directory: Path) -> ModelConfig:
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise NmtError(f"{path}: missing; {directory} is not an nmt model directory")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NmtError(f"{path}: not valid JSON ({e})") from None
-    return from_dict(ModelConfig, data, "model")

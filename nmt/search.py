@@ -18,6 +18,7 @@ import torch
 from nmt.collate import pad as pad_rows
 from nmt.decoder import start_decoder
 from nmt.errors import NmtError
+from nmt.model_dir import SEARCH_FILE
 from nmt.ranges import check_fields, ranged
 from nmt.sampling import SamplingConfig, choose
 
@@ -209,9 +210,6 @@ def generate(model, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: i
 
 
 # --- a model directory's own search defaults -----------------------------------------------------
-
-SEARCH_FILE = "search.json"  # the alpha tuned on validation by training's tune_alpha
-
 
 def search_defaults(directory: Path) -> dict:
     """{"alpha": ...} from a model directory's search.json (written when training tuned it), else {}."""

@@ -16,11 +16,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
+from nmt.model_dir import JOINT_FILE, SRC_FILE, TGT_FILE
 
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
 PAD, UNK, BOS, EOS = range(4)
-JOINT_FILE = "tokenizer.json"
-SRC_FILE, TGT_FILE = "tokenizer.src.json", "tokenizer.tgt.json"
 
 
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None) -> Tokenizer:
@@ -135,10 +134,8 @@ class PairTokenizer:
         return self.tgt.decode_batch(cut, skip_special_tokens=True)
 
     def unknown_rate(self, texts: list[str], side: str = "src") -> float:
-        """Share of subwords that are <unk> (vocabulary coverage)."""
-        ids = self.encode_src(texts) if side == "src" else self.encode_tgt(texts)
-        total = sum(len(x) for x in ids)
-        return sum(x.count(UNK) for x in ids) / max(total, 1)
+        """Share of subwords that are <unk> (vocabulary coverage); see `unknown_rate`."""
+        return unknown_rate(self.encode_src(texts) if side == "src" else self.encode_tgt(texts))
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
@@ -165,15 +162,17 @@ class PairTokenizer:
                            f"not match the model ({src_vocab_size}/{tgt_vocab_size}); copy the tokenizer that the "
                            "model was trained with")
 
-    def without_dropout(self) -> PairTokenizer:
-        """A copy whose BPE-dropout is off (for validation and translation)."""
-        def plain(tok: Tokenizer) -> Tokenizer:
-            data = json.loads(tok.to_str())
-            if data["model"].get("dropout") is not None:
-                data["model"]["dropout"] = None
-            return Tokenizer.from_str(json.dumps(data))
-        src = plain(self.src)
-        return PairTokenizer(src, None if self.joint else plain(self.tgt))
+
+
+def unknown_rate(rows: Iterable[list[int]]) -> float:
+    """Share of <unk> among the subword ids of `rows` (vocabulary coverage); a row's final </s> (the end a
+    source gets) is not counted. Rows may be streamed: `nmt check` passes a whole validation set."""
+    unk = total = 0
+    for ids in rows:
+        ids = ids[:-1] if ids and ids[-1] == EOS else ids
+        unk += ids.count(UNK)
+        total += len(ids)
+    return unk / max(total, 1)
 
 
 class DropoutSegmenter:
@@ -227,6 +226,10 @@ def _load_file(path: Path) -> Tokenizer:
         raise NmtError(f"{path}: not a readable tokenizer file ({str(e).splitlines()[0]})") from None
     if [tok.token_to_id(s) for s in SPECIALS] != [PAD, UNK, BOS, EOS]:
         raise NmtError(f"{path}: special tokens {SPECIALS} must have ids 0-3; it was not made by nmt")
+    data = json.loads(tok.to_str())
+    if data["model"].get("dropout") is not None:  # saved by an nmt before BPE-dropout moved out of the tokenizer
+        data["model"]["dropout"] = None
+        tok = Tokenizer.from_str(json.dumps(data))
     return tok
 
 

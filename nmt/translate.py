@@ -58,7 +58,7 @@ class Translator:
             return cls._ensemble([Path(d) for d in directory], device)
         directory = Path(directory)
         model = Seq2SeqTransformer.from_pretrained(directory)
-        tokenizer = PairTokenizer.load(directory).without_dropout()
+        tokenizer = PairTokenizer.load(directory)
         tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
         return cls(model, tokenizer, device, search_defaults(directory))
 
@@ -89,7 +89,7 @@ class Translator:
 
         directory = Path(directory)
         model = CT2Model(directory, device=str(device), compute_type=compute_type, threads=threads)
-        tokenizer = PairTokenizer.load(directory).without_dropout()
+        tokenizer = PairTokenizer.load(directory)
         tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
         return cls(model, tokenizer, device, search_defaults(directory))
 

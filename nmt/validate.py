@@ -19,6 +19,7 @@ from typing import Any
 from nmt.checkpoint import COMPLETE
 from nmt.config import TrainConfig, check_config, read_yaml
 from nmt.errors import NmtError
+from nmt.model_dir import CONFIG_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, WEIGHTS_FILE
 from nmt.ranges import PATH, PATH_KINDS, RANGE, Range, walk
 
 TABLE_SUFFIXES = (".tsv", ".jsonl", ".json", ".csv")
@@ -107,10 +108,9 @@ def check_model_dir(key: str, path: Path, cfg: TrainConfig) -> None:
         raise _refuse(key, path, f"is not an nmt model directory (no {', '.join(missing)})", "model")
 
 
-# what Seq2SeqTransformer.save_pretrained and PairTokenizer.save write (nmt.model, nmt.tokenizer: not imported here,
-# they bring torch and tokenizers); each entry is a list of alternatives, each a set of files
-MODEL_FILES = ([("config.json",)], [("model.safetensors",)],
-               [("tokenizer.json",), ("tokenizer.src.json", "tokenizer.tgt.json")])
+# what Seq2SeqTransformer.save_pretrained and PairTokenizer.save write; each entry is a list of alternatives,
+# each a set of files
+MODEL_FILES = ([(CONFIG_FILE,)], [(WEIGHTS_FILE,)], [(JOINT_FILE,), (SRC_FILE, TGT_FILE)])
 PATH_CHECKS: dict[str, Callable[[str, Path, TrainConfig], None]] = {
     "folder": check_folder, "corpus": check_corpus, "checkpoint": check_checkpoint, "model": check_model_dir}
 

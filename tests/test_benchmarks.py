@@ -97,3 +97,11 @@ def test_ensemble(corpus_dir, tmp_path):
     table = out[out.index("system"):].splitlines()
     assert [row.split()[0] for row in table[1:4]] == ["seed", "seed", "ensemble"]
     assert all(float(row.split()[-3]) >= 0 for row in table[1:4]) and "nrefs:1" in table[-1]
+
+
+def test_startup():
+    out = run("startup.py", "--runs", "1")
+    rows = {line[:24].strip(): line[24:].split(None, 1) for line in out.splitlines() if line.startswith("  ")}
+    assert list(rows) == ["python -c pass", "import nmt", "nmt --help", "nmt train --help", "nmt info MODEL_DIR"]
+    assert all(float(row[0]) > 0 for row in rows.values())
+    assert rows["import nmt"][1] == "[]" and "torch" not in rows["nmt info MODEL_DIR"][1]

@@ -181,3 +181,20 @@ def test_user_errors_keep_exit_2_under_debug(tmp_path, corpus_dir):
     assert "Traceback" in proc.stderr and "nmt.errors.NmtError" in proc.stderr
     assert proc.stderr.rstrip().splitlines()[-1].startswith("nmt train: error: config key 'optim.lr'")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "check"])
+def test_help_lists_every_config_key_as_the_readme_table_does(command, capsys):
+    """`nmt train --help`: each key with its type, default, allowed values and meaning, grouped by section, from
+    nmt.config.config_fields (the source of README's table, tests/test_config.py)."""
+    from nmt.cli import main
+    from nmt.config import config_fields, json_default
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    for key, tp, default, doc, allowed in config_fields():
+        line = f"  --{key} {tp} = {'null' if default is None else json_default(default)}"
+        assert line + (f"  (allowed: {allowed})" if allowed else "") + f"\n        {doc}\n" in out, key
+    sections = [line for line in out.split("config keys:", 1)[1].splitlines() if line.endswith(":") and line[0] != " "]
+    assert sections == ["data:", "tokenizer:", "model:", "optim:", "training:"]

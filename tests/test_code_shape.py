@@ -1,5 +1,6 @@
-"""The shape the house style asks of training code: modules under ~350 lines, functions under ~40, calls
-with at most 5 positional arguments (benchmarks/code_shape.py prints the figures for all of nmt/)."""
+"""The shape the house style asks of training code and the modules listed here: modules under ~350 lines,
+functions under ~40, calls with at most 5 positional arguments (benchmarks/code_shape.py prints the figures for
+all of nmt/)."""
 
 import ast
 import sys
@@ -13,13 +14,16 @@ from code_shape import function_lengths  # noqa: E402
 
 HELD = sorted((ROOT / "nmt" / "training").glob("*.py")) + [ROOT / "nmt" / f for f in (
     "objective.py", "compat.py", "train.py", "search.py", "decoder.py", "sampling.py", "ensemble.py", "score.py",
-    "cache.py", "fastlinear.py", "translate.py")]
+    "cache.py", "fastlinear.py", "translate.py", "__init__.py", "launch.py", "info.py", "model_dir.py", "average.py",
+    "checkpoint.py", "tokenizer.py")]
+LONG_MODULES = [ROOT / "nmt" / f for f in ("cli.py", "config.py", "model.py")]  # over 350 lines; functions held
 MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_POSITIONAL = 350, 40, 5
 
 
-@pytest.mark.parametrize("path", HELD, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", HELD + LONG_MODULES, ids=lambda p: p.name)
 def test_training_modules_stay_small(path):
-    assert len(path.read_text(encoding="utf-8").splitlines()) <= MAX_MODULE_LINES
+    if path not in LONG_MODULES:
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= MAX_MODULE_LINES
     long = [(n, name) for n, name in function_lengths(path) if n > MAX_FUNCTION_LINES]
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
     calls = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.Call)]

@@ -1,6 +1,7 @@
-"""nn.DataParallel, the seed's way of using several GPUs: it cuts every tensor argument along dim 0.
+"""nn.DataParallel, as the DataParallel question (docs/coming-from-dataparallel.md) uses it: it cuts every tensor
+argument along dim 0.
 
-The model takes batch-leading ids only, so any cut is harmless. A negative control shows that the seed's
+The model takes batch-leading ids only, so any cut is harmless. A negative control shows that the question's
 design (a (T, T) target mask passed to forward) breaks under the very same cut, so these tests would catch
 that bug coming back. On CPU DataParallel calls the module directly; the cut is simulated exactly as
 `torch.cuda.comm.scatter` makes it (`torch.chunk` along dim 0), and done for real when GPUs exist.
@@ -29,7 +30,7 @@ def example_batch(B: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class SeedStyle(nn.Module):
-    """The seed's design: masks built by the caller and passed in, a (T, T) causal mask among them."""
+    """The DataParallel question's design: masks built by the caller and passed in, a (T, T) causal mask among them."""
 
     def __init__(self, d_model: int = 16):
         super().__init__()
@@ -92,7 +93,7 @@ def test_training_through_the_scatter_gives_the_whole_batch_gradient():
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_negative_control_seed_style_mask_breaks_under_the_same_scatter():
-    """The seed bug reproduced: the (T, T) mask is cut to (T / n, T) like any tensor argument."""
+    """The DataParallel question's bug reproduced: the (T, T) mask is cut to (T / n, T) like any tensor argument."""
     seed_model = SeedStyle().eval()
     src_ids, tgt_in_ids = example_batch(B=4)
     args = seed_style_args(src_ids, tgt_in_ids)

@@ -157,3 +157,22 @@ def test_cli_info_text_and_json(model_dir, capsys):
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(describe(model_dir)))
     assert main(["info", str(model_dir.parent / "nope")]) == 2
     assert capsys.readouterr().err.strip() == f"nmt info: error: {model_dir.parent / 'nope'}: no such model directory"
+
+
+def test_the_safetensors_header_is_read_as_the_library_reads_it(tmp_path):
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from nmt.info import safetensors_header, weights_summary
+
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16), "c": torch.zeros(2, 2, 2)},
+              str(tmp_path / "w.safetensors"), metadata={"format": "pt"})
+    header = safetensors_header(tmp_path / "w.safetensors")
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
+        assert {k: (f.get_slice(k).get_dtype(), f.get_slice(k).get_shape()) for k in f.keys()} == \
+            {k: (v["dtype"], v["shape"]) for k, v in header.items()}
+    assert weights_summary(tmp_path / "w.safetensors") == {"parameters": 25, "tensors": 3, "dtypes": {"F32": 2, "BF16": 1}}
+    (tmp_path / "w.safetensors").write_bytes(b"\xff" * 8 + b"{}")
+    with pytest.raises(NmtError, match="not a readable safetensors file"):
+        safetensors_header(tmp_path / "w.safetensors")

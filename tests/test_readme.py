@@ -8,6 +8,8 @@ would type it, in a scratch directory that links the checkout's configs/, accele
 runs under fake `srun`/`scontrol`/`accelerate` on a simulated 2-node allocation, launches with GPU profiles go
 through accelerate's own argument handling, and usage lines with placeholders are checked against the parsers.
 test_every_command_has_a_runner fails when a page gains a command that none of the rules here knows how to run.
+This file holds the rules and the checks; tests/readme_harness.py the machinery (reading the pages, scratch
+venvs, the fake cluster).
 """
 
 from __future__ import annotations
@@ -20,11 +22,24 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from readme_harness import (
+    USAGE,
+    Cmd,
+    accelerate_commands,
+    link_venv,
+    nmt_in_process,
+    page_commands,
+    parse_nmt,
+    profile_of,
+    resolve_launch,
+    run_slurm_script,
+    split_env,
+    tail,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
@@ -103,91 +118,7 @@ def _translator(model_dir: str):
 # --- the commands of the pages ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Cmd:
-    page: str
-    line: int
-    kind: str  # "shell": one command line; "script": a whole #! script; "python": a code block
-    text: str  # comments and extra blanks removed (Python: the block as it is)
-    block: int  # the fenced block of the page it is in; -1: inline in the prose
-
-    @property
-    def id(self) -> str:
-        words = split_env(self.text)[1][:2] if self.kind == "shell" else [self.kind]
-        return f"{self.page}:{self.line}:{' '.join(words)}"
-
-    @property
-    def key(self) -> str:
-        """The text without comments and extra blanks, line by line (what NOT_RUN is keyed by)."""
-        lines = (" ".join(strip_comment(line).split()) for line in self.text.splitlines())
-        return "\n".join(line for line in lines if line)
-
-
-FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
-SPAN = re.compile(r"`([^`\n]+(?:\n[^`\n]+)?)`")  # an inline span may wrap onto the next line
-COMMAND = re.compile(r"(?:[A-Z][A-Z0-9_]*=\S+ )*(?:nmt|accelerate|bash|pip|python|torchrun|srun|sbatch|deepspeed) \S")
-USAGE = re.compile(r"\.\.\.|\[|<\w+>|(?<![\w/.=-])[A-Z][A-Z_]*(?![\w=])")  # placeholders: ..., [opt], <x>, RUN_DIR, X.yaml
-
-
-def strip_comment(line: str) -> str:
-    """A shell line without its `# comment` (a # outside quotes, at the start or after a blank)."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i]
-    return line
-
-
-def page_commands(page: str, markdown: str) -> list[Cmd]:
-    """The commands of one page, in page order; an inline span repeating an earlier command is not repeated."""
-    out, prose = [], markdown
-    for block, m in enumerate(FENCE.finditer(markdown)):
-        prose = prose[: m.start()] + re.sub(r"[^\n]", " ", m[0]) + prose[m.end():]  # same offsets, no fences
-        lang, body, first = m[1], m[2], markdown.count("\n", 0, m.start(2)) + 1
-        if lang == "python":
-            out.append(Cmd(page, first, "python", body, block))
-        elif lang in ("bash", "sh", "shell", "console") and body.startswith("#!"):
-            out.append(Cmd(page, first, "script", body, block))
-        elif lang in ("bash", "sh", "shell", "console"):
-            pending, start = "", first
-            for i, raw in enumerate(body.splitlines()):
-                pending, start = pending + raw, start if pending else first + i
-                if pending.endswith("\\"):
-                    pending = pending[:-1] + " "
-                    continue
-                text = " ".join(strip_comment(pending).split())
-                if text:
-                    out.append(Cmd(page, start, "shell", text, block))
-                pending = ""
-    seen = {c.text for c in out}
-    for m in SPAN.finditer(prose):
-        text = " ".join(m[1].split())
-        if COMMAND.match(text) and text not in seen:
-            seen.add(text)
-            out.append(Cmd(page, prose.count("\n", 0, m.start()) + 1, "shell", text, -1))
-    return sorted(out, key=lambda c: c.line)
-
-
 COMMANDS = [c for page in PAGES for c in page_commands(page, (ROOT / page).read_text(encoding="utf-8"))]
-
-
-def split_env(text: str) -> tuple[dict[str, str], list[str]]:
-    """`A=1 B=2 cmd args` -> ({"A": "1", "B": "2"}, ["cmd", "args"])."""
-    words = shlex.split(text)
-    env = {}
-    while words and re.fullmatch(r"[A-Z][A-Z0-9_]*=\S*", words[0]):
-        name, _, value = words.pop(0).partition("=")
-        env[name] = value
-    return env, words
-
-
-def profile_of(argv: list[str]) -> dict:
-    """The accelerate config file named by `--config_file` of an `accelerate launch` command line."""
-    return yaml.safe_load((ROOT / argv[argv.index("--config_file") + 1]).read_text(encoding="utf-8"))
 
 
 def runner_for(cmd: Cmd) -> str | None:
@@ -319,45 +250,6 @@ class Docs:
 
 
 RECORDED = ("accelerate", "nmt")  # replaced in .venv/bin for run.sh's variants
-RECORDER = '#!/bin/bash\nn=$(ls "$RECORD" | wc -l)\nprintf "%s\\0" "$(basename "$0")" "$@" > "$RECORD/$n"\ncat > /dev/null\n'
-
-
-def link_venv(d: Path, recorded: tuple[str, ...] = ()) -> None:
-    """The checkout's venv in d, marked installed (run.sh must not reinstall it); the `recorded` programs of
-    .venv/bin only write down how they were called."""
-    venv = d / ".venv"
-    venv.mkdir()
-    for entry in (ROOT / ".venv").iterdir():
-        if entry.name == "bin" and recorded:
-            (venv / "bin").mkdir()
-            for program in entry.iterdir():
-                if program.name in recorded:
-                    (venv / "bin" / program.name).write_text(RECORDER)
-                    (venv / "bin" / program.name).chmod(0o755)
-                else:
-                    (venv / "bin" / program.name).symlink_to(program)
-        elif entry.name != ".installed":
-            (venv / entry.name).symlink_to(entry)
-    (venv / ".installed").touch()
-
-
-def tail(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-2500:]}\n--- stderr\n{proc.stderr[-2500:]}"
-
-
-def parse_nmt(argv: list[str]):
-    """nmt's own parser on a command line: (args, the words without redirections, stdin file, stdout file)."""
-    from nmt.cli import build_parser
-
-    words, redirect = [], {}
-    it = iter(argv[1:])
-    for w in it:
-        if w in ("<", ">"):
-            redirect[w] = next(it)
-        else:
-            words.append(w)
-    args, _ = build_parser().parse_known_args(words)
-    return args, words, redirect.get("<"), redirect.get(">")
 
 
 def run_training(docs: Docs, cmd: Cmd, monkeypatch) -> None:
@@ -418,27 +310,6 @@ def run_nmt(docs: Docs, cmd: Cmd, monkeypatch) -> None:
     else:
         shown = nmt_in_process(words, wd, stdin, stdout, monkeypatch)
     NMT_CHECKS[args.command](wd, args, stdin, (wd / stdout).read_text() if stdout else shown)
-
-
-def nmt_in_process(words: list[str], wd: Path, stdin: str | None, stdout: str | None, monkeypatch) -> str:
-    """`nmt WORDS < stdin > stdout` typed in wd, run by nmt.cli.main; returns what it printed."""
-    import contextlib
-    import io
-    import sys
-
-    from nmt.cli import main
-
-    monkeypatch.chdir(wd)
-    shown, before = io.StringIO(), sys.stdin
-    with open(stdin or os.devnull, encoding="utf-8") as source, contextlib.redirect_stdout(shown):
-        sys.stdin = source
-        try:
-            assert main(words) == 0, words
-        finally:
-            sys.stdin = before
-    if stdout:
-        (wd / stdout).write_text(shown.getvalue(), encoding="utf-8")
-    return shown.getvalue()
 
 
 def check_translate(wd: Path, args, stdin: str | None, out: str) -> None:
@@ -526,20 +397,6 @@ def run_tests_of_run_sh(docs: Docs, cmd: Cmd, monkeypatch) -> None:
     assert proc.returncode == 0 and re.search(r"^\d+ tests collected", proc.stdout, re.M), tail(proc)
 
 
-def resolve_launch(args: list[str], monkeypatch):
-    """What `accelerate launch ARGS` starts on this node, by accelerate's own argument handling (no GPU needed)."""
-    import accelerate.utils.launch as launch_utils
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-
-    monkeypatch.setattr(launch_utils, "is_port_in_use", lambda port=None: False)
-    ns = launch_command_parser().parse_args(args)
-    ns.config_file = str(ROOT / ns.config_file)  # the pages' paths are relative to the checkout
-    ns, _, _ = _validate_launch_command(ns)
-    if ns.multi_gpu:
-        launch_utils.prepare_multi_gpu_env(ns)
-    return ns
-
-
 def check_node(ns, machine_rank: int, processes: int, machines: int, address: str, config: str) -> None:
     """One node of a multi-node launch: its rank, its share of the processes, the rendezvous, the training config."""
     from nmt.cli import overrides_from_flags
@@ -564,56 +421,17 @@ def run_resolved(docs: Docs, cmd: Cmd, monkeypatch) -> None:
                f"{profile['main_process_ip']}:{profile['main_process_port']}", "configs/default.yaml")
 
 
-FAKES = {  # a 2-node SLURM allocation, one task per node; each fake records how it was called
-    "srun": '#!/bin/bash\necho "srun $*" >> "$RECORD/calls"\n'
-            'for node in 0 1; do SLURM_NODEID=$node SLURM_PROCID=$node SLURM_LOCALID=0 "$@" || exit; done\n',
-    "scontrol": '#!/bin/bash\necho "scontrol $*" >> "$RECORD/calls"\n'
-                'if [ "$1 $2" = "show hostnames" ]; then printf "gpu-01\\ngpu-02\\n"; fi\n',
-    "accelerate": '#!/bin/bash\nprintf "%s\\0" "$@" > "$RECORD/accelerate-$SLURM_PROCID-$$"\n',
-}
-
-
-def run_slurm_script(docs: Docs, script: str, tmp: Path) -> list[list[str]]:
-    """The script under the fakes, as sbatch starts it on the first node; the `accelerate` calls by task."""
-    (tmp / "bin").mkdir()
-    (tmp / "record").mkdir()
-    for name, body in FAKES.items():
-        (tmp / "bin" / name).write_text(body)
-        (tmp / "bin" / name).chmod(0o755)
-    (tmp / "job.sh").write_text(script)
-    env = {**docs.env, "PATH": f"{tmp / 'bin'}{os.pathsep}{docs.env['PATH']}", "RECORD": str(tmp / "record"),
-           "SLURM_JOB_NODELIST": "gpu-[01-02]", "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
-    proc = subprocess.run(["bash", str(tmp / "job.sh")], cwd=tmp, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, tail(proc)
-    assert "scontrol show hostnames gpu-[01-02]" in (tmp / "record" / "calls").read_text()
-    calls = sorted((tmp / "record").glob("accelerate-*"), key=lambda p: int(p.name.split("-")[1]))
-    return [p.read_text().split("\0")[:-1] for p in calls]
-
-
 def run_slurm(docs: Docs, cmd: Cmd, monkeypatch) -> None:
     """Both nodes get their own --machine_rank, all 16 processes and the first host as rendezvous; with the
     command in double quotes instead, the batch host would expand $SLURM_NODEID once for both (the README's claim)."""
-    calls = run_slurm_script(docs, cmd.text, Path(tempfile.mkdtemp(dir=docs.tmp)))
+    calls = run_slurm_script(docs.env, cmd.text, Path(tempfile.mkdtemp(dir=docs.tmp)))
     assert [c[0] for c in calls] == ["launch", "launch"], calls
     for node, call in enumerate(calls):
         check_node(resolve_launch(call[1:], monkeypatch), node, 16, 2, "gpu-01:29500", "configs/default.yaml")
     quoted, n = re.subn(r"bash -c '([^']*)'", r'bash -c "\1"', cmd.text)
     assert n == 1, "the script should pass the per-node command to srun in single quotes"
-    calls = run_slurm_script(docs, quoted, Path(tempfile.mkdtemp(dir=docs.tmp)))
+    calls = run_slurm_script(docs.env, quoted, Path(tempfile.mkdtemp(dir=docs.tmp)))
     assert [c[c.index("--machine_rank") + 1] for c in calls] == ["0", "0"]  # the fakes see the trap
-
-
-def accelerate_commands() -> dict:
-    """The subcommands of the `accelerate` command line, by accelerate's own parsers."""
-    import argparse
-
-    from accelerate.commands import accelerate_cli as cli
-
-    sub = argparse.ArgumentParser().add_subparsers()
-    for name in dir(cli):
-        if name.endswith("_parser"):  # get_config_parser, launch_command_parser, ... as accelerate's main() uses them
-            getattr(cli, name)(subparsers=sub)
-    return sub.choices
 
 
 def run_usage(docs: Docs, cmd: Cmd, monkeypatch) -> None:

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from nmt import Seq2SeqTransformer, train
-from nmt.checkpoint import COMPLETE, list_checkpoints, prune, resolve_resume
+from nmt.checkpoint import COMPLETE, list_checkpoints
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 
@@ -142,28 +142,6 @@ def test_a_repeat_within_a_second_is_the_same_signal(monkeypatch):
     stop.at -= 2 * stop.echo_s
     stop._handle(signal.SIGTERM, None)
     assert exits == [128 + signal.SIGTERM]
-
-
-def test_half_written_checkpoint_is_never_latest(tmp_path, caplog):
-    root = tmp_path / "checkpoints"
-    for name, complete in (("step_2", True), ("step_4", True), ("step_6", False), (".tmp-step_8", True)):
-        (root / name).mkdir(parents=True)
-        if complete:
-            (root / name / COMPLETE).write_text(json.dumps({"step": int(name.split("_")[1])}))
-    assert resolve_resume("latest", tmp_path).name == "step_4"
-    assert "incomplete" in caplog.text
-    with pytest.raises(NmtError, match="not a complete nmt checkpoint"):
-        resolve_resume(str(root / "step_6"), tmp_path)
-
-
-def test_retention_keeps_the_newest_and_best(tmp_path):
-    root = tmp_path / "checkpoints"
-    for step in (2, 4, 6):
-        (root / f"step_{step}").mkdir(parents=True)
-        (root / f"step_{step}" / COMPLETE).write_text("{}")
-    (tmp_path / "best").mkdir()
-    prune(tmp_path, keep_last=0)  # even 0 keeps the last good one
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_6"] and (tmp_path / "best").is_dir()
 
 
 class SometimesNaN(torch.nn.Module):

@@ -53,9 +53,18 @@ def test_dropout_needs_bpe():
         DropoutSegmenter(unigram, 0.1)
 
 
-def test_without_dropout_clears_an_older_tokenizers_dropout(tok, tmp_path):
+def test_loading_clears_an_older_tokenizers_dropout(tok, tmp_path):
     data = json.loads(tok.to_str())
     data["model"]["dropout"] = 0.3  # as nmt saved it before dropout moved out of the tokenizer
     (tmp_path / "tokenizer.json").write_text(json.dumps(data))
-    loaded = PairTokenizer.load(tmp_path).without_dropout()
+    loaded = PairTokenizer.load(tmp_path)
     assert json.loads(loaded.src.to_str())["model"]["dropout"] is None
+    text = ["the quick brown fox jumps over the lazy dog"] * 20
+    assert len({tuple(ids) for ids in loaded.encode_src(text)}) == 1  # deterministic: every encoding the same
+
+
+def test_unknown_rate_counts_unk_among_subwords_but_not_the_final_eos():
+    from nmt.tokenizer import EOS, UNK, unknown_rate
+
+    assert unknown_rate([[UNK, 5, EOS], [6, UNK, UNK, 7]]) == 3 / 6
+    assert unknown_rate(iter([[5, EOS]])) == 0.0 and unknown_rate([]) == 0.0

@@ -226,34 +226,6 @@ def test_best_alpha_prefers_the_default_among_equals():
     assert best_alpha({0.6: 30.0, 0.8: 31.0, 1.0: 31.0}, 0.6) == 0.8
 
 
-def test_average_weights_is_the_mean(tmp_path):
-    from safetensors.torch import save_file
-
-    from nmt.average import average_weights
-
-    for i, value in enumerate((1.0, 2.0, 6.0)):
-        (tmp_path / str(i)).mkdir()
-        save_file({"w": torch.full((2, 2), value), "b": torch.tensor([value, -value])},
-                  str(tmp_path / str(i) / "model.safetensors"))
-    avg = average_weights([tmp_path / str(i) for i in range(3)])
-    assert torch.equal(avg["w"], torch.full((2, 2), 3.0)) and torch.equal(avg["b"], torch.tensor([3.0, -3.0]))
-    with pytest.raises(NmtError, match="cannot read"):
-        average_weights([tmp_path / "0", tmp_path / "missing"])
-
-
-def test_nmt_average_command(tiny_cfg, tmp_path, capsys):
-    from nmt.cli import main
-
-    tiny_cfg.max_steps, tiny_cfg.save_every, tiny_cfg.keep_last = 6, 2, 3
-    train(tiny_cfg)
-    assert main(["average", tiny_cfg.output_dir, "--last", "3", "-o", str(tmp_path / "avg")]) == 0
-    assert Translator.from_pretrained(tmp_path / "avg").translate(["The dog sleeps."], beam_size=1)
-    summary = json.loads((tmp_path / "avg" / "training.json").read_text())
-    assert [Path(p).name for p in summary["averaged"]] == ["step_2", "step_4", "step_6"]
-    assert main(["average", str(tmp_path), "-o", str(tmp_path / "x")]) == 2
-    assert "averaging needs 2 or more" in capsys.readouterr().err
-
-
 def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog):
     """The main process keeps one live line (steps done/total, elapsed<ETA, epoch, loss, lr, target tokens/s);
     each validation prints one compact line; checkpoints of the tied embeddings print no warning."""

@@ -14,6 +14,7 @@ from nmt import checkpoint as ckpt
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import save_yaml, to_dict
 from nmt.data import overlap_line
+from nmt.model_dir import SUMMARY_FILE, WEIGHTS_FILE
 from nmt.training.state import Run
 
 
@@ -90,7 +91,7 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
         run.corpus.tokenizer.save(tmp)
         summary = {"step": run.state.step, "metrics": metrics, "data": run.corpus.stats, "argv": sys.argv,
                    "num_processes": accelerator.num_processes, "config": to_dict(run.cfg)}
-        (tmp / "training.json").write_text(json.dumps(summary, indent=2))
+        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         ckpt.publish(tmp, final)
     del weights
     accelerator.wait_for_everyone()
@@ -102,7 +103,7 @@ def _save_weights(model, weights: dict, directory: Path) -> None:
     else:
         from safetensors.torch import save_model
 
-        save_model(model, str(directory / "model.safetensors"))
+        save_model(model, str(directory / WEIGHTS_FILE))
 
 
 def save_checkpoint(run: Run) -> None:

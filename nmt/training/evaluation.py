@@ -19,7 +19,8 @@ from nmt.compat import is_fsdp
 from nmt.data import column
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
-from nmt.search import SEARCH_FILE, SearchConfig, search_encoded
+from nmt.model_dir import SEARCH_FILE
+from nmt.search import SearchConfig, search_encoded
 from nmt.training.artifacts import log_metrics, plain_weights, save_model_dir
 from nmt.training.state import Run
 

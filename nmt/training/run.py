@@ -17,6 +17,7 @@ from nmt.compat import accelerate_state_exists, reset_accelerate_state
 from nmt.config import TrainConfig
 from nmt.data import prepare
 from nmt.launch import main_process_first
+from nmt.model_dir import SUMMARY_FILE
 from nmt.objective import pad_id_of
 from nmt.training.artifacts import publish_final, start_run
 from nmt.training.evaluation import try_average, tune_alpha
@@ -87,6 +88,6 @@ def finish(run: Run) -> TrainResult:
     final = publish_final(run)
     tuned = tune_alpha(run, final) if run.cfg.tune_alpha else {}
     run.accelerator.end_training()
-    summary = json.loads((final / "training.json").read_text())
+    summary = json.loads((final / SUMMARY_FILE).read_text())
     return TrainResult(final, run.state.step, {**summary["metrics"], **tuned})
 

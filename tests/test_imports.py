@@ -1,0 +1,155 @@
+"""The import graph: cheap things stay cheap (`import nmt`, `nmt --help`, `nmt info`, the config), and imports
+point one way, as README's layering says (config <- tokenizer <- data; model <- search <- translate; ... <- training
+<- cli), read from the source of every module."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = {"torch", "numpy", "accelerate", "datasets", "evaluate", "matplotlib", "tokenizers", "safetensors", "yaml"}
+
+
+def heavy_after(code: str) -> set[str]:
+    """The HEAVY libraries in sys.modules after `code` ran in a fresh interpreter."""
+    report = "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    proc = subprocess.run([sys.executable, "-c", code + report], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return set(json.loads(proc.stdout.splitlines()[-1])) & HEAVY
+
+
+def cli(*argv: str) -> str:
+    return f"from nmt.cli import main\ntry:\n    main({list(argv)!r})\nexcept SystemExit:\n    pass"
+
+
+@pytest.mark.parametrize("code, loaded", [
+    ("import nmt", set()),
+    ("import nmt\nnmt.__all__, dir(nmt)", set()),
+    ("import nmt.errors", set()),
+    ("import nmt.config", set()),  # YAML is read inside read_yaml/parse_override/save_yaml
+    ("import nmt.model_dir", set()),
+    ("import nmt.info", set()),
+    ("import nmt.validate", set()),
+    ("import nmt.checkpoint", set()),
+    ("import nmt.batching", {"numpy"}),
+    ("import nmt.tokenizer", {"tokenizers"}),
+    ("import nmt.collate", {"torch", "numpy", "tokenizers"}),  # torch: it builds tensors (and torch, numpy)
+    ("import nmt.search", {"torch", "numpy"}),
+    ("import nmt.translate", {"torch", "numpy", "tokenizers"}),  # no Accelerate, datasets, evaluate
+    (cli("--help"), set()),
+    (cli("train", "--help"), set()),
+], ids=lambda v: v if isinstance(v, str) and "\n" not in v else None)
+def test_what_an_import_loads(code, loaded):
+    assert heavy_after(code) == loaded
+
+
+def test_public_names_load_on_first_use():
+    code = "import nmt\nfrom nmt import Translator, train, launch\nassert callable(train) and callable(launch)"
+    assert {"torch", "accelerate", "datasets"} <= heavy_after(code)
+    code = ("import nmt.train, nmt.launch\nimport nmt\n"
+            "assert callable(nmt.train) and callable(nmt.launch) and nmt.train.__module__ == 'nmt.training.run'")
+    heavy_after(code)  # importing the modules nmt.train / nmt.launch does not hide the functions of those names
+    with pytest.raises(AssertionError, match="no attribute 'nope'"):
+        heavy_after("import nmt\nnmt.nope")
+
+
+def test_nmt_info_reads_json_and_headers_only(tmp_path):
+    from helpers import tiny_model
+
+    from nmt.config import TokenizerConfig
+    from nmt.synthetic import generate_pairs
+    from nmt.tokenizer import train_pair_tokenizer
+
+    tiny_model(vocab=60).save_pretrained(tmp_path)
+    pairs = generate_pairs(50, seed=1)
+    train_pair_tokenizer(lambda: (s for s, _ in pairs), lambda: (t for _, t in pairs),
+                         TokenizerConfig(vocab_size=60)).save(tmp_path)
+    assert heavy_after(cli("info", str(tmp_path))) == {"tokenizers"}
+
+
+# --- the layering, from the source ------------------------------------------------------------------------------
+
+# Each module's layer: a module imports (at the top or inside a function) only modules of lower layers.
+# README.md ("Development") states the arrows; a new module gets its layer here.
+LAYERS = [
+    {"errors", "compat", "loss", "synthetic"},
+    {"ranges", "checkpoint", "batching", "plot", "metrics", "textfiles", "launch", "fastlinear", "cache"},
+    {"config", "sampling"},
+    {"model_dir", "clean"},
+    {"tokenizer", "validate"},
+    {"data", "collate"},
+    {"model", "objective", "decoder"},
+    {"search", "attention", "ensemble"},
+    {"export", "score"},
+    {"translate", "average", "info"},
+    {"training.sizing", "training.step", "training.state"},
+    {"training.artifacts"},
+    {"training.evaluation"},
+    {"training.loop", "training.setup"},
+    {"training.run"},
+    {"train", "check"},
+    {"cli"},
+]
+LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+UPWARD = {  # the imports that point up on purpose, and why
+    ("model", "search"): "Seq2SeqTransformer.generate, a convenience entry, calls search inside the method",
+}
+HOMES = {  # third-party library -> the only modules that import it (README: one home per library)
+    "tokenizers": {"tokenizer"}, "datasets": {"data"}, "evaluate": {"metrics"},
+    "accelerate": {"compat", "launch", *(n for n in LAYER if n.startswith("training."))},
+    "matplotlib": {"plot", "attention"},
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / "nmt").rglob("*.py")):
+        parts = path.relative_to(ROOT / "nmt").with_suffix("").parts
+        if parts[0] != "metric_modules" and parts[-1] != "__init__":  # metric_modules: loaded by evaluate, by path
+            out[".".join(parts)] = path
+    return out
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module `path` imports, at the top or inside a function: nmt's without the "nmt." prefix."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            package = node.module in ("nmt", "nmt.training")  # from nmt import checkpoint: the module itself
+            found |= {f"{node.module}.{a.name}" for a in node.names} if package else {node.module}
+    return {name[4:] if name.startswith("nmt.") else name for name in found}
+
+
+def test_every_module_has_a_layer():
+    assert not sorted(set(modules()) - set(LAYER)), "give each new module its layer in LAYERS"
+
+
+def test_imports_point_down_the_layers():
+    wrong = []
+    for name, path in modules().items():
+        for dep in imports_of(path) & set(LAYER):
+            if LAYER[dep] >= LAYER.get(name, len(LAYERS)) and (name, dep) not in UPWARD:
+                wrong.append(f"{name} imports {dep}")
+    assert not wrong, wrong
+
+
+def test_each_library_has_one_home():
+    wrong = [f"{name} imports {lib}" for name, path in modules().items() for lib, homes in HOMES.items()
+             if name not in homes and any(d == lib or d.startswith(lib + ".") for d in imports_of(path))]
+    assert not wrong, wrong
+
+
+def test_a_wrong_direction_import_is_caught(tmp_path):
+    bad = tmp_path / "config.py"
+    bad.write_text("def f():\n    from nmt.model import Seq2SeqTransformer\n")
+    assert "model" in imports_of(bad) and LAYER["model"] > LAYER["config"]
