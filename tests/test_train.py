@@ -385,3 +385,30 @@ def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     assert {c[1] for c in calls} == {Seq2SeqLoss}
     probe, trained = calls[1], calls[2]
     assert probe[2] == trained[2] and probe[3] == trained[3]  # the same AdamW settings (fused where available)
+
+
+def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it(corpus_dir, tmp_path, capsys):
+    """max_minutes with lr, warmup, cadence and model left null: a few real steps are timed, the plan fills them
+    (explicit max_tokens and eval_every win), is printed in one block and saved; a resume reads plan.json back."""
+    from nmt.config import ModelConfig, OptimConfig, read_yaml
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(corpus_dir, tmp_path, model=ModelConfig(), optim=OptimConfig(), max_steps=100_000,
+                      max_minutes=0.05, eval_every=4, save_every=None, log_every=1000)
+    train(cfg)
+    out = capsys.readouterr().out
+    assert "nmt: chosen for the budget (set a key to override it): save_every, keep_last, average_last, " \
+           "optim.lr, optim.warmup_steps, model.d_model" in out
+    assert "  - model tiny" in out and "steps = " in out
+    run = Path(cfg.output_dir)
+    plan = json.loads((run / "plan.json").read_text())
+    saved = read_yaml(run / "config.yaml")
+    assert saved["max_tokens"] == 400 and saved["eval_every"] == 4  # explicit values win
+    assert saved["save_every"] == plan["save_every"] and saved["optim"]["lr"] == plan["lr"] > 0
+    assert saved["optim"]["warmup_steps"] == plan["warmup_steps"] and saved["model"]["d_model"] == 32
+    assert plan["seconds_per_token"] > 0 and plan["steps"] > 1
+    reset_accelerate_state()
+    (run / "plan.json").write_text(json.dumps({**plan, "lr": 0.00123}))  # not what a new timing would give
+    cfg.resume = "latest"
+    train(cfg)
+    assert read_yaml(run / "config.yaml")["optim"]["lr"] == 0.00123

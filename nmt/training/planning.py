@@ -84,7 +84,7 @@ def apply_plan(cfg: TrainConfig, plan: budget.Plan) -> TrainConfig:
                                model=dataclasses.replace(cfg.model, **model))
 
 
-def describe(plan: budget.Plan, keys: list[str]) -> list[str]:
+def describe(plan: budget.Plan | None, keys: list[str]) -> list[str]:
     """The printed block: what the plan chose for `keys` (the fields left null), and why."""
     if not keys:
         return ["plan      all settings given; nothing chosen from the budget"]
