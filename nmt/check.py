@@ -128,7 +128,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
     check_run(cfg)  # ranges and paths, as training checks them first
     corpus = prepare(cfg.data, cfg.tokenizer)
-    cfg, plan = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe")
+    cfg, plan_lines = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe")
     cfg, chosen = sized_config(cfg, corpus)  # what training will choose
     model_cfg = cfg.model
     valid, dropout = corpus.splits["valid"], bpe_dropout(cfg, corpus)
@@ -155,7 +155,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         total_steps=cfg.max_steps or cfg.max_epochs * len(plan), n_params=n_params,
         memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
         sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen, overlap=overlap_line(corpus.stats),
-        plan=plan)
+        plan=plan_lines)
     if probe_steps > 0:
         probe(report, model, cfg, train, plan, src_len, tgt_len, probe_steps, device)
     report.problems = find_problems(report, cfg, model_cfg, int(np.max(column(corpus.splits["train"], "cost"))))
