@@ -177,6 +177,11 @@ def dropout_for(train_pairs: int, epochs: float) -> tuple[float, str]:
     return 0.1, "20k training pairs or more"
 
 
+def average_for(steps: int, save_every: int) -> int:
+    """AVERAGE_LAST when the run saves at least twice that many checkpoints, else 0 (no averaging)."""
+    return AVERAGE_LAST if steps // save_every >= 2 * AVERAGE_LAST else 0
+
+
 def make_plan(stats: CorpusStats, budget: Budget, speed: Speed | None, model: Dims | None = None) -> Plan:
     """The plan for this corpus, budget and speed; `model` fixes the shape (else `choose_model`)."""
     reasons = []
@@ -197,7 +202,7 @@ def make_plan(stats: CorpusStats, budget: Budget, speed: Speed | None, model: Di
     warmup = max(1, min(MAX_WARMUP, round(WARMUP_SHARE * steps)))
     reasons.append(f"lr {lr:g} for d_model {d} (1.1e-3 x sqrt(192/d)); warmup {warmup:,} ({WARMUP_SHARE:.0%} of steps)")
     every = max(1, steps // VALIDATIONS)
-    average = AVERAGE_LAST if steps // every >= 2 * AVERAGE_LAST else 0
+    average = average_for(steps, every)
     reasons.append(f"validate and save every {every:,} steps (~{VALIDATIONS} per run); average_last {average}")
     return Plan(model.name, d, model.n_heads, model.n_encoder_layers, model.n_decoder_layers, model.d_ff, dropout,
                 max_tokens, steps, epochs, lr, warmup, every, every,

@@ -60,3 +60,22 @@ def test_max_tokens_never_below_the_longest_pair():
 def test_plan_round_trips_through_a_dict():
     plan = make_plan(TATOEBA, Budget(25, None, None), speed_for(4800, 25))
     assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_averaging_follows_the_checkpoints_the_run_will_save():
+    from nmt.budget import average_for
+
+    assert average_for(4800, 300) == 3 and average_for(4800, 1000) == 0  # 16 checkpoints; only 4
+
+
+def test_explicit_values_win_field_by_field():
+    from nmt.config import ModelConfig, OptimConfig, TrainConfig
+    from nmt.training.planning import apply_plan, open_fields
+
+    cfg = TrainConfig(max_tokens=1000, save_every=2000, optim=OptimConfig(lr=0.002), model=ModelConfig(d_model=64))
+    plan = make_plan(TATOEBA, Budget(25, None, None), speed_for(4800, 25))
+    out = apply_plan(cfg, plan)
+    assert (out.max_tokens, out.save_every, out.optim.lr, out.model.d_model) == (1000, 2000, 0.002, 64)
+    assert (out.optim.warmup_steps, out.eval_every, out.model.n_encoder_layers) == (576, 300, 3)  # from the plan
+    assert out.average_last == 0  # 2 checkpoints at the given save_every: nothing to average
+    assert open_fields(cfg)[:2] == ["eval_every", "keep_last"] and open_fields(out) == []

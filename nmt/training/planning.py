@@ -78,6 +78,8 @@ def apply_plan(cfg: TrainConfig, plan: budget.Plan) -> TrainConfig:
     model = {k: getattr(plan, k) for k in MODEL if getattr(cfg.model, k) is None}
     if len(model) == len(MODEL) and cfg.model.size == "auto" and plan.model in MODEL_PRESETS:
         model["size"] = plan.model  # the rung is a named size: the run's config and model info say so
+    if "average_last" in top and cfg.save_every is not None:  # the run saves at its own cadence, not the plan's
+        top["average_last"] = budget.average_for(plan.steps, cfg.save_every)
     if top.get("keep_last") is not None:
         top["keep_last"] = max(top["keep_last"], top.get("average_last", cfg.average_last) or 0)
     return dataclasses.replace(cfg, **top, optim=dataclasses.replace(cfg.optim, **optim),
