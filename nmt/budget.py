@@ -45,6 +45,7 @@ MAX_WARMUP = 4000
 LR_AT_192 = 1.1e-3  # peak lr for d_model 192; scaled by 1/sqrt(d_model), as Vaswani et al.'s schedule does
 VALIDATIONS = 16  # about this many validations per run (every 300 of ~4,800 steps on Tatoeba)
 AVERAGE_LAST = 3  # checkpoints averaged at the end (kept only if it validates at least as well)
+TIMED_VALID_SENTENCES = 500  # under a time budget validation BLEU decodes this many pairs (as the tuned config)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Plan:
     save_every: int
     keep_last: int
     average_last: int
+    eval_max_sentences: int | None = None  # None: the whole validation set
     seconds_per_token: float | None = None
     reasons: list[str] = field(default_factory=list)
 
@@ -203,8 +205,11 @@ def make_plan(stats: CorpusStats, budget: Budget, speed: Speed | None, model: Di
     reasons.append(f"lr {lr:g} for d_model {d} (1.1e-3 x sqrt(192/d)); warmup {warmup:,} ({WARMUP_SHARE:.0%} of steps)")
     every = max(1, steps // VALIDATIONS)
     average = average_for(steps, every)
-    reasons.append(f"validate and save every {every:,} steps (~{VALIDATIONS} per run); average_last {average}")
+    sentences = TIMED_VALID_SENTENCES if speed and budget.minutes else None
+    reasons.append(f"validate and save every {every:,} steps (~{VALIDATIONS} per run), BLEU on "
+                   f"{f'the first {sentences} validation pairs' if sentences else 'all validation pairs'}; "
+                   f"average_last {average}")
     return Plan(model.name, d, model.n_heads, model.n_encoder_layers, model.n_decoder_layers, model.d_ff, dropout,
                 max_tokens, steps, epochs, lr, warmup, every, every,
-                keep_last=max(average, 2), average_last=average,
+                keep_last=max(average, 2), average_last=average, eval_max_sentences=sentences,
                 seconds_per_token=speed.seconds_per_token if speed else None, reasons=reasons)

@@ -208,7 +208,7 @@ class TrainConfig:
     max_epochs: int | None = ranged(10, "[1, 1e9]")  # stop after this many epochs (if max_steps is None)
     eval_every: int | None = ranged(None, "[1, 1e12]")  # validate every N optimizer steps, and at the end (null: by budget)
     eval_beam: int = ranged(1, "[1, 1000]")  # beam size for validation BLEU (1: greedy)
-    eval_max_sentences: int | None = ranged(None, "[1, 1e12]")  # validate BLEU on the first N validation pairs only
+    eval_max_sentences: int | None = ranged(None, "[1, 1e12]")  # BLEU on the first N valid pairs (null: 500 if max_minutes)
     save_every: int | None = ranged(None, "[1, 1e12]")  # checkpoint every N optimizer steps and at the end (null: by budget)
     keep_last: int | None = ranged(None, "[0, 1e6]")  # checkpoints kept besides best/ (null: 2, or average_last if more)
     log_every: int = ranged(50, "[1, 1e12]")  # metrics.jsonl and trackers every N steps

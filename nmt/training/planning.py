@@ -27,7 +27,8 @@ from nmt.training.step import OneDevice, make_optim
 PLAN_FILE = "plan.json"
 PROBE_STEPS = 3  # timed steps after one untimed warm-up
 PROBE_LR = 1e-3  # the probe's optimizer needs some lr; the speed does not depend on it
-TOP = ("max_tokens", "eval_every", "save_every", "keep_last", "average_last")  # TrainConfig fields a plan fills
+# the TrainConfig fields a plan fills
+TOP = ("max_tokens", "eval_every", "save_every", "keep_last", "average_last", "eval_max_sentences")
 OPTIM = ("lr", "warmup_steps")
 MODEL = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout")
 
@@ -66,8 +67,9 @@ def make_plan(cfg: TrainConfig, corpus, processes: int = 1, device: str | None =
     plan = budget.make_plan(stats, limits, speed, given)
     chosen = given or budget.rung(plan.model)
     if chosen != first:  # time the chosen shape itself: small models run below their FLOP share on a CPU
+        why = f"{plan.reasons[0]} (timing {first.name}; {chosen.name} then timed itself)"
         plan = budget.make_plan(stats, limits, budget.Speed(measure(cfg, corpus, chosen, device), chosen), chosen)
-        plan.reasons.insert(0, f"model {chosen.name}: chosen from a timing of {first.name}, then timed itself")
+        plan.reasons.insert(0, why)
     return plan
 
 
