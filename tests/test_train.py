@@ -406,7 +406,7 @@ def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it
     assert saved["max_tokens"] == 400 and saved["eval_every"] == 4  # explicit values win
     assert saved["save_every"] == plan["save_every"] and saved["optim"]["lr"] == plan["lr"] > 0
     assert saved["optim"]["warmup_steps"] == plan["warmup_steps"] and saved["model"]["d_model"] == 32
-    assert plan["seconds_per_token"] > 0 and plan["steps"] > 1
+    assert plan["seconds_per_token"] > 0 and plan["steps"] >= 1  # how many depends on the machine
     reset_accelerate_state()
     (run / "plan.json").write_text(json.dumps({**plan, "lr": 0.00123}))  # not what a new timing would give
     cfg.resume = "latest"
