@@ -65,6 +65,7 @@ class BaselineResult:
     best_valid_loss: float = math.inf
     best_epoch: int = 0
     scores: dict = field(default_factory=dict)
+    valid_scores: dict = field(default_factory=dict)  # BLEU/chrF of the kept model on validation (valid=True)
     hypotheses: list[str] = field(default_factory=list)
     phases: dict = field(default_factory=dict)
 
@@ -126,9 +127,10 @@ def translate(model: nn.Module, corpus: Corpus, split: str, beam: int, batch_siz
 
 
 def train_baseline(data: DataConfig, minutes: float, cfg: BaselineConfig | None = None,
-                   log=print) -> BaselineResult:
+                   log=print, valid: bool = False) -> BaselineResult:
     """Trains the baseline for `minutes` of wall time, keeps the epoch with the best validation loss,
-    and scores `data.test` with beam search. The test set is read once, at the end."""
+    and scores `data.test` with beam search (and, with `valid`, the validation set too, after the choice).
+    The test set is read once, at the end."""
     from accelerate import Accelerator
 
     cfg = cfg or BaselineConfig()
@@ -179,6 +181,8 @@ def train_baseline(data: DataConfig, minutes: float, cfg: BaselineConfig | None 
     res.phases["training (incl. validation)"] = res.train_seconds
     model = accelerator.unwrap_model(model)
     model.load_state_dict(best_state)
+    if valid:
+        res.valid_scores = corpus_scores(translate(model, corpus, "valid", cfg.beam), corpus.splits["valid"]["tgt"])
     t0 = time.perf_counter()
     res.hypotheses = translate(model, corpus, "test", cfg.beam)
     res.scores = corpus_scores(res.hypotheses, corpus.splits["test"]["tgt"])

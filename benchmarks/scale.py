@@ -62,7 +62,7 @@ def build_corpus(data: Path, n: int, work: Path, langs: tuple[str, str] = ("en",
 
 def overrides(prefix: Path, cache: Path, vocab: int) -> list[str]:
     return [f"data.train={prefix}", "data.src_lang=en", "data.tgt_lang=de", f"data.cache_dir={cache}",
-            f"tokenizer.vocab_size={vocab}", "model.size=tiny"]
+            f"tokenizer.vocab_size={vocab}", "model.size=tiny", "max_tokens=4096"]
 
 
 # --- the measured processes (run as `scale.py --child KIND ...`) ------------------------------------------

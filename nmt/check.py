@@ -9,6 +9,7 @@ of the launch would.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -26,6 +27,7 @@ from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tokenizer import unknown_rate
+from nmt.training import planning
 from nmt.training import step as training_step
 from nmt.training.sizing import sized_config
 from nmt.training.step import OneDevice, make_optim
@@ -70,6 +72,7 @@ class Report:
     sizing_pairs: int = 0  # training pairs after cleaning: what auto_sizes chooses vocabulary and model size by
     auto_chosen: list[str] = field(default_factory=list)  # the sizes auto_sizes chose (those the config left null)
     overlap: str | None = None  # validation/test pairs that also occur in train (nmt.data.overlap_line)
+    plan: list[str] = field(default_factory=list)  # the budget plan's printout (nmt.training.planning.describe)
     cfg: TrainConfig | None = field(default=None, repr=False)
     problems: list[str] = field(default_factory=list)
 
@@ -83,6 +86,7 @@ class Report:
                f"target {_pct(self.tgt_len)}",
                f"vocab     {_vocab(self)}; unknown on validation: source {self.unk_rate['src']:.2%}, "
                f"target {self.unk_rate['tgt']:.2%}",
+               *self.plan,
                f"sizes     {_sizes(self)}",
                f"epoch     {_n(self.tokens_per_epoch['src'])} source + {_n(self.tokens_per_epoch['tgt'])} target tokens; "
                f"{self.steps_per_epoch:,} optimizer steps ({self.micro_batches_per_epoch:,} micro-batches per process: "
@@ -123,6 +127,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
     check_run(cfg)  # ranges and paths, as training checks them first
     corpus = prepare(cfg.data, cfg.tokenizer)
+    cfg, plan_lines = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe")
     cfg, chosen = sized_config(cfg, corpus)  # what training will choose
     model_cfg = cfg.model
     valid, dropout = corpus.splits["valid"], bpe_dropout(cfg, corpus)
@@ -148,11 +153,23 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         micro_batches_per_epoch=len(plan) * cfg.accum_steps,
         total_steps=cfg.max_steps or cfg.max_epochs * len(plan), n_params=n_params,
         memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
-        sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen, overlap=overlap_line(corpus.stats))
+        sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen, overlap=overlap_line(corpus.stats),
+        plan=plan_lines)
     if probe_steps > 0:
         probe(report, model, cfg, train, plan, src_len, tgt_len, probe_steps, device)
     report.problems = find_problems(report, cfg, model_cfg, int(np.max(column(corpus.splits["train"], "cost"))))
     return report
+
+
+def planned_config(cfg: TrainConfig, corpus, num_processes: int, device: str | None) -> tuple[TrainConfig, list[str]]:
+    """`cfg` with the budget plan training would make (the fields it leaves null), and the plan's printout.
+    Without the probe (device "no-probe") the time budget is not timed: the plan uses the step bounds only."""
+    keys = planning.open_fields(cfg)
+    if not keys:
+        return cfg, planning.describe(None, keys)
+    timed = cfg if device != "no-probe" else dataclasses.replace(cfg, max_minutes=None)
+    plan = planning.make_plan(timed, corpus, num_processes, None if device == "no-probe" else device)
+    return planning.apply_plan(cfg, plan), planning.describe(plan, keys)
 
 
 def _build(model_cfg: ModelConfig, seed: int) -> Seq2SeqTransformer:

@@ -71,12 +71,13 @@ class TokenizerConfig:
 @dataclass
 class ModelConfig:
     """An encoder-decoder Transformer. Vocabulary sizes of 0 are filled in from the tokenizer; the size fields
-    left null come from the preset `size` names, or, for size "auto", from the training corpus size (`auto_sizes`).
+    left null come from the preset `size` names, or, for size "auto", from the run's budget plan (`nmt.budget`:
+    the corpus size, the measured speed and the budget).
     """
 
     src_vocab_size: int = ranged(0, "[0, 1e7]")  # source vocabulary (0: from the tokenizer)
     tgt_vocab_size: int = ranged(0, "[0, 1e7]")  # target vocabulary (0: from the tokenizer)
-    size: Literal["auto", "tiny", "small", "base", "big"] = "auto"  # preset of the null fields below; auto: by corpus size
+    size: Literal["auto", "tiny", "small", "base", "big"] = "auto"  # preset of the null fields below; auto: by budget
     d_model: int | None = ranged(None, "[1, 65536]")  # width of the residual stream (null: from size)
     n_heads: int | None = ranged(None, "[1, 1024]")  # attention heads; d_model must divide by it (null: from size)
     n_encoder_layers: int | None = ranged(None, "[1, 1000]")  # encoder depth (null: from size)
@@ -177,8 +178,8 @@ def auto_sizes(train_pairs: int) -> AutoSizes:
 class OptimConfig:
     """AdamW with inverse-square-root warmup."""
 
-    lr: float = ranged(5e-4, "[0, 1]")  # peak learning rate, reached after warmup_steps
-    warmup_steps: int = ranged(1000, "[0, 1e9]")  # linear warmup, then lr * sqrt(warmup / step)
+    lr: float | None = ranged(None, "[0, 1]")  # peak learning rate, reached after warmup_steps (null: for the width)
+    warmup_steps: int | None = ranged(None, "[0, 1e9]")  # linear warmup, then lr * sqrt(warmup / step) (null: by budget)
     betas: tuple[float, float] = ranged((0.9, 0.98), "[0, 1)")  # Adam betas
     eps: float = ranged(1e-9, "[0, 1)")  # Adam epsilon
     weight_decay: float = ranged(0.0, "[0, 10]")  # decoupled weight decay
@@ -199,22 +200,22 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     output_dir: str = path_key("runs/default", "folder")  # checkpoints, metrics.jsonl, config.yaml, and the final model/
     seed: int = ranged(1, "[0, 2147483647]")  # seeds model init, data order and dropout
-    max_tokens: int = ranged(4096, "[1, 1e9]")  # per process and micro-batch: padded tokens of the longer side
+    max_tokens: int | None = ranged(None, "[1, 1e9]")  # per process and micro-batch: padded tokens of the longer side
     accum_steps: int = ranged(1, "[1, 1e6]")  # micro-batches per optimizer step (each process)
     max_steps: int | None = ranged(None, "[1, 1e12]")  # stop after this many optimizer steps
     max_epochs: int | None = ranged(10, "[1, 1e9]")  # stop after this many epochs (if max_steps is None)
-    eval_every: int = ranged(500, "[1, 1e12]")  # validate every N optimizer steps (and at the end)
+    eval_every: int | None = ranged(None, "[1, 1e12]")  # validate every N optimizer steps, and at the end (null: by budget)
     eval_beam: int = ranged(1, "[1, 1000]")  # beam size for validation BLEU (1: greedy)
-    eval_max_sentences: int | None = ranged(None, "[1, 1e12]")  # validate BLEU on the first N validation pairs only
-    save_every: int = ranged(500, "[1, 1e12]")  # checkpoint every N optimizer steps (and at the end)
-    keep_last: int = ranged(2, "[0, 1e6]")  # checkpoints kept besides best/
+    eval_max_sentences: int | None = ranged(None, "[1, 1e12]")  # BLEU on the first N valid pairs (null: 500 if max_minutes)
+    save_every: int | None = ranged(None, "[1, 1e12]")  # checkpoint every N optimizer steps and at the end (null: by budget)
+    keep_last: int | None = ranged(None, "[0, 1e6]")  # checkpoints kept besides best/ (null: 2, or average_last if more)
     log_every: int = ranged(50, "[1, 1e12]")  # metrics.jsonl and trackers every N steps
     log_with: list[str] = field(default_factory=list)  # accelerate trackers, e.g. ["tensorboard"]
     resume: str | None = path_key(None, "checkpoint")  # "latest" or a checkpoint directory
     max_minutes: float | None = ranged(None, "(0, 1e8]")  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
     max_bad_steps: int = ranged(20, "[1, 1e9]")  # stop (with a checkpoint) after this many non-finite steps in a row
     patience: int | None = ranged(None, "[1, 1e9]")  # early stopping: stop after this many validations without a new best
-    average_last: int = ranged(0, "[0, 1e6]")  # at the end, average the last N checkpoints; kept if it validates as well
+    average_last: int | None = ranged(None, "[0, 1e6]")  # average the last N checkpoints at the end, kept if no worse
     tune_alpha: list[float] | None = ranged(None, "[0, 10]")  # alphas tried on validation at the end (and 0.6); best wins
     pad_to_multiple_of: int | None = ranged(None, "[1, 4096]")  # pad batch lengths to a multiple of this (8: tensor cores)
     compile: bool = False  # torch.compile the model; measured slower on a 2-core AVX2 CPU (benchmarks/train_speed.py)
@@ -223,7 +224,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         _check(self.max_steps is not None or self.max_epochs is not None, "max_steps", "set max_steps or max_epochs")
-        _check(self.keep_last >= self.average_last, "average_last", f"needs keep_last >= {self.average_last}")
+        if self.keep_last is not None and self.average_last is not None:
+            _check(self.keep_last >= self.average_last, "average_last", f"needs keep_last >= {self.average_last}")
         if self.tune_alpha is not None:
             _check(len(self.tune_alpha) > 0, "tune_alpha", "needs at least one alpha (or null)")
             _check(self.eval_beam > 1, "tune_alpha", "needs eval_beam > 1: greedy search ignores the length penalty")

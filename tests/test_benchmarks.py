@@ -7,6 +7,7 @@ CTranslate2 systems need the `bench` extra; the scripts skip them when it is not
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -105,3 +106,27 @@ def test_startup():
     assert list(rows) == ["python -c pass", "import nmt", "nmt --help", "nmt train --help", "nmt info MODEL_DIR"]
     assert all(float(row[0]) > 0 for row in rows.values())
     assert rows["import nmt"][1] == "[]" and "torch" not in rows["nmt info MODEL_DIR"][1]
+
+
+def test_recipe(corpus_dir, tmp_path):
+    """The budget recipe against the fixed defaults, two budgets, the corpus and a subset of it, in one run and
+    one table each; a tiny vocabulary so that it takes seconds."""
+    tiny = [f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "eval_max_sentences=8"]
+    out = run("recipe.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.03", "0.05", "--subset", "300",
+              "--systems", "budget,fixed", "--output", str(tmp_path / "runs"), "--beam", "1", *tiny, cwd=tmp_path)
+    assert out.count("=== ") == 4 and "first 300 pairs, 0.03 min" in out
+    tables = [out[i:].splitlines()[1:3] for i in range(len(out)) if out.startswith("system ", i)]
+    assert len(tables) == 4 and all([row.split()[0] for row in t] == ["budget", "fixed"] for t in tables)
+    assert "chosen for the budget" in out  # the budget system planned
+    fixed_cfg = (tmp_path / "runs" / "all-0.05min-fixed" / "config.yaml").read_text()
+    assert "warmup_steps: 1000" in fixed_cfg and "max_tokens: 4096" in fixed_cfg  # the old fixed defaults
+    assert len(json.loads((tmp_path / "runs" / "recipe.json").read_text())) == 4
+
+
+def test_recipe_with_the_baseline(corpus_dir, tmp_path):
+    pytest.importorskip("transformers", reason="the HF baseline needs the bench extra")
+    out = run("recipe.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.03", "--systems",
+              "budget,baseline", "--tiny-baseline", "--output", str(tmp_path / "runs"), "--beam", "1",
+              f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "eval_max_sentences=8", cwd=tmp_path)
+    table = out[out.index("system "):].splitlines()
+    assert [row.split()[0] for row in table[1:3]] == ["budget", "baseline"]

@@ -214,7 +214,11 @@ def test_sizes_line_says_what_the_corpus_size_chose(cfg, report, tmp_path):
                                model=ModelConfig(d_model=48, n_heads=2))
     r = preflight(auto, probe_steps=0)
     line = next(line for line in r.lines() if line.startswith("sizes"))
-    assert line.startswith("sizes     chosen for 600 training pairs (auto): tokenizer.vocab_size 1,000; model.size tiny")
+    assert line == "sizes     chosen for 600 training pairs (auto): tokenizer.vocab_size 1,000"
+    plan = [line for line in r.lines() if line.startswith("plan") or line.startswith("          - ")]
+    assert plan[0].startswith("plan      chosen for the budget (set a key to override it): keep_last, ")
+    assert "model.n_encoder_layers" in plan[0] and "model.d_model" not in plan[0]  # given: not chosen
+    assert plan[1].startswith("          - model tiny")  # 600 pairs: the smoke-test model, as training plans it
     assert (r.cfg.model.d_model, r.cfg.model.n_encoder_layers, r.cfg.tokenizer.vocab_size) == (48, 1, 1000)
     built = ModelConfig.preset("tiny", d_model=48, src_vocab_size=r.src_vocab_size, tgt_vocab_size=r.tgt_vocab_size)
     assert r.n_params == Seq2SeqTransformer(built).num_parameters()  # the probe measured the model training builds

@@ -95,6 +95,7 @@ NOT_RUN = {
     "python benchmarks/train_speed.py --mode fp32 --rounds 5": BENCHMARK,
     "python benchmarks/train_speed.py --mode bf16 --systems nmt,hf --bf16-rounds 1 --max-tokens 1024": BENCHMARK,
     "python benchmarks/peak.py": BENCHMARK,
+    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 25 75 --subset 10000": BENCHMARK,
     "python benchmarks/code_shape.py": "prints line counts of this checkout; tests/test_code_shape.py runs it",
     "python benchmarks/padding.py ../shared/data/tatoeba-en-de": BENCHMARK,
     "python benchmarks/scale.py ../shared/data/tatoeba-en-de --sizes 100k,1M,3M --work /tmp/nmt-scale": BENCHMARK,

@@ -226,11 +226,12 @@ def test_best_alpha_prefers_the_default_among_equals():
     assert best_alpha({0.6: 30.0, 0.8: 31.0, 1.0: 31.0}, 0.6) == 0.8
 
 
-def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog):
-    """The main process keeps one live line (steps done/total, elapsed<ETA, epoch, loss, lr, target tokens/s);
-    each validation prints one compact line; checkpoints of the tied embeddings print no warning."""
+def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog, monkeypatch):
+    """On a terminal the main process keeps one live line (steps done/total, elapsed<ETA, epoch, loss, lr, target
+    tokens/s); each validation prints one compact line; checkpoints of the tied embeddings print no warning."""
     import re
 
+    monkeypatch.setattr("nmt.training.progress.stderr_is_terminal", lambda: True)
     tiny_cfg.max_steps, tiny_cfg.eval_every, tiny_cfg.save_every = 4, 2, 2
     with caplog.at_level("WARNING"):
         train(tiny_cfg)
@@ -246,6 +247,42 @@ def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog):
     assert [line.split(":")[0] for line in valid] == ["valid @ step 2", "valid @ step 4"]
     for line in valid:
         assert re.fullmatch(r"valid @ step \d: valid_nll [\d.]+ valid_ppl [\d.]+ bleu [\d.]+ chrf [\d.]+( \(best\))?", line)
+
+
+def test_progress_off_a_terminal_is_plain_lines_every_log_every(tiny_cfg, capsys):
+    """stderr is not a terminal (captured here, as under SLURM or nohup): one plain line every log_every steps,
+    no carriage returns or bar redraws."""
+    import re
+
+    tiny_cfg.max_steps, tiny_cfg.log_every = 6, 2
+    train(tiny_cfg)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [line for line in err.splitlines() if line.startswith("train:")]
+    assert [line.split()[2] for line in lines] == ["2/6", "4/6", "6/6"]
+    assert re.fullmatch(r"train: step 6/6 \(100%\) \[[\d:]+<00:00\] epoch=\d+ loss=[\d.]+ lr=[\d.e+-]+ tok/s=\d+",
+                        lines[-1]), lines[-1]
+
+
+def test_progress_total_comes_from_the_time_budget(tiny_cfg, capsys):
+    """max_minutes ends the run long before max_steps: the progress total is what the budget allows, not
+    max_steps, and the last line reaches it."""
+    tiny_cfg.max_steps, tiny_cfg.max_minutes, tiny_cfg.log_every = 100_000, 0.05, 1
+    result = train(tiny_cfg)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train:")]
+    done, total = map(int, lines[-1].split()[2].split("/"))
+    assert done == total == result.steps < 100_000
+    assert all(int(line.split()[2].split("/")[1]) < 100_000 for line in lines[1:])
+
+
+def test_budget_total_projects_the_steps_left_in_the_budget():
+    from nmt.training.progress import budget_total
+
+    assert budget_total(100_000, 0, 0, 0.0, 25) == 100_000  # no step done: no rate yet
+    assert budget_total(100_000, 10, 10, 60.0, None) == 100_000  # no budget
+    assert budget_total(100_000, 10, 10, 60.0, 25) == 10 + 24 * 60 * 10 // 60  # 10 steps a minute, 24 minutes left
+    assert budget_total(200, 10, 10, 60.0, 25) == 200  # max_steps comes first
+    assert budget_total(100_000, 30, 10, 60.0, 1) == 30  # resumed at step 20, the budget spent
 
 
 def test_trackers_get_the_config_and_the_metrics_file_rows(tiny_cfg):
@@ -320,3 +357,30 @@ def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     assert {c[1] for c in calls} == {Seq2SeqLoss}
     probe, trained = calls[1], calls[2]
     assert probe[2] == trained[2] and probe[3] == trained[3]  # the same AdamW settings (fused where available)
+
+
+def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it(corpus_dir, tmp_path, capsys):
+    """max_minutes with lr, warmup, cadence and model left null: a few real steps are timed, the plan fills them
+    (explicit max_tokens and eval_every win), is printed in one block and saved; a resume reads plan.json back."""
+    from nmt.config import ModelConfig, OptimConfig, read_yaml
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(corpus_dir, tmp_path, model=ModelConfig(), optim=OptimConfig(), max_steps=100_000,
+                      max_minutes=0.05, eval_every=4, save_every=None, log_every=1000)
+    train(cfg)
+    out = capsys.readouterr().out
+    assert "nmt: chosen for the budget (set a key to override it): save_every, keep_last, average_last, " \
+           "optim.lr, optim.warmup_steps, model.d_model" in out
+    assert "  - model tiny" in out and "steps = " in out
+    run = Path(cfg.output_dir)
+    plan = json.loads((run / "plan.json").read_text())
+    saved = read_yaml(run / "config.yaml")
+    assert saved["max_tokens"] == 400 and saved["eval_every"] == 4  # explicit values win
+    assert saved["save_every"] == plan["save_every"] and saved["optim"]["lr"] == plan["lr"] > 0
+    assert saved["optim"]["warmup_steps"] == plan["warmup_steps"] and saved["model"]["d_model"] == 32
+    assert plan["seconds_per_token"] > 0 and plan["steps"] >= 1  # how many depends on the machine
+    reset_accelerate_state()
+    (run / "plan.json").write_text(json.dumps({**plan, "lr": 0.00123}))  # not what a new timing would give
+    cfg.resume = "latest"
+    train(cfg)
+    assert read_yaml(run / "config.yaml")["optim"]["lr"] == 0.00123

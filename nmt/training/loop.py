@@ -16,6 +16,7 @@ from nmt.errors import NmtError
 from nmt.training import step
 from nmt.training.artifacts import log_metrics, save_checkpoint
 from nmt.training.evaluation import evaluate_and_keep_best
+from nmt.training.progress import Progress, TokenRate
 from nmt.training.state import Run
 from nmt.training.step import Optim, StepStats
 
@@ -80,28 +81,6 @@ class Meter:
         return out
 
 
-class TokenRate:
-    """Target tokens per second of the training steps themselves (validation and checkpoints not counted),
-    smoothed exponentially as tqdm smooths its own rate."""
-
-    def __init__(self, smoothing: float = 0.3):
-        self.smoothing, self.value = smoothing, None
-
-    def update(self, tokens: int, seconds: float) -> str:
-        now = tokens / max(seconds, 1e-9)
-        self.value = now if self.value is None else self.smoothing * now + (1 - self.smoothing) * self.value
-        return f"{self.value:.0f}"
-
-
-def progress(accelerator, total: int, initial: int):
-    """The main process's one live line: `train: 40%|...| 200/500 [01:10<01:45, 2.9step/s, epoch=3, loss=3.412,
-    lr=1.2e-03, tok/s=14210]` (steps done/total, elapsed<ETA, then the postfix set by the loop). Other ranks are silent."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, disable=not accelerator.is_main_process, desc="train", unit="step",
-                dynamic_ncols=True, file=sys.stderr)
-
-
 def micro_batches(loader):
     """Endless micro-batches; each pass over the loader finishes an epoch (the sampler advances it)."""
     while True:
@@ -119,14 +98,14 @@ class Loop:
     def __call__(self, signals: StopSignals) -> str | None:
         """Returns why it stopped early ("SIGTERM", "SIGINT", "time", "patience"), or None."""
         batches, state = micro_batches(self.loader), self.run.state
-        bar = progress(self.run.accelerator, self.total, state.step)
+        bar = Progress(self.run.accelerator, self.total, state.step, self.run.cfg.max_minutes, self.run.cfg.log_every)
         while state.step < self.total and self.stopped_by is None:
             self.one_step(batches, signals, bar)
             self.after_step()
         bar.close()
         return self.stopped_by
 
-    def one_step(self, batches, signals: StopSignals, bar) -> None:
+    def one_step(self, batches, signals: StopSignals, bar: Progress) -> None:
         run, state, cfg = self.run, self.run.state, self.run.cfg
         step_start = time.perf_counter()
         window = [to_device(next(batches), run.accelerator.device) for _ in range(cfg.accum_steps)]
@@ -138,10 +117,8 @@ class Loop:
         state.sampler = self.sampler.state_dict()
         note_finite(run, stats.finite)
         self.meter.add(stats)
-        # refresh=False: the line is redrawn by update() at most every 0.1 s, not on every step
-        bar.set_postfix({"epoch": self.sampler.epoch, "loss": f"{stats.loss:.3f}", "lr": f"{self.lr:.2e}",
-                         "tok/s": self.rate.update(stats.tokens, time.perf_counter() - step_start)}, refresh=False)
-        bar.update(1)
+        bar.update(state.step, {"epoch": self.sampler.epoch, "loss": f"{stats.loss:.3f}", "lr": f"{self.lr:.2e}",
+                                "tok/s": self.rate.update(stats.tokens, time.perf_counter() - step_start)})
         if stats.stop:  # any process was signalled or is out of time: all stop after this same step
             self.stopped_by = signals.received or ("time" if out_of_time else "SIGTERM")
 

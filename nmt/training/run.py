@@ -22,6 +22,7 @@ from nmt.objective import pad_id_of
 from nmt.training.artifacts import publish_final, start_run
 from nmt.training.evaluation import try_average, tune_alpha
 from nmt.training.loop import Loop, StopSignals
+from nmt.training.planning import planned
 from nmt.training.setup import (
     build_model,
     check_trackers,
@@ -61,7 +62,7 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     cfg = resumed_sizes(cfg)
     # the others wait outside any collective (no timeout) while the main process prepares
     corpus = prepare(cfg.data, cfg.tokenizer, functools.partial(main_process_first, local=not cfg.data.shared_cache))
-    cfg = run_sizes(accelerator, cfg, corpus)
+    cfg = run_sizes(accelerator, planned(accelerator, cfg, corpus), corpus)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))
     objective, optim = prepare_objective(accelerator, cfg, model)
