@@ -42,7 +42,7 @@ def cli(*argv: str) -> str:
     ("import nmt.batching", {"numpy"}),
     ("import nmt.tokenizer", {"tokenizers"}),
     ("import nmt.collate", {"torch", "numpy", "tokenizers"}),  # torch: it builds tensors (and torch, numpy)
-    ("import nmt.search", {"torch", "numpy"}),
+    ("import nmt.search", {"torch", "numpy", "tokenizers"}),  # search pads with collate, whose ids are the tokenizer's
     ("import nmt.translate", {"torch", "numpy", "tokenizers"}),  # no Accelerate, datasets, evaluate
     (cli("--help"), set()),
     (cli("train", "--help"), set()),
