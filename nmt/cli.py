@@ -237,6 +237,46 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    _no_extra(extra)
+    try:
+        from nmt.serve import serve
+    except ModuleNotFoundError as e:
+        if e.name not in ("starlette", "uvicorn"):
+            raise
+        raise NmtError(f"nmt serve needs {e.name}: pip install 'nmt[serve]' (starlette and uvicorn)") from None
+    from nmt.info import describe
+    from nmt.request_batcher import ServeConfig
+
+    cfg = ServeConfig(**{k: getattr(args, k) for k in vars(ServeConfig()) if hasattr(args, k)})
+    serve(_translator(args), cfg, describe(args.model_dir))
+    return 0
+
+
+def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    from dataclasses import fields
+
+    from nmt.request_batcher import ServeConfig
+
+    p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--no-batching", dest="batching", action="store_false",
+                   help="run every request alone (a baseline; by default concurrent requests share batches)")
+    helps = {"host": "the address to listen on (127.0.0.1: this machine only)", "port": "0: any free port",
+             "batch_tokens": "source tokens per model call, shared by concurrent requests",
+             "max_queue": "requests waiting for the model; one more gets HTTP 429",
+             "max_wait_ms": "how long a free worker waits for more requests before it starts a batch",
+             "max_body_bytes": "a larger request body gets HTTP 413",
+             "max_sentences": "a request with more sentences gets HTTP 413",
+             "timeout": "seconds a request may wait for its translations (HTTP 504 after)",
+             "beam": "the beam size of requests that do not give one"}
+    for f in fields(ServeConfig):
+        if f.name in helps:
+            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
+                           help=f"{helps[f.name]} (default: {f.default})")
+    p.set_defaults(ct2=None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt", description="Train and use neural machine translation models.")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
@@ -305,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", type=POSITIVE, default=5, help="how many of the newest checkpoints")
     p.add_argument("-o", "--output", required=True, help="the model directory to write")
     p.set_defaults(fn=cmd_average)
+    p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
+    _add_serve_args(p)
+    p.set_defaults(fn=cmd_serve)
     p = sub.add_parser("info", help="architecture, size, vocabulary, training data and scores of a model directory")
     p.add_argument("model_dir", help="a model directory (output_dir/model or output_dir/best)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
