@@ -269,7 +269,8 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
              "max_body_bytes": "a larger request body gets HTTP 413",
              "max_sentences": "a request with more sentences gets HTTP 413",
              "timeout": "seconds a request may wait for its translations (HTTP 504 after)",
-             "beam": "the beam size of requests that do not give one"}
+             "beam": "the beam size of requests that do not give one",
+             "threads": "torch threads of the model; 0: torch's default"}
     for f in fields(ServeConfig):
         if f.name in helps:
             p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,

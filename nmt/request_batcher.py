@@ -33,6 +33,7 @@ class ServeConfig:
     max_sentences: int = 256  # a request with more sentences gets 413
     timeout: float = 60.0  # seconds a request may wait for its translations (504 after), and the largest it may ask
     beam: int = 4  # the default beam size of a request
+    threads: int = 0  # torch intra-op threads of the model (0: torch's default)
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -40,8 +41,8 @@ class ServeConfig:
         for name in ("batch_tokens", "max_queue", "max_body_bytes", "max_sentences", "timeout", "beam"):
             if getattr(self, name) <= 0:
                 raise NmtError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.max_wait_ms < 0:
-            raise NmtError(f"--max-wait-ms must be 0 or more, got {self.max_wait_ms}")
+        if self.max_wait_ms < 0 or self.threads < 0:
+            raise NmtError(f"--max-wait-ms and --threads must be 0 or more, got {self.max_wait_ms}, {self.threads}")
 
 
 class QueueFull(Exception):

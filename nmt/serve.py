@@ -16,6 +16,7 @@ import socket
 import sys
 from dataclasses import asdict
 
+import torch
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -172,6 +173,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(translator, cfg: ServeConfig, info: dict | None = None) -> None:
     """Serve until SIGTERM or Ctrl-C; both let the requests in flight finish, then return."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     sock = bind(cfg.host, cfg.port)
     host, port = sock.getsockname()[:2]
     app = build_app(translator, cfg, info)

@@ -97,3 +97,23 @@ def test_ensemble(corpus_dir, tmp_path):
     table = out[out.index("system"):].splitlines()
     assert [row.split()[0] for row in table[1:4]] == ["seed", "seed", "ensemble"]
     assert all(float(row.split()[-3]) >= 0 for row in table[1:4]) and "nrefs:1" in table[-1]
+
+
+def test_serve_load(corpus_dir, tmp_path):
+    pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra")
+    from accelerate.state import AcceleratorState, GradientState
+
+    from nmt import train
+    from tests.conftest import tiny_config
+
+    model_dir = train(tiny_config(corpus_dir, tmp_path, max_steps=6, eval_every=6, save_every=6)).model_dir
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    out = run("serve_load.py", str(model_dir), "--clients", "4", "--requests", "3", "--beam", "1", "--threads", "1",
+              "--max-wait-ms", "20")
+    rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("batching o")
+            and "/" not in line}
+    assert set(rows) == {"on", "off"}, out
+    assert rows["off"][-1] == "1" and int(rows["on"][-1]) > 1, out  # max requests/batch: only batching shares
+    assert rows["on"][5] == rows["off"][5] == "0", out  # no errors
+    assert "batching on / off:" in out
