@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import stat
 import sys
 import traceback
 from pathlib import Path
@@ -129,30 +130,66 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
     translator = _translator(args)
     # bytes, decoded line by line: a line that is not UTF-8 is named by its number
     source = open(args.input, "rb") if args.input else getattr(sys.stdin, "buffer", sys.stdin)
+    interactive = not _is_regular_file(source)  # a terminal or a pipe (or FIFO): answer line by line
     sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    first: list[str] = []  # the first input sentence, for --attention
-
-    def lines():
-        for line in utf8_lines(source, args.input or "stdin"):
-            if not first:
-                first.append(line.rstrip("\r\n"))
-            yield line
-
+    seen = {"first": None, "lines": 0}  # the first input sentence (for --attention) and how many lines came
+    failed: list[int] = []
     try:
-        for line in translator.translate_stream(lines(), nbest=args.nbest, **_search_kwargs(args)):
+        for line in _translations(translator, source, interactive, seen, failed, args):
             sink.write(line + "\n")
+            if interactive:
+                sink.flush()
     finally:
         if args.input:
             source.close()
         if args.output:
             sink.close()
     if args.attention:
-        if not first:
+        if seen["first"] is None:
             raise NmtError("--attention: the input is empty; there is no first sentence to draw")
         torch_translator = (translator if translator.backend == "torch" and len(args.model_dir) == 1
                             else Translator.from_pretrained(args.model_dir[0], args.device))
-        _draw_attention(torch_translator, first[0], args)
+        _draw_attention(torch_translator, seen["first"], args)
+    if failed:
+        shown = ", ".join(map(str, failed[:20])) + (", ..." if len(failed) > 20 else "")
+        print(f"nmt translate: error: {len(failed)} of {seen['lines']} input lines could not be translated (line "
+              f"{shown}); their output lines are empty", file=sys.stderr)
+        return 1
     return 0
+
+
+def _translations(translator, source, interactive: bool, seen: dict, failed: list[int], args):
+    """The output lines: files batch by length; a terminal or pipe is translated as its lines arrive."""
+    from nmt.translate import arrived_lines
+
+    kwargs = dict(nbest=args.nbest, **_search_kwargs(args))
+    if interactive:
+        def groups():
+            for group in arrived_lines(source, args.input or "stdin"):
+                _see(seen, group[0])
+                seen["lines"] += len(group) - 1
+                yield group
+        return translator.translate_batches(groups(), failed, **kwargs)
+
+    def lines():
+        for line in utf8_lines(source, args.input or "stdin"):
+            _see(seen, line)
+            yield line
+    return translator.translate_stream(lines(), failed=failed, **kwargs)
+
+
+def _see(seen: dict, line: str) -> None:
+    if seen["first"] is None:
+        seen["first"] = line.rstrip("\r\n")
+    seen["lines"] += 1
+
+
+def _is_regular_file(stream) -> bool:
+    """True for a file (or anything without a descriptor, e.g. a StringIO); False for a terminal, pipe or socket."""
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError):
+        return True
 
 
 def _draw_attention(translator, text: str, args: argparse.Namespace) -> None:
