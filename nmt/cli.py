@@ -274,6 +274,26 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.backtranslate import backtranslate, output_paths
+
+    _no_extra(extra)
+    if args.tag is not None and (not args.tag or any(c.isspace() for c in args.tag)):
+        raise NmtError(f"--tag must be one token without spaces, e.g. <bt>; got {args.tag!r}")
+    if args.chunk_size < 1:
+        raise NmtError(f"--chunk-size must be positive, got {args.chunk_size}")
+    src_path, tgt_path = output_paths(args.output, args.model_dir, args.src_lang, args.tgt_lang, args.input)
+    result = backtranslate(_translator(args), args.input, src_path, tgt_path, tag=args.tag,
+                           chunk_size=args.chunk_size, **_search_kwargs(args))
+    print(result.summary())
+    if result.failed:
+        shown = ", ".join(map(str, result.failed[:20])) + (", ..." if len(result.failed) > 20 else "")
+        print(f"nmt backtranslate: error: input line(s) {shown} could not be translated and were left out",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     _no_extra(extra)
     try:
@@ -285,7 +305,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.info import describe
     from nmt.request_batcher import ServeConfig
 
-    cfg = ServeConfig(**{k: getattr(args, k) for k in vars(ServeConfig()) if hasattr(args, k)})
+    cfg = ServeConfig(**{k: getattr(args, k) for k in vars(ServeConfig())})
     serve(_translator(args), cfg, describe(args.model_dir))
     return 0
 
@@ -299,19 +319,10 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--no-batching", dest="batching", action="store_false",
                    help="run every request alone (a baseline; by default concurrent requests share batches)")
-    helps = {"host": "the address to listen on (127.0.0.1: this machine only)", "port": "0: any free port",
-             "batch_tokens": "source tokens per model call, shared by concurrent requests",
-             "max_queue": "requests waiting for the model; one more gets HTTP 429",
-             "max_wait_ms": "how long a free worker waits for more requests before it starts a batch",
-             "max_body_bytes": "a larger request body gets HTTP 413",
-             "max_sentences": "a request with more sentences gets HTTP 413",
-             "timeout": "seconds a request may wait for its translations (HTTP 504 after)",
-             "beam": "the beam size of requests that do not give one",
-             "threads": "torch threads of the model; 0: torch's default"}
     for f in fields(ServeConfig):
-        if f.name in helps:
+        if "help" in f.metadata:
             p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                           help=f"{helps[f.name]} (default: {f.default})")
+                           help=f"{f.metadata['help']} (default: {f.default})")
     p.set_defaults(ct2=None)
 
 
@@ -336,13 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "an ensemble (one tokenizer); optional with --ct2")
         p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
                        "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
-        p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
-                       help="beam size (1: greedy)")
-        p.add_argument("--alpha", type=Number(float, "nmt.search:SearchConfig.alpha"),
-                       help="length penalty exponent (default: the model's tuned alpha, "
-                       "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
-        p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
-        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+        _add_decoding_args(p)
         p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
         _add_sampling_args(p)
         if name == "translate":
@@ -366,6 +371,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--output", help="write here instead of stdout")
     p.set_defaults(fn=cmd_score)
+    p = sub.add_parser("backtranslate", help="translate monolingual text into a synthetic parallel corpus "
+                       "(source: the translations, target: the text) for training the reverse direction")
+    p.add_argument("model_dir", help="a model trained in the reverse direction (the text's language -> the other)")
+    p.add_argument("--input", required=True, help="monolingual text, one sentence per line")
+    p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.<src> (translations) and "
+                   "PREFIX.<tgt> (the input lines): a data.train prefix")
+    p.add_argument("--tag", nargs="?", const="<bt>", help="prepend this token to every synthetic source (tagged "
+                   "back-translation; --tag alone: <bt>); keep it whole with tokenizer.reserved in the forward config")
+    p.add_argument("--src-lang", help="suffix of the translations' file (default: the model's target language)")
+    p.add_argument("--tgt-lang", help="suffix of the input's copy (default: the model's source language)")
+    p.add_argument("--chunk-size", type=int, default=2000, help="lines read, translated and written at a time")
+    _add_decoding_args(p)
+    p.set_defaults(fn=cmd_backtranslate, ct2=None)
     p = sub.add_parser("export", help="export a model directory for another runtime (CTranslate2)")
     p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
     p.add_argument("--to", required=True, choices=["ctranslate2"], help="the target format")
@@ -409,6 +427,17 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="with --sampling: < 1 sharper, > 1 flatter, 0 greedy")
     p.add_argument("--seed", type=Number(int, "nmt.sampling:SamplingConfig.seed"), default=0,
                    help="with --sampling: the same seed and input give the same output")
+
+
+def _add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """The search flags of translate, evaluate and backtranslate (`_search_kwargs` reads them)."""
+    p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
+                   help="beam size (1: greedy)")
+    p.add_argument("--alpha", type=Number(float, "nmt.search:SearchConfig.alpha"),
+                   help="length penalty exponent (default: the model's tuned alpha, "
+                   "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
 
 
 def _add_check_args(p: argparse.ArgumentParser) -> None:

@@ -19,21 +19,27 @@ from nmt.errors import NmtError
 log = logging.getLogger(__name__)
 
 
+def _flag(default, help_: str):
+    """A ServeConfig field that `nmt serve` offers as --NAME with this help."""
+    return field(default=default, metadata={"help": help_})
+
+
 @dataclass
 class ServeConfig:
     """The server's limits; `nmt serve --help` shows each as a flag."""
 
-    host: str = "127.0.0.1"
-    port: int = 8080  # 0: any free port (the one chosen is printed)
-    batch_tokens: int = 4096  # source tokens per model call; concurrent requests share it
-    max_queue: int = 64  # requests waiting for the model; one more gets 429
-    max_wait_ms: float = 2.0  # a free worker waits this long for more requests before it starts a batch
-    batching: bool = True  # False: every request runs alone (a baseline for benchmarks/serve_load.py)
-    max_body_bytes: int = 1 << 20  # a larger request body gets 413
-    max_sentences: int = 256  # a request with more sentences gets 413
-    timeout: float = 60.0  # seconds a request may wait for its translations (504 after), and the largest it may ask
-    beam: int = 4  # the default beam size of a request
-    threads: int = 0  # torch intra-op threads of the model (0: torch's default)
+    host: str = _flag("127.0.0.1", "the address to listen on (127.0.0.1: this machine only)")
+    port: int = _flag(8080, "0: any free port (the one chosen is printed)")
+    batch_tokens: int = _flag(4096, "source tokens per model call, shared by concurrent requests")
+    max_queue: int = _flag(64, "requests waiting for the model; one more gets HTTP 429")
+    max_wait_ms: float = _flag(2.0, "how long a free worker waits for more requests before it starts a batch")
+    batching: bool = True  # --no-batching: every request runs alone (a baseline for benchmarks/serve_load.py)
+    max_body_bytes: int = _flag(1 << 20, "a larger request body gets HTTP 413")
+    max_sentences: int = _flag(256, "a request with more sentences gets HTTP 413")
+    timeout: float = _flag(60.0, "seconds a request may wait for its translations (HTTP 504 after), and the most "
+                           "a request may ask for")
+    beam: int = _flag(4, "the beam size of requests that do not give one")
+    threads: int = _flag(0, "torch threads of the model (0: torch's default)")
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
