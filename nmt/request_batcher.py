@@ -149,7 +149,7 @@ class Batcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self.batching and self.max_wait > 0:
+            if self.batching and self.max_wait > 0 and sum(job.tokens for job in self.pending) < self.max_tokens:
                 await asyncio.sleep(self.max_wait)  # let requests sent at the same moment join this batch
             batch = self._take()
             if batch:

@@ -92,16 +92,20 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers={"Retry-After": "1"} if status == 429 else None)
 
 
-def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlette:
-    """The ASGI app: routes over a Batcher that calls `translator.translate`."""
-    batcher = Batcher(translator.translate, cfg.batch_tokens, cfg.max_queue, cfg.max_wait_ms / 1000, cfg.batching)
+class Api:
+    """The routes' handlers over one Batcher that calls `translator.translate`."""
 
-    async def translate(request: Request) -> JSONResponse:
+    def __init__(self, translator, cfg: ServeConfig, info: dict | None = None):
+        self.translator, self.cfg, self.info = translator, cfg, info or {}
+        self.batcher = Batcher(translator.translate, cfg.batch_tokens, cfg.max_queue, cfg.max_wait_ms / 1000,
+                               cfg.batching)
+
+    async def translate(self, request: Request) -> JSONResponse:
         try:
-            sentences, options, timeout = parse_request(await read_body(request, cfg.max_body_bytes), cfg)
-            tokens = sum(len(ids) for ids in translator.tokenizer.encode_src(sentences))
-            job = Job(sentences, {"batch_tokens": cfg.batch_tokens, **options}, tokens)
-            future = batcher.submit(job)
+            sentences, options, timeout = parse_request(await read_body(request, self.cfg.max_body_bytes), self.cfg)
+            tokens = sum(len(ids) for ids in self.translator.tokenizer.encode_src(sentences))
+            job = Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens)
+            future = self.batcher.submit(job)
         except BadRequest as e:
             return _error(e.status, str(e))
         except QueueFull as e:
@@ -112,35 +116,41 @@ def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlet
             outputs = await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
             future.cancel()  # the batcher skips it if it has not started
-            batcher.stats.timed_out += 1
+            self.batcher.stats.timed_out += 1
             return _error(504, f"no translation within the request's timeout of {timeout:g} s")
-        except Exception as e:  # noqa: BLE001 - the model failed on this batch: the client learns why
+        except Exception as e:  # noqa: BLE001 - the model failed on this request: the client learns why
             return _error(500, f"translation failed: {e}")
         return JSONResponse({"translations": [_jsonable(o) for o in outputs], "batch": job.batch})
 
-    async def health(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "queued": len(batcher.pending), "in_flight": batcher.in_flight})
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "queued": len(self.batcher.pending), "in_flight": self.batcher.in_flight})
 
-    async def show_info(request: Request) -> JSONResponse:
-        return JSONResponse({"model": info or {}, "backend": translator.backend, "server": asdict(cfg),
+    async def show_info(self, request: Request) -> JSONResponse:
+        return JSONResponse({"model": self.info, "backend": self.translator.backend, "server": asdict(self.cfg),
                              "options": list(OPTIONS)})
 
-    async def stats(request: Request) -> JSONResponse:
-        return JSONResponse({**batcher.stats.as_dict(), "queued": len(batcher.pending), "in_flight": batcher.in_flight})
+    async def stats(self, request: Request) -> JSONResponse:
+        return JSONResponse({**self.batcher.stats.as_dict(), "queued": len(self.batcher.pending),
+                             "in_flight": self.batcher.in_flight})
 
     @contextlib.asynccontextmanager
-    async def lifespan(app):
-        batcher.start()
+    async def lifespan(self, app):
+        self.batcher.start()
         yield
-        await batcher.close()  # uvicorn has let the open requests finish; the queue is empty by now
+        await self.batcher.close()  # uvicorn has let the open requests finish; the queue is empty by now
 
+    @staticmethod
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404, 405: JSON like the rest
         return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}"}, status_code=exc.status_code)
 
-    app = Starlette(routes=[Route("/translate", translate, methods=["POST"]), Route("/health", health),
-                            Route("/info", show_info), Route("/stats", stats)], lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error})
-    app.state.batcher = batcher
+
+def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlette:
+    """The ASGI app: POST /translate, GET /health /info /stats; `app.state.batcher` is its Batcher."""
+    api = Api(translator, cfg, info)
+    app = Starlette(routes=[Route("/translate", api.translate, methods=["POST"]), Route("/health", api.health),
+                            Route("/info", api.show_info), Route("/stats", api.stats)], lifespan=api.lifespan,
+                    exception_handlers={HTTPException: api.http_error})
+    app.state.batcher = api.batcher
     return app
 
 
@@ -180,7 +190,8 @@ def serve(translator, cfg: ServeConfig, info: dict | None = None) -> None:
     app = build_app(translator, cfg, info)
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=cfg.timeout
                                     + 5, lifespan="on"))
-    print(f"nmt serve: listening on http://{host}:{port} (POST /translate, GET /health /info /stats)", flush=True)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    print(f"nmt serve: listening on http://{address} (POST /translate, GET /health /info /stats)", flush=True)
     # uvicorn re-raises the signal that stopped it once it has shut down; a quiet handler makes that a normal return
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
