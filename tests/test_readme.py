@@ -83,6 +83,9 @@ NOT_RUN = {
     "python benchmarks/peak.py": BENCHMARK,
     "python benchmarks/code_shape.py": "prints line counts of this checkout; tests/test_code_shape.py runs it",
     "python benchmarks/serve_load.py runs/default/model --clients 16 --requests 20": BENCHMARK,
+    "nmt train --config configs/tatoeba-en-de.yaml --data.train '[../shared/data/tatoeba-en-de/train, data/bt]' "
+    "--data.weights '[1, 1]' --tokenizer.reserved '[<bt>]' --output_dir runs/en-de-bt":
+        "data.weights (several weighted training corpora) lands with its own branch; run it here once it has",
     "python benchmarks/padding.py ../shared/data/tatoeba-en-de": BENCHMARK,
     "python benchmarks/scale.py ../shared/data/tatoeba-en-de --sizes 100k,1M,3M --work /tmp/nmt-scale": BENCHMARK,
     "tgt_mask = get_tgt_mask(sequence_length)\npred = model(X, y_input, tgt_mask=tgt_mask, src_pad_mask=src_pad_mask, "
