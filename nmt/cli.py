@@ -151,9 +151,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
                             else Translator.from_pretrained(args.model_dir[0], args.device))
         _draw_attention(torch_translator, seen["first"], args)
     if failed:
-        shown = ", ".join(map(str, failed[:20])) + (", ..." if len(failed) > 20 else "")
         print(f"nmt translate: error: {len(failed)} of {seen['lines']} input lines could not be translated (line "
-              f"{shown}); their output lines are empty", file=sys.stderr)
+              f"{_numbers(failed)}); their output lines are empty", file=sys.stderr)
         return 1
     return 0
 
@@ -176,6 +175,10 @@ def _translations(translator, source, interactive: bool, seen: dict, failed: lis
             _see(seen, line)
             yield line
     return translator.translate_stream(lines(), failed=failed, **kwargs)
+
+
+def _numbers(lines: list[int]) -> str:
+    return ", ".join(map(str, lines[:20])) + (", ..." if len(lines) > 20 else "")
 
 
 def _see(seen: dict, line: str) -> None:
@@ -287,9 +290,8 @@ def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
                            chunk_size=args.chunk_size, **_search_kwargs(args))
     print(result.summary())
     if result.failed:
-        shown = ", ".join(map(str, result.failed[:20])) + (", ..." if len(result.failed) > 20 else "")
-        print(f"nmt backtranslate: error: input line(s) {shown} could not be translated and were left out",
-              file=sys.stderr)
+        print(f"nmt backtranslate: error: input line(s) {_numbers(result.failed)} could not be translated and were "
+              "left out", file=sys.stderr)
         return 1
     return 0
 
@@ -310,23 +312,9 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _add_serve_args(p: argparse.ArgumentParser) -> None:
-    from dataclasses import fields
-
-    from nmt.request_batcher import ServeConfig
-
-    p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--no-batching", dest="batching", action="store_false",
-                   help="run every request alone (a baseline; by default concurrent requests share batches)")
-    for f in fields(ServeConfig):
-        if "help" in f.metadata:
-            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                           help=f"{f.metadata['help']} (default: {f.default})")
-    p.set_defaults(ct2=None)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from nmt.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
+
     parser = argparse.ArgumentParser(prog="nmt", description="Train and use neural machine translation models.")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -402,8 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="the model directory to write")
     p.set_defaults(fn=cmd_average)
     p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
-    _add_serve_args(p)
-    p.set_defaults(fn=cmd_serve)
+    p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    ServeConfig.add_flags(p)
+    p.set_defaults(fn=cmd_serve, ct2=None)
     p = sub.add_parser("info", help="architecture, size, vocabulary, training data and scores of a model directory")
     p.add_argument("model_dir", help="a model directory (output_dir/model or output_dir/best)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")

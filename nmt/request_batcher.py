@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 
 from nmt.errors import NmtError
@@ -40,6 +40,16 @@ class ServeConfig:
                            "a request may ask for")
     beam: int = _flag(4, "the beam size of requests that do not give one")
     threads: int = _flag(0, "torch threads of the model (0: torch's default)")
+
+    @classmethod
+    def add_flags(cls, parser) -> None:
+        """--no-batching and a --NAME flag per documented field, on an argparse parser (`nmt serve`)."""
+        parser.add_argument("--no-batching", dest="batching", action="store_false",
+                            help="run every request alone (a baseline; by default concurrent requests share batches)")
+        for f in fields(cls):
+            if "help" in f.metadata:
+                parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
+                                    help=f"{f.metadata['help']} (default: {f.default})")
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
