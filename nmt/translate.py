@@ -233,12 +233,12 @@ class Translator:
 
 def arrived_lines(stream, name: str = "stdin", limit: int = 2000) -> Iterator[list[str]]:
     """The lines of a pipe or terminal in groups as they arrive: waits for the first complete line, then takes
-    every line already there too (at most `limit`), so a pipe fed all at once still gets batches."""
-    fd, decoder, pending, eof = stream.fileno(), codecs.getincrementaldecoder("utf-8")(), "", False
-    line_no = 0
-    while not eof:
+    the lines already waiting too (up to `limit`), so a pipe fed all at once still gets batches and memory stays
+    flat however fast it is fed."""
+    fd, decoder, pending, eof, line_no = stream.fileno(), codecs.getincrementaldecoder("utf-8")(), "", False, 0
+    while not eof or pending:
         ready = True
-        while ready and not eof:  # one blocking read, then whatever is already waiting
+        while ready and not eof and pending.count("\n") < limit:  # one blocking read, then what is already there
             data = os.read(fd, 1 << 16)
             eof = not data
             try:
@@ -248,13 +248,14 @@ def arrived_lines(stream, name: str = "stdin", limit: int = 2000) -> Iterator[li
                 raise NmtError(f"{name}:{bad}: not valid UTF-8 ({e.reason}); convert it, e.g. iconv -f latin1 -t utf-8") \
                     from None
             ready = bool(select.select([fd], [], [], 0)[0])
-        lines = pending.split("\n")
+        lines = pending.split("\n", limit)  # at most `limit` complete lines, then the rest
         pending = lines.pop()
-        if eof and pending:
+        if eof and pending and "\n" not in pending:  # the last line, without a line end
             lines.append(pending)
+            pending = ""
         line_no += len(lines)
-        for i in range(0, len(lines), limit):
-            yield lines[i: i + limit]
+        if lines:
+            yield lines
 
 
 def fit_length(ids: list[int], limit: int, how: str) -> list[list[int]]:

@@ -247,3 +247,29 @@ def test_a_line_that_fails_is_reported_and_the_command_exits_nonzero(trained_mod
     assert "input line 3 could not be translated (simulated failure)" in caplog.text
     assert "error: 1 of 4 input lines could not be translated (line 3)" in capsys.readouterr().err
     assert calls[0] == 4  # a file, or a pipe whose lines are all there, is still translated as one batch
+
+
+def test_lines_of_a_pipe_come_in_groups_as_they_arrive():
+    import threading
+    import time
+
+    from nmt.translate import arrived_lines
+
+    read, write = os.pipe()
+    os.write(write, "".join(f"line {i}\n" for i in range(25)).encode() + b"no line end")  # all there at once
+    os.close(write)
+    with os.fdopen(read, encoding="utf-8") as stream:
+        groups = list(arrived_lines(stream, limit=10))
+    assert [len(g) for g in groups] == [10, 10, 6] and groups[-1][-1] == "no line end"  # capped: flat memory
+
+    read, write = os.pipe()
+
+    def slowly():
+        for text in (b"a\n", b"b\nc", b"\n"):
+            time.sleep(0.1)
+            os.write(write, text)
+        os.close(write)
+
+    threading.Thread(target=slowly).start()
+    with os.fdopen(read, encoding="utf-8") as stream:
+        assert list(arrived_lines(stream)) == [["a"], ["b"], ["c"]]  # each as soon as its line is complete
