@@ -313,8 +313,6 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nmt.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
-
     parser = argparse.ArgumentParser(prog="nmt", description="Train and use neural machine translation models.")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -359,19 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--output", help="write here instead of stdout")
     p.set_defaults(fn=cmd_score)
-    p = sub.add_parser("backtranslate", help="translate monolingual text into a synthetic parallel corpus "
-                       "(source: the translations, target: the text) for training the reverse direction")
-    p.add_argument("model_dir", help="a model trained in the reverse direction (the text's language -> the other)")
-    p.add_argument("--input", required=True, help="monolingual text, one sentence per line")
-    p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.<src> (translations) and "
-                   "PREFIX.<tgt> (the input lines): a data.train prefix")
-    p.add_argument("--tag", nargs="?", const="<bt>", help="prepend this token to every synthetic source (tagged "
-                   "back-translation; --tag alone: <bt>); keep it whole with tokenizer.reserved in the forward config")
-    p.add_argument("--src-lang", help="suffix of the translations' file (default: the model's target language)")
-    p.add_argument("--tgt-lang", help="suffix of the input's copy (default: the model's source language)")
-    p.add_argument("--chunk-size", type=int, default=2000, help="lines read, translated and written at a time")
-    _add_decoding_args(p)
-    p.set_defaults(fn=cmd_backtranslate, ct2=None)
+    _add_backtranslate_parser(sub)
     p = sub.add_parser("export", help="export a model directory for another runtime (CTranslate2)")
     p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
     p.add_argument("--to", required=True, choices=["ctranslate2"], help="the target format")
@@ -389,11 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", type=POSITIVE, default=5, help="how many of the newest checkpoints")
     p.add_argument("-o", "--output", required=True, help="the model directory to write")
     p.set_defaults(fn=cmd_average)
-    p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
-    p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    ServeConfig.add_flags(p)
-    p.set_defaults(fn=cmd_serve, ct2=None)
+    _add_serve_parser(sub)
     p = sub.add_parser("info", help="architecture, size, vocabulary, training data and scores of a model directory")
     p.add_argument("model_dir", help="a model directory (output_dir/model or output_dir/best)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
@@ -417,6 +399,33 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="with --sampling: < 1 sharper, > 1 flatter, 0 greedy")
     p.add_argument("--seed", type=Number(int, "nmt.sampling:SamplingConfig.seed"), default=0,
                    help="with --sampling: the same seed and input give the same output")
+
+
+def _add_backtranslate_parser(sub) -> None:
+    p = sub.add_parser("backtranslate", help="translate monolingual text into a synthetic parallel corpus "
+                       "(source: the translations, target: the text) for training the reverse direction")
+    p.add_argument("model_dir", help="a model trained in the reverse direction (the text's language -> the other)")
+    p.add_argument("--input", required=True, help="monolingual text, one sentence per line")
+    p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.<src> (translations) and "
+                   "PREFIX.<tgt> (the input lines): a data.train prefix")
+    p.add_argument("--tag", nargs="?", const="<bt>", help="prepend this token to every synthetic source (tagged "
+                   "back-translation; --tag alone: <bt>); keep it whole with tokenizer.reserved in the forward config")
+    p.add_argument("--src-lang", help="suffix of the translations' file (default: the model's target language)")
+    p.add_argument("--tgt-lang", help="suffix of the input's copy (default: the model's source language)")
+    p.add_argument("--chunk-size", type=POSITIVE, default=2000, help="lines read, translated and written at a time")
+    _add_decoding_args(p)
+    _add_sampling_args(p)  # sampled back-translation (Edunov et al. 2018): --sampling --topk 10
+    p.set_defaults(fn=cmd_backtranslate, ct2=None)
+
+
+def _add_serve_parser(sub) -> None:
+    from nmt.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
+
+    p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
+    p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    ServeConfig.add_flags(p)
+    p.set_defaults(fn=cmd_serve, ct2=None)
 
 
 def _add_decoding_args(p: argparse.ArgumentParser) -> None:

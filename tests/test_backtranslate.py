@@ -12,14 +12,12 @@ from nmt.cli import main
 @pytest.fixture(scope="module")
 def model_dir(corpus_dir, tmp_path_factory) -> Path:
     """A tiny en -> xx model: here it plays the reverse model that turns "monolingual" en text into xx sources."""
-    from accelerate.state import AcceleratorState, GradientState
-
     from nmt import train
+    from nmt.compat import reset_accelerate_state
     from tests.conftest import tiny_config
 
     result = train(tiny_config(corpus_dir, tmp_path_factory.mktemp("bt"), max_steps=6, eval_every=6, save_every=6))
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     return result.model_dir
 
 

@@ -101,14 +101,12 @@ def test_ensemble(corpus_dir, tmp_path):
 
 def test_serve_load(corpus_dir, tmp_path):
     pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra")
-    from accelerate.state import AcceleratorState, GradientState
-
     from nmt import train
+    from nmt.compat import reset_accelerate_state
     from tests.conftest import tiny_config
 
     model_dir = train(tiny_config(corpus_dir, tmp_path, max_steps=6, eval_every=6, save_every=6)).model_dir
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     out = run("serve_load.py", str(model_dir), "--clients", "4", "--requests", "3", "--beam", "1", "--threads", "1",
               "--max-wait-ms", "20")
     rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("batching o")

@@ -24,14 +24,12 @@ ROOT = Path(__file__).parent.parent
 
 @pytest.fixture(scope="module")
 def model_dir(corpus_dir, tmp_path_factory) -> Path:
-    from accelerate.state import AcceleratorState, GradientState
-
     from nmt import train
+    from nmt.compat import reset_accelerate_state
     from tests.conftest import tiny_config
 
     result = train(tiny_config(corpus_dir, tmp_path_factory.mktemp("serve"), max_steps=12))
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     return result.model_dir
 
 
