@@ -283,8 +283,6 @@ def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
     _no_extra(extra)
     if args.tag is not None and (not args.tag or any(c.isspace() for c in args.tag)):
         raise NmtError(f"--tag must be one token without spaces, e.g. <bt>; got {args.tag!r}")
-    if args.chunk_size < 1:
-        raise NmtError(f"--chunk-size must be positive, got {args.chunk_size}")
     src_path, tgt_path = output_paths(args.output, args.model_dir, args.src_lang, args.tgt_lang, args.input)
     result = backtranslate(_translator(args), args.input, src_path, tgt_path, tag=args.tag,
                            chunk_size=args.chunk_size, **_search_kwargs(args))

@@ -14,14 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from functools import partial
 
-from nmt.errors import NmtError
+from nmt.ranges import RANGE, Range, check_fields
 
 log = logging.getLogger(__name__)
 
 
-def _flag(default, help_: str):
-    """A ServeConfig field that `nmt serve` offers as --NAME with this help."""
-    return field(default=default, metadata={"help": help_})
+def _flag(default, help_: str, allowed: str | None = None):
+    """A ServeConfig field that `nmt serve` offers as --NAME with this help, numbers within `allowed`."""
+    return field(default=default, metadata={"help": help_, **({RANGE: Range(allowed)} if allowed else {})})
 
 
 @dataclass
@@ -29,36 +29,34 @@ class ServeConfig:
     """The server's limits; `nmt serve --help` shows each as a flag."""
 
     host: str = _flag("127.0.0.1", "the address to listen on (127.0.0.1: this machine only)")
-    port: int = _flag(8080, "0: any free port (the one chosen is printed)")
-    batch_tokens: int = _flag(4096, "source tokens per model call, shared by concurrent requests")
-    max_queue: int = _flag(64, "requests waiting for the model; one more gets HTTP 429")
-    max_wait_ms: float = _flag(2.0, "how long a free worker waits for more requests before it starts a batch")
+    port: int = _flag(8080, "0: any free port (the one chosen is printed)", "[0, 65535]")
+    batch_tokens: int = _flag(4096, "source tokens per model call, shared by concurrent requests", "[1, 1e9]")
+    max_queue: int = _flag(64, "requests waiting for the model; one more gets HTTP 429", "[1, 1e6]")
+    max_wait_ms: float = _flag(2.0, "how long a free worker waits for more requests before it starts a batch",
+                               "[0, 6e4]")
     batching: bool = True  # --no-batching: every request runs alone (a baseline for benchmarks/serve_load.py)
-    max_body_bytes: int = _flag(1 << 20, "a larger request body gets HTTP 413")
-    max_sentences: int = _flag(256, "a request with more sentences gets HTTP 413")
+    max_body_bytes: int = _flag(1 << 20, "a larger request body gets HTTP 413", "[1, 1e10]")
+    max_sentences: int = _flag(256, "a request with more sentences gets HTTP 413", "[1, 1e6]")
     timeout: float = _flag(60.0, "seconds a request may wait for its translations (HTTP 504 after), and the most "
-                           "a request may ask for")
-    beam: int = _flag(4, "the beam size of requests that do not give one")
-    threads: int = _flag(0, "torch threads of the model (0: torch's default)")
+                           "a request may ask for", "(0, 86400]")
+    beam: int = _flag(4, "the beam size of requests that do not give one", "[1, 1000]")
+    threads: int = _flag(0, "torch threads of the model (0: torch's default)", "[0, 4096]")
 
     @classmethod
     def add_flags(cls, parser) -> None:
         """--no-batching and a --NAME flag per documented field, on an argparse parser (`nmt serve`)."""
+        from nmt.validate import Number
+
         parser.add_argument("--no-batching", dest="batching", action="store_false",
                             help="run every request alone (a baseline; by default concurrent requests share batches)")
         for f in fields(cls):
             if "help" in f.metadata:
-                parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
+                kind = Number(type(f.default), str(f.metadata[RANGE])) if RANGE in f.metadata else None
+                parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default,
                                     help=f"{f.metadata['help']} (default: {f.default})")
 
     def __post_init__(self):
-        if not 0 <= self.port <= 65535:
-            raise NmtError(f"--port must be between 0 and 65535, got {self.port}")
-        for name in ("batch_tokens", "max_queue", "max_body_bytes", "max_sentences", "timeout", "beam"):
-            if getattr(self, name) <= 0:
-                raise NmtError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.max_wait_ms < 0 or self.threads < 0:
-            raise NmtError(f"--max-wait-ms and --threads must be 0 or more, got {self.max_wait_ms}, {self.threads}")
+        check_fields(self, "--", noun="flag")
 
 
 class QueueFull(Exception):
