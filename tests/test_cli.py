@@ -273,3 +273,14 @@ def test_lines_of_a_pipe_come_in_groups_as_they_arrive():
     threading.Thread(target=slowly).start()
     with os.fdopen(read, encoding="utf-8") as stream:
         assert list(arrived_lines(stream)) == [["a"], ["b"], ["c"]]  # each as soon as its line is complete
+
+
+def test_a_pipe_that_is_not_utf8_is_named_by_its_line():
+    from nmt.errors import NmtError
+    from nmt.translate import arrived_lines
+
+    read, write = os.pipe()
+    os.write(write, b"fine\ncaf\xe9\n")
+    os.close(write)
+    with os.fdopen(read, "rb") as stream, pytest.raises(NmtError, match="stdin:2: not valid UTF-8"):
+        list(arrived_lines(stream))
