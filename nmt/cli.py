@@ -279,12 +279,14 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
 
 def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.backtranslate import backtranslate, output_paths
+    from nmt.translate import Translator
 
     _no_extra(extra)
     if args.tag is not None and (not args.tag or any(c.isspace() for c in args.tag)):
         raise NmtError(f"--tag must be one token without spaces, e.g. <bt>; got {args.tag!r}")
     src_path, tgt_path = output_paths(args.output, args.model_dir, args.src_lang, args.tgt_lang, args.input)
-    result = backtranslate(_translator(args), args.input, src_path, tgt_path, tag=args.tag,
+    translator = Translator.from_pretrained(args.model_dir, device=args.device)
+    result = backtranslate(translator, args.input, src_path, tgt_path, tag=args.tag,
                            chunk_size=args.chunk_size, **_search_kwargs(args))
     print(result.summary())
     if result.failed:
@@ -304,9 +306,10 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         raise NmtError(f"nmt serve needs {e.name}: pip install 'nmt[serve]' (starlette and uvicorn)") from None
     from nmt.info import describe
     from nmt.request_batcher import ServeConfig
+    from nmt.translate import Translator
 
     cfg = ServeConfig(**{k: getattr(args, k) for k in vars(ServeConfig())})
-    serve(_translator(args), cfg, describe(args.model_dir))
+    serve(Translator.from_pretrained(args.model_dir, device=args.device), cfg, describe(args.model_dir))
     return 0
 
 
