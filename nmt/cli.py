@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import stat
 import sys
 import traceback
 from pathlib import Path
@@ -129,30 +130,69 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
     translator = _translator(args)
     # bytes, decoded line by line: a line that is not UTF-8 is named by its number
     source = open(args.input, "rb") if args.input else getattr(sys.stdin, "buffer", sys.stdin)
+    interactive = not _is_regular_file(source)  # a terminal or a pipe (or FIFO): answer line by line
     sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    first: list[str] = []  # the first input sentence, for --attention
-
-    def lines():
-        for line in utf8_lines(source, args.input or "stdin"):
-            if not first:
-                first.append(line.rstrip("\r\n"))
-            yield line
-
+    seen = {"first": None, "lines": 0}  # the first input sentence (for --attention) and how many lines came
+    failed: list[int] = []
     try:
-        for line in translator.translate_stream(lines(), nbest=args.nbest, **_search_kwargs(args)):
+        for line in _translations(translator, source, interactive, seen, failed, args):
             sink.write(line + "\n")
+            if interactive:
+                sink.flush()
     finally:
         if args.input:
             source.close()
         if args.output:
             sink.close()
     if args.attention:
-        if not first:
+        if seen["first"] is None:
             raise NmtError("--attention: the input is empty; there is no first sentence to draw")
         torch_translator = (translator if translator.backend == "torch" and len(args.model_dir) == 1
                             else Translator.from_pretrained(args.model_dir[0], args.device))
-        _draw_attention(torch_translator, first[0], args)
+        _draw_attention(torch_translator, seen["first"], args)
+    if failed:
+        print(f"nmt translate: error: {len(failed)} of {seen['lines']} input lines could not be translated (line "
+              f"{_numbers(failed)}); their output lines are empty", file=sys.stderr)
+        return 1
     return 0
+
+
+def _translations(translator, source, interactive: bool, seen: dict, failed: list[int], args):
+    """The output lines: files batch by length; a terminal or pipe is translated as its lines arrive."""
+    from nmt.translate import arrived_lines
+
+    kwargs = dict(nbest=args.nbest, **_search_kwargs(args))
+    if interactive:
+        def groups():
+            for group in arrived_lines(source, args.input or "stdin"):
+                _see(seen, group[0])
+                seen["lines"] += len(group) - 1
+                yield group
+        return translator.translate_batches(groups(), failed, **kwargs)
+
+    def lines():
+        for line in utf8_lines(source, args.input or "stdin"):
+            _see(seen, line)
+            yield line
+    return translator.translate_stream(lines(), failed=failed, **kwargs)
+
+
+def _numbers(lines: list[int]) -> str:
+    return ", ".join(map(str, lines[:20])) + (", ..." if len(lines) > 20 else "")
+
+
+def _see(seen: dict, line: str) -> None:
+    if seen["first"] is None:
+        seen["first"] = line.rstrip("\r\n")
+    seen["lines"] += 1
+
+
+def _is_regular_file(stream) -> bool:
+    """True for a file (or anything without a descriptor, e.g. a StringIO); False for a terminal, pipe or socket."""
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError):
+        return True
 
 
 def _draw_attention(translator, text: str, args: argparse.Namespace) -> None:
@@ -237,12 +277,48 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.backtranslate import backtranslate, output_paths
+    from nmt.translate import Translator
+
+    _no_extra(extra)
+    if args.tag is not None and (not args.tag or any(c.isspace() for c in args.tag)):
+        raise NmtError(f"--tag must be one token without spaces, e.g. <bt>; got {args.tag!r}")
+    src_path, tgt_path = output_paths(args.output, args.model_dir, args.src_lang, args.tgt_lang, args.input)
+    translator = Translator.from_pretrained(args.model_dir, device=args.device)
+    result = backtranslate(translator, args.input, src_path, tgt_path, tag=args.tag,
+                           chunk_size=args.chunk_size, **_search_kwargs(args))
+    print(result.summary())
+    if result.failed:
+        print(f"nmt backtranslate: error: input line(s) {_numbers(result.failed)} could not be translated and were "
+              "left out", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    _no_extra(extra)
+    try:
+        from nmt.serve import serve
+    except ModuleNotFoundError as e:
+        if e.name not in ("starlette", "uvicorn"):
+            raise
+        raise NmtError(f"nmt serve needs {e.name}: pip install 'nmt[serve]' (starlette and uvicorn)") from None
+    from nmt.info import describe
+    from nmt.request_batcher import ServeConfig
+    from nmt.translate import Translator
+
+    cfg = ServeConfig(**{k: getattr(args, k) for k in vars(ServeConfig())})
+    serve(Translator.from_pretrained(args.model_dir, device=args.device), cfg, describe(args.model_dir))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmt", description="Train and use neural machine translation models.")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_check, _add_translate, _add_evaluate, _add_score, _add_export, _add_plot,
-                _add_average, _add_info):
+    for add in (_add_train, _add_check, _add_translate, _add_evaluate, _add_score, _add_backtranslate_parser,
+                _add_export, _add_plot, _add_average, _add_serve_parser, _add_info):
         add(sub)
     for p in sub.choices.values():  # also after the command (nmt train ... --debug); SUPPRESS keeps the global one
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
@@ -289,13 +365,7 @@ def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
                    "an ensemble (one tokenizer); optional with --ct2")
     p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
                    "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
-    p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
-                   help="beam size (1: greedy)")
-    p.add_argument("--alpha", type=Number(float, "nmt.search:SearchConfig.alpha"),
-                   help="length penalty exponent (default: the model's tuned alpha, "
-                   "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
-    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    _add_decoding_args(p)
     p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
     _add_sampling_args(p)
     return p
@@ -379,6 +449,44 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="with --sampling: < 1 sharper, > 1 flatter, 0 greedy")
     p.add_argument("--seed", type=Number(int, "nmt.sampling:SamplingConfig.seed"), default=0,
                    help="with --sampling: the same seed and input give the same output")
+
+
+def _add_backtranslate_parser(sub) -> None:
+    p = sub.add_parser("backtranslate", help="translate monolingual text into a synthetic parallel corpus "
+                       "(source: the translations, target: the text) for training the reverse direction")
+    p.add_argument("model_dir", help="a model trained in the reverse direction (the text's language -> the other)")
+    p.add_argument("--input", required=True, help="monolingual text, one sentence per line")
+    p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.<src> (translations) and "
+                   "PREFIX.<tgt> (the input lines): a data.train prefix")
+    p.add_argument("--tag", nargs="?", const="<bt>", help="prepend this token to every synthetic source (tagged "
+                   "back-translation; --tag alone: <bt>); keep it whole with tokenizer.reserved in the forward config")
+    p.add_argument("--src-lang", help="suffix of the translations' file (default: the model's target language)")
+    p.add_argument("--tgt-lang", help="suffix of the input's copy (default: the model's source language)")
+    p.add_argument("--chunk-size", type=POSITIVE, default=2000, help="lines read, translated and written at a time")
+    _add_decoding_args(p)
+    _add_sampling_args(p)  # sampled back-translation (Edunov et al. 2018): --sampling --topk 10
+    p.set_defaults(fn=cmd_backtranslate, ct2=None)
+
+
+def _add_serve_parser(sub) -> None:
+    from nmt.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
+
+    p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
+    p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    ServeConfig.add_flags(p)
+    p.set_defaults(fn=cmd_serve, ct2=None)
+
+
+def _add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """The search flags of translate, evaluate and backtranslate (`_search_kwargs` reads them)."""
+    p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
+                   help="beam size (1: greedy)")
+    p.add_argument("--alpha", type=Number(float, "nmt.search:SearchConfig.alpha"),
+                   help="length penalty exponent (default: the model's tuned alpha, "
+                   "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
 
 
 def _add_check_args(p: argparse.ArgumentParser) -> None:

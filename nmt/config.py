@@ -62,9 +62,14 @@ class TokenizerConfig:
     min_frequency: int = ranged(2, "[0, 1e9]")  # BPE: merges need at least this many occurrences
     dropout: float | None = ranged(None, "(0, 1)")  # BPE-dropout: skip merges with this probability, re-segmented each epoch
     train_sample: int | None = ranged(None, "[1, 1e12]")  # train the tokenizer on N random training pairs (all encoded)
+    reserved: list[str] = field(default_factory=list)  # tokens kept whole, ids 4 on, e.g. ["<bt>"] (back-translation tag)
 
     def __post_init__(self) -> None:
         check_fields(self, "tokenizer.")
+        _check(all(isinstance(t, str) and t and not any(c.isspace() for c in t) for t in self.reserved),
+               "tokenizer.reserved", "must be tokens without spaces, e.g. [\"<bt>\"]")
+        _check(not {"<pad>", "<unk>", "<s>", "</s>"} & set(self.reserved), "tokenizer.reserved",
+               "cannot repeat <pad> <unk> <s> </s>")
         _check(self.dropout is None or self.kind == "bpe", "tokenizer.dropout", "is BPE-dropout: needs kind bpe")
 
 

@@ -1,6 +1,7 @@
 """Subword tokenizers: trained with `tokenizers` from an iterator, saved as tokenizer.json.
 
-The one home of the `tokenizers` library. Ids 0-3 are <pad>, <unk>, <s>, </s> in every tokenizer.
+The one home of the `tokenizers` library. Ids 0-3 are <pad>, <unk>, <s>, </s> in every tokenizer; then come
+`tokenizer.reserved` tokens (e.g. a back-translation tag), kept whole and left out of decoded text.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | No
     if cfg.kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token="<unk>"))
         trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                      special_tokens=SPECIALS, show_progress=False)
+                                      special_tokens=SPECIALS + cfg.reserved, show_progress=False)
     else:
         tok = Tokenizer(models.Unigram())
-        trainer = trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIALS,
+        trainer = trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIALS + cfg.reserved,
                                           unk_token="<unk>", show_progress=False)
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()

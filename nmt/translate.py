@@ -13,7 +13,10 @@ draws each translation instead of searching for it (`sampling=None`, the default
 
 from __future__ import annotations
 
+import codecs
 import logging
+import os
+import select
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -167,44 +170,92 @@ class Translator:
         with torch.inference_mode():
             return score_encoded(self.model, src_ids, tgt_ids, batch_tokens, self.device)
 
-    def translate_stream(self, lines: Iterable[str], chunk_size: int = 2000, **kwargs) -> Iterator[str]:
+    def translate_stream(self, lines: Iterable[str], chunk_size: int = 2000, failed: list[int] | None = None,
+                         **kwargs) -> Iterator[str]:
         """Translate an iterable of lines of any length, yielding outputs in input order.
 
         Memory stays flat (one chunk at a time). If a chunk fails (out of memory, say), its lines are
-        retried one by one; a line that still fails gives an empty output line and a warning, so the
-        other lines' translations are never lost.
+        retried one by one; a line that still fails gives an empty output line and a warning, and its
+        number (from 1) is appended to `failed`, so the other lines' translations are never lost.
         """
-        chunk: list[str] = []
-        start = 1
-        for line in lines:
-            chunk.append(line.rstrip("\r\n"))
-            if len(chunk) == chunk_size:
-                yield from self._flat(self._translate_safely(chunk, start, kwargs))
-                start, chunk = start + len(chunk), []
-        if chunk:
-            yield from self._flat(self._translate_safely(chunk, start, kwargs))
+        def chunks() -> Iterator[list[str]]:
+            chunk: list[str] = []
+            for line in lines:
+                chunk.append(line)
+                if len(chunk) == chunk_size:
+                    yield chunk
+                    chunk = []
+            if chunk:
+                yield chunk
 
-    def _translate_safely(self, chunk: list[str], first_line: int, kwargs: dict) -> list:
+        return self.translate_batches(chunks(), failed, **kwargs)
+
+    def translate_batches(self, batches: Iterable[list[str]], failed: list[int] | None = None,
+                          **kwargs) -> Iterator[str]:
+        """Like `translate_stream` for lines that come in groups (e.g. what has arrived on a pipe): each
+        group is translated as soon as it comes, and its outputs are yielded before the next is read."""
+        start = 1
+        for chunk in batches:
+            chunk = [line.rstrip("\r\n") for line in chunk]
+            yield from self._flat(self._translate_safely(chunk, start, kwargs, failed))
+            start += len(chunk)
+
+    def _translate_safely(self, chunk: list[str], first_line: int, kwargs: dict, failed: list[int] | None) -> list:
         try:
             return self.translate(chunk, **kwargs)
         except NmtError:
             raise  # a bad setting (beam_size 0, ...) fails every line alike: say so once, not per line
         except Exception as e:  # noqa: BLE001 - any failure of a batch must not lose the other lines
+            if len(chunk) == 1:
+                return [self._failed_line(first_line, e, kwargs, failed)]
             log.warning("a batch of %d lines failed (%s); translating them one by one", len(chunk), e)
         out = []
         for n, line in enumerate(chunk, first_line):
             try:
                 out.extend(self.translate([line], **kwargs))
             except Exception as e:  # noqa: BLE001
-                log.warning("input line %d could not be translated (%s); writing an empty line", n, e)
-                out.append("" if kwargs.get("nbest", 1) == 1 else [])
+                out.append(self._failed_line(n, e, kwargs, failed))
         return out
+
+    @staticmethod
+    def _failed_line(n: int, error: Exception, kwargs: dict, failed: list[int] | None):
+        log.warning("input line %d could not be translated (%s); writing an empty line", n, error)
+        if failed is not None:
+            failed.append(n)
+        return "" if kwargs.get("nbest", 1) == 1 else []
 
     @staticmethod
     def _flat(outputs) -> Iterator[str]:
         for out in outputs:
             yield out if isinstance(out, str) else "\t".join(f"{t}\t{s:.4f}" for t, s in out)
 
+
+
+def arrived_lines(stream, name: str = "stdin", limit: int = 2000) -> Iterator[list[str]]:
+    """The lines of a pipe or terminal in groups as they arrive: waits for the first complete line, then takes
+    the lines already waiting too (up to `limit`), so a pipe fed all at once still gets batches and memory stays
+    flat however fast it is fed."""
+    fd, decoder, pending, eof, line_no = stream.fileno(), codecs.getincrementaldecoder("utf-8")(), "", False, 0
+    while not eof or pending:
+        ready = True
+        while ready and not eof and pending.count("\n") < limit:  # one blocking read, then what is already there
+            data = os.read(fd, 1 << 16)
+            eof = not data
+            try:
+                pending += decoder.decode(data, final=eof)
+            except UnicodeDecodeError as e:
+                bad = line_no + pending.count("\n") + data[: e.start].count(b"\n") + 1
+                raise NmtError(f"{name}:{bad}: not valid UTF-8 ({e.reason}); convert it, e.g. iconv -f latin1 -t utf-8") \
+                    from None
+            ready = bool(select.select([fd], [], [], 0)[0])
+        lines = pending.split("\n", limit)  # at most `limit` complete lines, then the rest
+        pending = lines.pop()
+        if eof and pending and "\n" not in pending:  # the last line, without a line end
+            lines.append(pending)
+            pending = ""
+        line_no += len(lines)
+        if lines:
+            yield lines
 
 
 def fit_length(ids: list[int], limit: int, how: str) -> list[list[int]]:

@@ -130,3 +130,21 @@ def test_recipe_with_the_baseline(corpus_dir, tmp_path):
               f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "eval_max_sentences=8", cwd=tmp_path)
     table = out[out.index("system "):].splitlines()
     assert [row.split()[0] for row in table[1:3]] == ["budget", "baseline"]
+
+
+def test_serve_load(corpus_dir, tmp_path):
+    pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra")
+    from nmt import train
+    from nmt.compat import reset_accelerate_state
+    from tests.conftest import tiny_config
+
+    model_dir = train(tiny_config(corpus_dir, tmp_path, max_steps=6, eval_every=6, save_every=6)).model_dir
+    reset_accelerate_state()
+    out = run("serve_load.py", str(model_dir), "--clients", "4", "--requests", "3", "--beam", "1", "--threads", "1",
+              "--max-wait-ms", "20")
+    rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("batching o")
+            and "/" not in line}
+    assert set(rows) == {"on", "off"}, out
+    assert rows["off"][-1] == "1" and int(rows["on"][-1]) > 1, out  # max requests/batch: only batching shares
+    assert rows["on"][5] == rows["off"][5] == "0", out  # no errors
+    assert "batching on / off:" in out

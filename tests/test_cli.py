@@ -198,3 +198,106 @@ def test_help_lists_every_config_key_as_the_readme_table_does(command, capsys):
         assert line + (f"  (allowed: {allowed})" if allowed else "") + f"\n        {doc}\n" in out, key
     sections = [line for line in out.split("config keys:", 1)[1].splitlines() if line.endswith(":") and line[0] != " "]
     assert sections == ["data:", "tokenizer:", "model:", "optim:", "training:"]
+
+
+def test_translate_from_a_pipe_answers_each_line_before_the_next_is_written(trained_model):
+    import select
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "nmt.cli", "translate", str(trained_model), "--beam", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        proc.stdin.write("I am young.\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 120)  # line 2 is not written until line 1 is answered
+        assert ready, "no translation of line 1 while the pipe stays open"
+        first = proc.stdout.readline()
+        proc.stdin.write("The dog sleeps.\n")
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    assert first.endswith("\n") and len(rest.splitlines()) == 1
+
+
+def poisoned(monkeypatch, calls: list):
+    """Translator.translate failing on any batch that holds a line with POISON; `calls` gets each batch's size."""
+    from nmt.translate import Translator
+
+    real = Translator.translate
+
+    def translate(self, texts, **kw):
+        calls.append(len(texts))
+        if any("POISON" in t for t in texts):
+            raise RuntimeError("simulated failure")
+        return real(self, texts, **kw)
+
+    monkeypatch.setattr(Translator, "translate", translate)
+
+
+@pytest.mark.parametrize("how", ["--input", "file on stdin", "pipe on stdin"])
+def test_a_line_that_fails_is_reported_and_the_command_exits_nonzero(trained_model, tmp_path, monkeypatch, capsys,
+                                                                     caplog, how):
+    from nmt.cli import main
+
+    text = "I am young.\nThe dog sleeps.\nPOISON here\nI am young.\n"
+    (tmp_path / "in.en").write_text(text, encoding="utf-8")
+    calls: list[int] = []
+    poisoned(monkeypatch, calls)
+    args = ["translate", str(trained_model), "--beam", "1", "--output", str(tmp_path / "out")]
+    if how == "--input":
+        args += ["--input", str(tmp_path / "in.en")]
+        stdin = open(os.devnull, encoding="utf-8")
+    elif how == "file on stdin":
+        stdin = open(tmp_path / "in.en", encoding="utf-8")
+    else:
+        read, write = os.pipe()
+        os.write(write, text.encode())
+        os.close(write)
+        stdin = os.fdopen(read, encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    with stdin:
+        assert main(args) == 1
+    out = (tmp_path / "out").read_text(encoding="utf-8").split("\n")
+    assert len(out) == 5 and out[2] == "" and out[0] == out[3] != "" and out[4] == ""  # line-aligned, line 3 empty
+    assert "input line 3 could not be translated (simulated failure)" in caplog.text
+    assert "error: 1 of 4 input lines could not be translated (line 3)" in capsys.readouterr().err
+    assert calls[0] == 4  # a file, or a pipe whose lines are all there, is still translated as one batch
+
+
+def test_lines_of_a_pipe_come_in_groups_as_they_arrive():
+    import threading
+    import time
+
+    from nmt.translate import arrived_lines
+
+    read, write = os.pipe()
+    os.write(write, "".join(f"line {i}\n" for i in range(25)).encode() + b"no line end")  # all there at once
+    os.close(write)
+    with os.fdopen(read, encoding="utf-8") as stream:
+        groups = list(arrived_lines(stream, limit=10))
+    assert [len(g) for g in groups] == [10, 10, 6] and groups[-1][-1] == "no line end"  # capped: flat memory
+
+    read, write = os.pipe()
+
+    def slowly():
+        for text in (b"a\n", b"b\nc", b"\n"):
+            time.sleep(0.1)
+            os.write(write, text)
+        os.close(write)
+
+    threading.Thread(target=slowly).start()
+    with os.fdopen(read, encoding="utf-8") as stream:
+        assert list(arrived_lines(stream)) == [["a"], ["b"], ["c"]]  # each as soon as its line is complete
+
+
+def test_a_pipe_that_is_not_utf8_is_named_by_its_line():
+    from nmt.errors import NmtError
+    from nmt.translate import arrived_lines
+
+    read, write = os.pipe()
+    os.write(write, b"fine\ncaf\xe9\n")
+    os.close(write)
+    with os.fdopen(read, "rb") as stream, pytest.raises(NmtError, match="stdin:2: not valid UTF-8"):
+        list(arrived_lines(stream))

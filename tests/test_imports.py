@@ -90,6 +90,8 @@ LAYERS = [
     {"search", "attention", "ensemble"},
     {"export", "score"},
     {"translate", "average", "info"},
+    {"backtranslate", "request_batcher"},
+    {"serve"},
     {"training.sizing", "training.step", "training.state", "training.progress"},
     {"training.artifacts", "training.planning"},
     {"training.evaluation"},
@@ -105,7 +107,7 @@ UPWARD = {  # the imports that point up on purpose, and why
 HOMES = {  # third-party library -> the only modules that import it (README: one home per library)
     "tokenizers": {"tokenizer"}, "datasets": {"data"}, "evaluate": {"metrics"},
     "accelerate": {"compat", "launch", *(n for n in LAYER if n.startswith("training."))},
-    "matplotlib": {"plot", "attention"},
+    "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "uvicorn": {"serve"},
 }
 
 

@@ -48,7 +48,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 # Appended to every command that trains (and to load_config in the pages' Python): the test corpus of
 # conftest.corpus_dir, a small model, 3 optimizer steps with a checkpoint each (`nmt average --last 3`).
 # {corpus} and {cache} are filled in per session.
-FAST = ["--data.train", "{corpus}/train", "--data.valid", "{corpus}/valid", "--data.test", "{corpus}/test",
+FAST = ["--data.train", "{corpus}/train", "--data.weights", "null",  # one corpus in place of the page's: no weights
+        "--data.valid", "{corpus}/valid", "--data.test", "{corpus}/test",
         "--data.src_lang", "en", "--data.tgt_lang", "xx", "--data.cache_dir", "{cache}", "--tokenizer.vocab_size", "300",
         "--model.n_heads", "2", "--model.n_encoder_layers", "1", "--model.n_decoder_layers", "1", "--model.d_ff", "64",
         "--max_tokens", "400", "--max_steps", "3", "--eval_every", "3", "--save_every", "1", "--keep_last", "3",
@@ -58,7 +59,8 @@ STEPS = 3
 # What the pages take for granted in the directory where their commands are typed; all else they make
 # themselves. File -> (file of the test corpus, first n lines or all).
 INPUTS = {"input.en": ("test.en", 5), "one.en": ("test.en", 1), "x": ("test.en", 1), "test.en": ("test.en", 10),
-          "test.xx": ("test.xx", 10)}
+          "test.xx": ("test.xx", 10),
+          "mono.de": ("test.en", 10)}  # back-translated by the page's reverse model, which FAST makes en -> xx
 # Runs a page presupposes, copied from one tiny run trained once per module.
 RUNS = {"README.md": ["runs/base"],  # nmt plot runs/small runs/base: a second run to overlay
         "docs/fast-decoding.md": ["runs/default"]}  # the run `bash run.sh` makes
@@ -97,6 +99,7 @@ NOT_RUN = {
     "python benchmarks/peak.py": BENCHMARK,
     "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 25 75 --subset 10000": BENCHMARK,
     "python benchmarks/code_shape.py": "prints line counts of this checkout; tests/test_code_shape.py runs it",
+    "python benchmarks/serve_load.py runs/default/model --clients 16 --requests 20": BENCHMARK,
     "python benchmarks/padding.py ../shared/data/tatoeba-en-de": BENCHMARK,
     "python benchmarks/scale.py ../shared/data/tatoeba-en-de --sizes 100k,1M,3M --work /tmp/nmt-scale": BENCHMARK,
     "tgt_mask = get_tgt_mask(sequence_length)\npred = model(X, y_input, tgt_mask=tgt_mask, src_pad_mask=src_pad_mask, "
@@ -133,9 +136,12 @@ def runner_for(cmd: Cmd) -> str | None:
     env, argv = split_env(cmd.text)
     if argv[:2] == ["pip", "install"]:
         return "pip"
+    if argv[:1] == ["curl"]:
+        block = [c for c in COMMANDS if (c.page, c.block) == (cmd.page, cmd.block) and c.kind == "shell"]
+        return "curl" if any(c.text.startswith("nmt serve ") for c in block) else None  # to its block's server
     if re.fullmatch(r"(nmt|accelerate) [\w-]+", cmd.text):
         return "usage"  # a command's name in the prose (`nmt info shows them`): it must exist
-    if USAGE.search(cmd.text):
+    if USAGE.search(re.sub(r"'[^']*'", "''", cmd.text)):  # a placeholder outside quotes ('[a, b]' is a YAML list)
         return "usage" if argv[:1] == ["nmt"] or argv[:2] == ["accelerate", "launch"] else None
     if argv[:2] == ["bash", "run.sh"] and argv[2:3] == ["test"]:
         return "run.sh test"
@@ -145,6 +151,8 @@ def runner_for(cmd: Cmd) -> str | None:
         return "train" if profile_of(argv).get("use_cpu") else "resolve"
     if argv[:1] == ["nmt"] and argv[1:2] and argv[1] in ("train", "check"):
         return "train"
+    if argv[:1] == ["nmt"] and argv[1:2] == ["serve"]:
+        return "serve"
     if argv[:1] == ["nmt"] and argv[1:2] and argv[1] in NMT_CHECKS:
         return "nmt"
     return None
@@ -350,8 +358,56 @@ def check_score(wd: Path, args, stdin: str | None, out: str) -> None:
         assert len(fields) == (3 if args.per_token else 2) and float(fields[0]) <= float(fields[1]) <= 0, line
 
 
+def check_backtranslate(wd: Path, args, stdin: str | None, out: str) -> None:
+    """PREFIX.<the model's target> holds the translations, PREFIX.<its source> the input's lines, aligned."""
+    from nmt.backtranslate import model_languages
+
+    src_lang, tgt_lang = model_languages(wd / args.model_dir)
+    text = (wd / args.input).read_text(encoding="utf-8").splitlines()
+    synthetic = (wd / f"{args.output}.{tgt_lang}").read_text(encoding="utf-8").splitlines()
+    assert (wd / f"{args.output}.{src_lang}").read_text(encoding="utf-8").splitlines() == text
+    assert len(synthetic) == len(text) and all(s.startswith(f"{args.tag} ") for s in synthetic if args.tag)
+    assert f"wrote {len(text)} pairs" in out
+
+
 NMT_CHECKS = {"translate": check_translate, "evaluate": check_evaluate, "plot": check_plot, "info": check_info,
-              "average": check_average, "export": check_export, "score": check_score}
+              "average": check_average, "export": check_export, "score": check_score,
+              "backtranslate": check_backtranslate}
+
+
+def run_serve(docs: Docs, cmd: Cmd, monkeypatch) -> None:
+    """`nmt serve` as written but on a free loopback port: the `curl` commands of its block are sent to it,
+    then SIGTERM, which it must answer by stopping with exit 0."""
+    import signal
+
+    _, argv = split_env(cmd.text)
+    server = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", "0"], cwd=docs.workdir(cmd), env=docs.env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert "listening on http://127.0.0.1:" in line, (line, server.stderr.read() if server.poll() is not None else "")
+        port = line.split("127.0.0.1:")[1].split()[0]
+        for client in (c for c in COMMANDS if (c.page, c.block) == (cmd.page, cmd.block) and runner_for(c) == "curl"):
+            request = re.sub(r"(localhost|127\.0\.0\.1):\d+", f"127.0.0.1:{port}", client.text)
+            docs.memo[client] = subprocess.run(["bash", "-c", request + " --noproxy '*' --write-out '\n%{http_code}'"],
+                                               cwd=docs.workdir(cmd), env=docs.env, capture_output=True, text=True,
+                                               timeout=120)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        _, err = server.communicate(timeout=60)
+    assert server.returncode == 0 and "nmt serve: stopped" in err, err[-2500:]
+
+
+def run_curl(docs: Docs, cmd: Cmd, monkeypatch) -> None:
+    """A request its block's `nmt serve` sent for it (run_serve): HTTP 200 with a JSON answer."""
+    proc = docs.memo[cmd]
+    assert proc.returncode == 0, tail(proc)
+    body, status = proc.stdout.rsplit("\n", 1)
+    assert status == "200", tail(proc)
+    answer = json.loads(body)
+    if "/translate" in cmd.text:
+        sent = json.loads(re.search(r"-d '([^']*)'", cmd.text)[1])["sentences"]
+        assert len(answer["translations"]) == len(sent) and all(isinstance(t, str) for t in answer["translations"])
 
 
 def run_sh_variant(docs: Docs, cmd: Cmd, monkeypatch) -> None:
@@ -510,6 +566,7 @@ def run_python(docs: Docs, cmd: Cmd, monkeypatch) -> None:
 
 
 RUNNERS = {"train": run_training, "run.sh variant": run_sh_variant, "nmt": run_nmt, "pip": run_pip,
+           "serve": run_serve, "curl": run_curl,
            "run.sh test": run_tests_of_run_sh,
            "resolve": run_resolved, "slurm": run_slurm, "usage": run_usage, "python": run_python}
 
@@ -562,7 +619,8 @@ def test_extraction_finds_new_commands():
 # Commands of the optional extras (pyproject: ct2, bench) and the module each needs: without it installed (the
 # dev install of CI has ctranslate2 but not transformers) they are skipped.
 OPTIONAL = [(re.compile(r"ctranslate2|--ct2|\bct2\b|\[ct2\]|\[bench\]"), "ctranslate2"),
-            (re.compile(r"\[bench\]"), "transformers")]
+            (re.compile(r"\[bench\]"), "transformers"),
+            (re.compile(r"^nmt serve |^curl |\[serve\]"), "uvicorn")]
 
 
 def missing_extra(cmd: Cmd) -> str | None:

@@ -1,0 +1,112 @@
+"""`nmt backtranslate`: an aligned synthetic corpus, tagged on request, streamed a chunk at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nmt.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(corpus_dir, tmp_path_factory) -> Path:
+    """A tiny en -> xx model: here it plays the reverse model that turns "monolingual" en text into xx sources."""
+    from nmt import train
+    from nmt.compat import reset_accelerate_state
+    from tests.conftest import tiny_config
+
+    result = train(tiny_config(corpus_dir, tmp_path_factory.mktemp("bt"), max_steps=6, eval_every=6, save_every=6))
+    reset_accelerate_state()
+    return result.model_dir
+
+
+@pytest.fixture
+def mono(corpus_dir, tmp_path) -> Path:
+    lines = (corpus_dir / "test.en").read_text(encoding="utf-8").splitlines()[:7]
+    path = tmp_path / "mono.en"
+    path.write_text("\n".join(lines[:3] + [""] + lines[3:]) + "\n", encoding="utf-8")  # line 4 is blank
+    return path
+
+
+def test_writes_an_aligned_tagged_corpus_equal_to_translate(model_dir, mono, tmp_path, capsys):
+    from nmt import Translator
+
+    assert main(["backtranslate", str(model_dir), "--input", str(mono), "--output", str(tmp_path / "syn" / "bt"),
+                 "--tag", "--beam", "2"]) == 0
+    assert "wrote 7 pairs" in capsys.readouterr().out
+    text = [s for s in mono.read_text(encoding="utf-8").splitlines() if s]
+    # the model translates en -> xx, so its translations are the synthetic xx sources of an xx -> en corpus
+    sources = (tmp_path / "syn" / "bt.xx").read_text(encoding="utf-8").splitlines()
+    assert (tmp_path / "syn" / "bt.en").read_text(encoding="utf-8").splitlines() == text
+    expected = Translator.from_pretrained(model_dir).translate(text, beam_size=2)
+    assert sources == [f"<bt> {t}" for t in expected]
+
+
+def test_chunks_failed_lines_and_decoding_options(model_dir, mono, tmp_path, monkeypatch, capsys, caplog):
+    from nmt.translate import Translator
+
+    lines = mono.read_text(encoding="utf-8").splitlines()
+    lines[5] = "POISON " + lines[5]  # input line 6
+    mono.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    calls = []
+    real = Translator.translate
+
+    def translate(self, texts, **kw):
+        calls.append((len(texts), kw))
+        if any("POISON" in t for t in texts):
+            raise RuntimeError("simulated failure")
+        return real(self, texts, **kw)
+
+    monkeypatch.setattr(Translator, "translate", translate)
+    code = main(["backtranslate", str(model_dir), "--input", str(mono), "--output", str(tmp_path / "bt"),
+                 "--chunk-size", "3", "--beam", "1", "--alpha", "0.3", "--src-lang", "de", "--tgt-lang", "en",
+                 "--sampling", "--topk", "5", "--seed", "7"])
+    assert code == 1 and "input line(s) 6 could not be translated" in capsys.readouterr().err
+    assert max(n for n, _ in calls) <= 3  # a chunk at a time: memory stays flat on any input size
+    assert all(kw["beam_size"] == 1 and kw["alpha"] == 0.3 and (kw["sampling"].topk, kw["sampling"].seed) == (5, 7)
+               for _, kw in calls)  # sampled back-translation: the sampling flags reach the model
+    kept = [s for s in lines if s and "POISON" not in s]
+    assert (tmp_path / "bt.en").read_text(encoding="utf-8").splitlines() == kept  # the failed line left out of both
+    assert len((tmp_path / "bt.de").read_text(encoding="utf-8").splitlines()) == len(kept)
+
+
+def test_decoding_keywords_reach_translate_as_they_are(mono, tmp_path):
+    from nmt.backtranslate import backtranslate
+
+    class Recorder:
+        def translate_stream(self, lines, chunk_size, failed, **decode):
+            self.decode = decode
+            return (line.upper() for line in lines)
+
+    rec = Recorder()
+    result = backtranslate(rec, mono, tmp_path / "b.xx", tmp_path / "b.en", beam_size=1, sampling={"topk": 5})
+    assert rec.decode == {"beam_size": 1, "sampling": {"topk": 5}} and result.pairs == 7 and result.empty == 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--tag", "a b"], "--tag must be one token"),
+    (["--src-lang", "en", "--tgt-lang", "en"], "both 'en'"),
+    (["--output", "{mono_prefix}"], "would overwrite the input"),
+    (["--input", "{tmp}/missing.en"], "file not found"),
+])
+def test_user_errors(model_dir, mono, tmp_path, capsys, args, needle):
+    args = [a.format(mono_prefix=mono.with_suffix(""), tmp=tmp_path) for a in args]  # a later flag wins
+    assert main(["backtranslate", str(model_dir), "--input", str(mono), "--output", str(tmp_path / "out"), *args]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_a_reserved_tag_stays_one_token_and_is_not_decoded():
+    from nmt.config import TokenizerConfig
+    from nmt.synthetic import generate_pairs
+    from nmt.tokenizer import PairTokenizer, train_tokenizer
+
+    pairs = generate_pairs(200, seed=3)
+    texts = [a for a, _ in pairs] + [f"<bt> {b}" for _, b in pairs]
+    for kind in ("bpe", "unigram"):
+        tok = PairTokenizer(train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=120, reserved=["<bt>"])))
+        ids = tok.encode_src(["<bt> I am young."])[0]
+        assert ids[0] == 4 and 4 not in ids[1:] and tok.src_tokens("<bt> I am young.")[0] == "<bt>"
+        assert tok.decode_tgt([ids]) == tok.decode_tgt([ids[1:]])  # the tag never shows in translations
+        plain = PairTokenizer(train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=120)))
+        assert plain.src_tokens("<bt> I am young.")[0] != "<bt>"  # without reserved, the tag is ordinary text
