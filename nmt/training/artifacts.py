@@ -116,7 +116,7 @@ def save_checkpoint(run: Run) -> None:
     accelerator.wait_for_everyone()
     if run.is_main:
         ckpt.mark_complete(tmp, {"step": state.step, "num_processes": accelerator.num_processes,
-                                 "state": dataclasses.asdict(state)})
+                                 "state": dataclasses.asdict(state), "config": to_dict(run.cfg)})
         ckpt.publish(tmp, final)
         ckpt.prune(run.out, run.cfg.keep_last)
     accelerator.wait_for_everyone()
