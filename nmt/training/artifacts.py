@@ -14,6 +14,7 @@ from nmt import checkpoint as ckpt
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import save_yaml, to_dict
 from nmt.data import overlap_line
+from nmt.training.finetune import copy_tokenizer, segmentation
 from nmt.training.state import Run
 
 
@@ -87,8 +88,12 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
         tmp = ckpt.temp_dir_for(final)
         tmp.mkdir(parents=True, exist_ok=True)
         _save_weights(run.model, weights, tmp)
-        run.corpus.tokenizer.save(tmp)
+        if run.cfg.init_from:  # fine-tuning: the very files of the model it started from, byte for byte
+            copy_tokenizer(Path(run.cfg.init_from), tmp)
+        else:
+            run.corpus.tokenizer.save(tmp)
         summary = {"step": run.state.step, "metrics": metrics, "data": run.corpus.stats, "argv": sys.argv,
+                   "segmentation": segmentation(run.corpus.splits["train"]),  # what init_from compares with
                    "num_processes": accelerator.num_processes, "config": to_dict(run.cfg)}
         (tmp / "training.json").write_text(json.dumps(summary, indent=2))
         ckpt.publish(tmp, final)

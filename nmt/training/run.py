@@ -20,6 +20,7 @@ from nmt.launch import main_process_first
 from nmt.objective import pad_id_of
 from nmt.training.artifacts import publish_final, start_run
 from nmt.training.evaluation import try_average, tune_alpha
+from nmt.training.finetune import pretrained
 from nmt.training.loop import Loop, StopSignals
 from nmt.training.resume import claim_output_dir, resume
 from nmt.training.setup import (
@@ -58,9 +59,10 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     accelerator = make_accelerator(cfg)
     found = claim_output_dir(accelerator, cfg)  # the checkpoints to resume from (none: a fresh run)
     set_seed(cfg.seed)
-    cfg = resumed_sizes(cfg)
+    cfg, tokenizer = pretrained(resumed_sizes(cfg))  # init_from: the model directory's sizes and tokenizer
     # the others wait outside any collective (no timeout) while the main process prepares
-    corpus = prepare(cfg.data, cfg.tokenizer, functools.partial(main_process_first, local=not cfg.data.shared_cache))
+    corpus = prepare(cfg.data, cfg.tokenizer, functools.partial(main_process_first, local=not cfg.data.shared_cache),
+                     tokenizer=tokenizer)
     cfg = run_sizes(accelerator, cfg, corpus)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))

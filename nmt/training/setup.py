@@ -22,6 +22,7 @@ from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tokenizer import PairTokenizer
+from nmt.training.finetune import check_same_tokenizer
 from nmt.training.sizing import sized_config
 from nmt.training.step import make_optim
 
@@ -73,7 +74,12 @@ def resumed_sizes(cfg: TrainConfig) -> TrainConfig:
 
 def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Module | None) -> torch.nn.Module:
     """nmt's model as `cfg.model` says, or the user's own (checked against the contract); compiled if asked."""
-    model = model if model is not None else Seq2SeqTransformer(cfg.model)
+    if model is not None:
+        check_same_tokenizer(model, tokenizer)
+    elif cfg.init_from:  # fine-tuning: the directory's weights (its sizes are cfg.model's, see finetune.pretrained)
+        model = Seq2SeqTransformer.from_pretrained(cfg.init_from, cfg=cfg.model)
+    else:
+        model = Seq2SeqTransformer(cfg.model)
     check_contract(model, tokenizer)
     if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
         model.compile()
