@@ -63,7 +63,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_check(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.config import load_config
 
-    return _preflight(load_config(args.config, overrides_from_flags(extra)), args)
+    overrides = overrides_from_flags(extra) + ([f"init_from={args.init_from}"] if args.init_from else [])
+    return _preflight(load_config(args.config, overrides), args)
 
 
 def _preflight(cfg, args: argparse.Namespace) -> int:
@@ -259,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_train)
     p = sub.add_parser("check", help="pre-flight check: data, lengths, vocabulary, batches, time, memory, problems")
     p.add_argument("--config", help="a YAML file from configs/ or your own (overrides as for train)")
+    p.add_argument("--init-from", metavar="DIR", help="as for train; also reports how DIR's tokenizer fits the data")
     _add_check_args(p)
     p.set_defaults(fn=cmd_check)
     for name, fn, help_ in (("translate", cmd_translate, "translate stdin or --input to stdout or --output"),

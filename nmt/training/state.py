@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +43,8 @@ class Run:
     corpus: Corpus
     objective: object  # the prepared Seq2SeqLoss (wrapped by DDP/FSDP on several processes)
     state: TrainState = field(default_factory=TrainState)
+    # a stop signal arrived: validation gives up between two batches (set by the loop)
+    stop_requested: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     @property
     def out(self) -> Path:
