@@ -606,7 +606,7 @@ FAKES = {  # a 2-node SLURM allocation, one task per node; each fake records how
 }
 
 
-def run_slurm_script(docs: Docs, script: str, tmp: Path) -> list[list[str]]:
+def run_slurm_script(docs: Docs, script: str, tmp: Path, status: int = 0) -> list[list[str]]:
     """The script under the fakes, as sbatch starts it on the first node; the `accelerate` calls by task."""
     (tmp / "bin").mkdir()
     (tmp / "record").mkdir()
@@ -618,22 +618,23 @@ def run_slurm_script(docs: Docs, script: str, tmp: Path) -> list[list[str]]:
            "SLURM_JOB_NODELIST": "gpu-[01-02]", "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
            "SLURM_JOB_ID": "77"}
     proc = subprocess.run(["bash", str(tmp / "job.sh")], cwd=tmp, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, tail(proc)
+    assert proc.returncode == status, tail(proc)
     assert "scontrol show hostnames gpu-[01-02]" in (tmp / "record" / "calls").read_text()
     calls = sorted((tmp / "record").glob("accelerate-*"), key=lambda p: int(p.name.split("-")[1]))
     return [p.read_text().split("\0")[:-1] for p in calls]
 
 
-def run_slurm(docs: Docs, cmd: Cmd, monkeypatch) -> None:
+def run_slurm(docs: Docs, cmd: Cmd, monkeypatch, status: int = 0) -> None:
     """Both nodes get their own --machine_rank, all 16 processes and the first host as rendezvous; with the
-    command in double quotes instead, the batch host would expand $SLURM_NODEID once for both (the README's claim)."""
-    calls = run_slurm_script(docs, cmd.text, Path(tempfile.mkdtemp(dir=docs.tmp)))
+    command in double quotes instead, the batch host would expand $SLURM_NODEID once for both (the README's claim).
+    `status`: the script's exit status when the launches (recorded only) make no checkpoint."""
+    calls = run_slurm_script(docs, cmd.text, Path(tempfile.mkdtemp(dir=docs.tmp)), status)
     assert [c[0] for c in calls] == ["launch", "launch"], calls
     for node, call in enumerate(calls):
         check_node(resolve_launch(call[1:], monkeypatch), node, 16, 2, "gpu-01:29500", "configs/default.yaml")
     quoted, n = re.subn(r"bash -c '([^']*)'", r'bash -c "\1"', cmd.text)
     assert n == 1, "the script should pass the per-node command to srun in single quotes"
-    calls = run_slurm_script(docs, quoted, Path(tempfile.mkdtemp(dir=docs.tmp)))
+    calls = run_slurm_script(docs, quoted, Path(tempfile.mkdtemp(dir=docs.tmp)), status)
     assert [c[c.index("--machine_rank") + 1] for c in calls] == ["0", "0"]  # the fakes see the trap
 
 
@@ -654,7 +655,7 @@ def run_slurm_requeue(docs: Docs, cmd: Cmd, monkeypatch) -> None:
     import signal
     import time
 
-    run_slurm(docs, cmd, monkeypatch)
+    run_slurm(docs, cmd, monkeypatch, status=1)  # no checkpoint made: not requeued, exit 1
     tmp = Path(tempfile.mkdtemp(dir=docs.tmp))
     for name in ("bin", "record", "configs", "accelerate_configs", "run.py"):
         (tmp / name).mkdir() if name in ("bin", "record") else (tmp / name).symlink_to(ROOT / name)
