@@ -13,7 +13,6 @@ from accelerate.logging import get_logger
 from accelerate.utils import gather_object
 
 from nmt import checkpoint as ckpt
-from nmt.compat import is_fsdp
 from nmt.config import TrainConfig, read_yaml, to_dict
 from nmt.errors import NmtError
 from nmt.training.state import Run, TrainState
@@ -101,11 +100,9 @@ def pick_checkpoint(run: Run, found: list[Path]) -> Path:
     """The newest of `found` that is whole on every process; damaged ones are named (an explicit path that is
     damaged stops with the name of the previous complete checkpoint)."""
     accelerator = run.accelerator
-    objective = accelerator.unwrap_model(run.objective)
-    shapes = None if is_fsdp(accelerator) else {k: tuple(v.shape) for k, v in objective.state_dict().items()}
     explicit = run.cfg.resume not in ("latest", "auto")
     for i, path in enumerate(found):
-        problems = [p for p in gather_object([damage(path, shapes, accelerator.process_index)]) if p]
+        problems = [p for p in gather_object([damage(path, accelerator.process_index)]) if p]
         if not problems:
             return path
         what = f"checkpoint {path} is damaged: {problems[0]}"
