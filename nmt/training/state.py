@@ -76,6 +76,6 @@ class TrainResult:
         """One line for the terminal."""
         if self.stopped_by:
             return (f"stopped by {self.stopped_by} after step {self.steps}; checkpoint {self.checkpoint}. "
-                    "Resume: run the same command with --resume latest")
+                    "Resume: run the same command with --resume latest (or auto; without --overwrite)")
         best = ", ".join(f"{k} {v:.2f}" for k, v in self.best.items() if isinstance(v, float))
         return f"model saved to {self.model_dir} after {self.steps} steps; best validation: {best}"
