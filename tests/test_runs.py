@@ -34,6 +34,16 @@ def test_a_fresh_run_into_a_used_output_dir_is_refused(tiny_cfg, capsys):
     assert err.count("\n") == 1 and "--overwrite" in err
 
 
+def test_resume_auto_refuses_a_folder_that_holds_no_run(tiny_cfg):
+    out = Path(tiny_cfg.output_dir)
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    tiny_cfg.resume = "auto"
+    with pytest.raises(NmtError, match="holds files but no nmt run"):
+        train(tiny_cfg)
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 def test_overwrite_moves_the_old_run_aside(tiny_cfg):
     out = Path(tiny_cfg.output_dir)
     (out / "checkpoints" / "step_50").mkdir(parents=True)

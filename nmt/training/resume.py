@@ -43,6 +43,9 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
             shutil.rmtree(out / "best", ignore_errors=True)
         accelerator.wait_for_everyone()
     elif not found and used:
+        if cfg.resume == "auto":
+            raise NmtError(f"--resume auto: output_dir {out} holds files but no nmt run (no checkpoint, no "
+                           "config.yaml); choose another --output_dir")
         if not cfg.overwrite:
             raise NmtError(f"output_dir {out} already holds a run; continue it with --resume latest (or --resume "
                            "auto: its newest checkpoint if any, else a fresh start), or start over with --overwrite "
@@ -50,6 +53,8 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             aside = out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+            while aside.exists():  # two in one second
+                aside = aside.with_name(aside.name + "-1")
             out.rename(aside)
             print(f"nmt: --overwrite: moved the previous run in {out} to {aside}", flush=True)
         accelerator.wait_for_everyone()
