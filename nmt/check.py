@@ -29,6 +29,7 @@ from nmt.objective import Seq2SeqLoss
 from nmt.tokenizer import unknown_rate
 from nmt.training import planning
 from nmt.training import step as training_step
+from nmt.training.finetune import pretrained, tokenizer_fit
 from nmt.training.sizing import sized_config
 from nmt.training.step import OneDevice, make_optim
 from nmt.validate import check_run
@@ -73,6 +74,7 @@ class Report:
     auto_chosen: list[str] = field(default_factory=list)  # the sizes auto_sizes chose (those the config left null)
     overlap: str | None = None  # validation/test pairs that also occur in train (nmt.data.overlap_line)
     plan: list[str] = field(default_factory=list)  # the budget plan's printout (nmt.training.planning.describe)
+    fit: dict | None = None  # init_from: the old tokenizer on the new training data, and on its own (tokenizer_fit)
     cfg: TrainConfig | None = field(default=None, repr=False)
     problems: list[str] = field(default_factory=list)
 
@@ -107,6 +109,8 @@ class Report:
         out.append(f"model     {self.n_params / 1e6:.2f}M parameters; memory per process ~{_gb(self.memory['total'])} = "
                    f"{_gb(self.memory['states'])} weights+grads+Adam (16 B/param, fp32) + {_gb(self.memory['activations'])} "
                    f"activations of a max_tokens batch{peak}")
+        if self.fit:
+            out.append(_fit(self.fit))
         out += [f"problem   {p}" for p in self.problems] or ["problems  none found"]
         return out
 
@@ -126,7 +130,8 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     if num_processes < 1:
         raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
     check_run(cfg)  # ranges and paths, as training checks them first
-    corpus = prepare(cfg.data, cfg.tokenizer)
+    cfg, tokenizer = pretrained(cfg)  # init_from: the model directory's tokenizer and sizes, as training uses them
+    corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer)
     cfg, plan_lines = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe")
     cfg, chosen = sized_config(cfg, corpus)  # what training will choose
     model_cfg = cfg.model
@@ -154,7 +159,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         total_steps=cfg.max_steps or cfg.max_epochs * len(plan), n_params=n_params,
         memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
         sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen, overlap=overlap_line(corpus.stats),
-        plan=plan_lines)
+        plan=plan_lines, fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
     if probe_steps > 0:
         probe(report, model, cfg, train, plan, src_len, tgt_len, probe_steps, device)
     report.problems = find_problems(report, cfg, model_cfg, int(np.max(column(corpus.splits["train"], "cost"))))
@@ -313,6 +318,7 @@ def find_problems(r: Report, cfg: TrainConfig, model_cfg: ModelConfig, longest_c
             problems.append(f"vocabulary too small: {r.unk_rate[side]:.1%} of the validation {name} subwords are <unk> "
                             f"(> {MAX_UNK_RATE:.0%}); raise tokenizer.vocab_size (now {size:,}), or check that "
                             f"the validation {name} is in the training {name}'s language and script")
+    problems += r.fit["problems"] if r.fit else []
     if cfg.max_tokens < longest_cost:
         problems.append(f"max_tokens={cfg.max_tokens:,} is smaller than the longest training pair "
                         f"({longest_cost:,} padded tokens): such pairs get a batch of their own, over budget "
@@ -388,6 +394,15 @@ def _dropped(dropped: dict[str, int]) -> str:
 
 def _pct(p: dict[str, int]) -> str:
     return " / ".join(f"{k} {v}" for k, v in p.items())
+
+
+def _fit(fit: dict) -> str:
+    def side(s: str, name: str) -> str:
+        new, old = fit["new"][s], (fit["old"] or {}).get(s)
+        was = f" ({old['subwords_per_word']:.2f} on its own training data)" if old else ""
+        return f"{name} {new['subwords_per_word']:.2f} subwords/word{was}, {new['unk_rate']:.2%} <unk>"
+
+    return f"init_from {fit['dir']}: its tokenizer on this training data: {side('src', 'source')}; {side('tgt', 'target')}"
 
 
 def _vocab(r: Report) -> str:

@@ -47,6 +47,9 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     overrides = overrides_from_flags(extra)
     if args.resume:
         overrides.append(f"resume={args.resume}")
+    if args.init_from:
+        overrides.append(f"init_from={args.init_from}")
+    overrides += [f"{key}=true" for key in ("overwrite", "resume_with_changes") if getattr(args, key)]
     cfg = load_config(args.config, overrides)
     if args.dry_run:
         return _preflight(cfg, args)
@@ -61,7 +64,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_check(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.config import load_config
 
-    return _preflight(load_config(args.config, overrides_from_flags(extra)), args)
+    overrides = overrides_from_flags(extra) + ([f"init_from={args.init_from}"] if args.init_from else [])
+    return _preflight(load_config(args.config, overrides), args)
 
 
 def _preflight(cfg, args: argparse.Namespace) -> int:
@@ -344,7 +348,14 @@ def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a model (any config key can be overridden: --model.d_model 256)",
                        epilog=CONFIG_KEYS, formatter_class=_ConfigKeysHelp)
     p.add_argument("--config", help="a YAML file from configs/ or your own")
-    p.add_argument("--resume", help="'latest' or a checkpoint folder (output_dir/checkpoints/step_N)")
+    p.add_argument("--resume", help="'latest', 'auto' (latest if there is a checkpoint, else start fresh: what a "
+                   "requeued job runs) or a checkpoint folder (output_dir/checkpoints/step_N)")
+    p.add_argument("--overwrite", action="store_true", help="start fresh although output_dir holds a run: the old "
+                   "run is moved aside to OUTPUT_DIR.old-<time>")
+    p.add_argument("--resume-with-changes", action="store_true", help="resume although data, tokenizer, model or "
+                   "optimizer settings differ from the checkpoint's (they are named)")
+    p.add_argument("--init-from", metavar="DIR", help="fine-tune a trained model directory (output_dir/model): its "
+                   "architecture, tokenizer and weights, a fresh optimizer and schedule")
     p.add_argument("--dry-run", action="store_true", help="check data, batches, time and memory (as nmt check); no training")
     _add_check_args(p)
     p.set_defaults(fn=cmd_train)
@@ -354,6 +365,7 @@ def _add_check(sub) -> None:
     p = sub.add_parser("check", help="pre-flight check: data, lengths, vocabulary, batches, time, memory, problems",
                        epilog=CONFIG_KEYS, formatter_class=_ConfigKeysHelp)
     p.add_argument("--config", help="a YAML file from configs/ or your own (overrides as for train)")
+    p.add_argument("--init-from", metavar="DIR", help="as for train; also reports how DIR's tokenizer fits the data")
     _add_check_args(p)
     p.set_defaults(fn=cmd_check)
 

@@ -216,7 +216,10 @@ class TrainConfig:
     keep_last: int | None = ranged(None, "[0, 1e6]")  # checkpoints kept besides best/ (null: 2, or average_last if more)
     log_every: int = ranged(50, "[1, 1e12]")  # metrics.jsonl and trackers every N steps
     log_with: list[str] = field(default_factory=list)  # accelerate trackers, e.g. ["tensorboard"]
-    resume: str | None = path_key(None, "checkpoint")  # "latest" or a checkpoint directory
+    resume: str | None = path_key(None, "checkpoint")  # "latest", "auto" (latest if any, else fresh) or a checkpoint
+    overwrite: bool = False  # a fresh run into a used output_dir first moves the old run aside (to output_dir.old-TIME)
+    resume_with_changes: bool = False  # resume although data, tokenizer, model or optim settings differ from the checkpoint
+    init_from: str | None = path_key(None, "model")  # a model directory to fine-tune: its architecture, tokenizer, weights
     max_minutes: float | None = ranged(None, "(0, 1e8]")  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
     max_bad_steps: int = ranged(20, "[1, 1e9]")  # stop (with a checkpoint) after this many non-finite steps in a row
     patience: int | None = ranged(None, "[1, 1e9]")  # early stopping: stop after this many validations without a new best
@@ -231,6 +234,7 @@ class TrainConfig:
         _check(self.max_steps is not None or self.max_epochs is not None, "max_steps", "set max_steps or max_epochs")
         if self.keep_last is not None and self.average_last is not None:
             _check(self.keep_last >= self.average_last, "average_last", f"needs keep_last >= {self.average_last}")
+        _check(not (self.overwrite and self.resume), "overwrite", "starts a fresh run; it cannot go with resume")
         if self.tune_alpha is not None:
             _check(len(self.tune_alpha) > 0, "tune_alpha", "needs at least one alpha (or null)")
             _check(self.eval_beam > 1, "tune_alpha", "needs eval_beam > 1: greedy search ignores the length penalty")

@@ -394,14 +394,19 @@ class Seq2SeqTransformer(nn.Module):
         save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> Seq2SeqTransformer:
-        """Load what `save_pretrained` wrote. Reads JSON and safetensors only: no code runs."""
+    def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu",
+                        cfg: ModelConfig | None = None) -> Seq2SeqTransformer:
+        """Load what `save_pretrained` wrote. Reads JSON and safetensors only: no code runs.
+
+        `cfg` builds the model instead of the directory's config.json (the same sizes, e.g. another dropout).
+        The model remembers `pretrained_from` (the directory), so training can check its tokenizer.
+        """
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        cfg = load_model_config(directory)
-        model = cls(cfg)
+        model = cls(cfg or load_model_config(directory))
+        model.pretrained_from = str(directory)
         try:
             state = load_file(str(directory / WEIGHTS_FILE), device=str(map_location))
         except (SafetensorError, OSError, FileNotFoundError) as e:

@@ -21,7 +21,7 @@ RANGE, PATH = "range", "path"  # the metadata keys
 PATH_KINDS = {
     "folder": "a folder path (created if missing)",
     "corpus": "a corpus: PREFIX of .<lang> files, a .tsv/.jsonl/.csv file, a save_to_disk folder, hub: or builtin:",
-    "checkpoint": "latest, or a checkpoint folder output_dir/checkpoints/step_N",
+    "checkpoint": "latest, auto, or a checkpoint folder output_dir/checkpoints/step_N",
     "model": "a model directory (output_dir/model or output_dir/best) with config.json, weights and tokenizer",
 }
 

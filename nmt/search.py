@@ -227,18 +227,21 @@ def search_defaults(directory: Path) -> dict:
 
 def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tokens: int,
                    rank: int = 0, world_size: int = 1, device=None,
-                   sampling: SamplingConfig | None = None) -> dict[int, list[Hypothesis]]:
+                   sampling: SamplingConfig | None = None, stop=None) -> dict[int, list[Hypothesis]]:
     """Hypotheses for this process's share of `src_ids`, keyed by input position.
 
     Inputs are sorted by length into batches of at most `batch_tokens` padded source tokens, and the
     batches dealt round robin to `world_size` processes: each input is decoded exactly once overall.
-    With `sampling`, batch number k draws with seed `sampling.seed + k`.
+    With `sampling`, batch number k draws with seed `sampling.seed + k`. `stop` (a function): checked before each
+    batch; when it returns True the inputs decoded so far are returned.
     """
     from nmt.batching import eval_batches
 
     out: dict[int, list[Hypothesis]] = {}
     lengths = [len(s) for s in src_ids]
     for k, batch in enumerate(eval_batches(lengths, batch_tokens, rank, world_size)):
+        if stop is not None and stop():
+            break
         ids = pad_rows([src_ids[i] for i in batch]).to(device)
         draw = sampling if sampling is None or sampling.seed is None else replace(sampling, seed=sampling.seed + k)
         for i, hyps in zip(batch.tolist(), search(model, ids, cfg, draw)):

@@ -85,8 +85,8 @@ def check_corpus(key: str, path: Path, cfg: TrainConfig) -> None:
 
 
 def check_checkpoint(key: str, path: Path, cfg: TrainConfig) -> None:
-    """`latest` (resolved later, against output_dir) or a complete checkpoint folder."""
-    if str(path) == "latest":
+    """`latest` or `auto` (resolved later, against output_dir) or a complete checkpoint folder."""
+    if str(path) in ("latest", "auto"):
         return
     if not path.exists():
         raise _refuse(key, path, "does not exist", "checkpoint")

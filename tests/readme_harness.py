@@ -197,7 +197,7 @@ FAKES = {  # a 2-node SLURM allocation, one task per node; each fake records how
 }
 
 
-def run_slurm_script(base_env: dict, script: str, tmp: Path) -> list[list[str]]:
+def run_slurm_script(base_env: dict, script: str, tmp: Path, status: int = 0) -> list[list[str]]:
     """The script under the fakes, as sbatch starts it on the first node; the `accelerate` calls by task."""
     (tmp / "bin").mkdir()
     (tmp / "record").mkdir()
@@ -206,9 +206,10 @@ def run_slurm_script(base_env: dict, script: str, tmp: Path) -> list[list[str]]:
         (tmp / "bin" / name).chmod(0o755)
     (tmp / "job.sh").write_text(script)
     env = {**base_env, "PATH": f"{tmp / 'bin'}{os.pathsep}{base_env['PATH']}", "RECORD": str(tmp / "record"),
-           "SLURM_JOB_NODELIST": "gpu-[01-02]", "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
+           "SLURM_JOB_NODELIST": "gpu-[01-02]", "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+           "SLURM_JOB_ID": "77"}
     proc = subprocess.run(["bash", str(tmp / "job.sh")], cwd=tmp, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, tail(proc)
+    assert proc.returncode == status, tail(proc)
     assert "scontrol show hostnames gpu-[01-02]" in (tmp / "record" / "calls").read_text()
     calls = sorted((tmp / "record").glob("accelerate-*"), key=lambda p: int(p.name.split("-")[1]))
     return [p.read_text().split("\0")[:-1] for p in calls]

@@ -376,8 +376,12 @@ def test_resume_with_a_changed_model_size(model_dir, tmp_path, capsys, flags, ne
 
     run = tmp_path / "run"
     shutil.copytree(model_dir.parent, run)
-    code = main(["train", "--config", str(run / "config.yaml"), "--output_dir", str(run), "--resume", "latest",
-                 *flags])  # was torch's state-dict size mismatch
+    argv = ["train", "--config", str(run / "config.yaml"), "--output_dir", str(run), "--resume", "latest", *flags]
+    code = main(argv)  # the checkpoint's config names the change before any weight is loaded
+    key, old, new = flags[0][2:], needles[1].split()[-3], flags[1]
+    assert_error(code, capsys.readouterr().err, "step_2 was written by another run configuration",
+                 f"{key}: {old} -> {new}", "--resume-with-changes")
+    code = main([*argv, "--resume-with-changes"])  # was torch's state-dict size mismatch
     assert_error(code, capsys.readouterr().err, "cannot resume from", "step_2", *needles, "config.yaml",
                  "new output_dir")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from readme_harness import (
+    FAKES,
     USAGE,
     Cmd,
     accelerate_commands,
@@ -79,6 +80,8 @@ CONTINUES = [
     ("nmt translate runs/default/model --ct2 runs/default/ct2 --attention first.png < x",
      "nmt export runs/default/model --to ctranslate2 runs/default/ct2"),
     ("result = train(cfg, model=SeedTransformer(vocab, vocab))", "class SeedTransformer(nn.Module):"),
+    ("nmt check --config configs/default.yaml --init-from runs/demo/model",
+     "nmt train --config configs/default.yaml --output_dir runs/demo --overwrite"),
 ]
 
 # Shown but not run, and why. Keys are the command (Python: the block), comments and extra blanks removed.
@@ -132,7 +135,9 @@ def runner_for(cmd: Cmd) -> str | None:
     if cmd.kind == "python":
         return "python"
     if cmd.kind == "script":
-        return "slurm" if re.search(r"^srun ", cmd.text, re.M) else None
+        if not re.search(r"^srun ", cmd.text, re.M):
+            return None
+        return "slurm requeue" if "--requeue" in cmd.text else "slurm"
     env, argv = split_env(cmd.text)
     if argv[:2] == ["pip", "install"]:
         return "pip"
@@ -149,6 +154,8 @@ def runner_for(cmd: Cmd) -> str | None:
         return "train" if cmd.block >= 0 else "run.sh variant"
     if argv[:2] == ["accelerate", "launch"] and "run.py" in argv and "--config_file" in argv:
         return "train" if profile_of(argv).get("use_cpu") else "resolve"
+    if argv[:2] == ["nmt", "train"] and {"--resume", "--overwrite", "--init-from"} & set(argv):
+        return "continued"
     if argv[:1] == ["nmt"] and argv[1:2] and argv[1] in ("train", "check"):
         return "train"
     if argv[:1] == ["nmt"] and argv[1:2] == ["serve"]:
@@ -173,7 +180,7 @@ def unit_of(cmd: Cmd) -> tuple:
 
 
 # runners that read nothing from the directory: they need no earlier command
-STANDALONE = {"not run", "usage", "resolve", "slurm", "pip", "run.sh test", "run.sh variant"}
+STANDALONE = {"not run", "usage", "resolve", "slurm", "slurm requeue", "pip", "run.sh test", "run.sh variant"}
 
 
 def before(cmd: Cmd) -> list[Cmd]:
@@ -287,6 +294,32 @@ def run_training(docs: Docs, cmd: Cmd, monkeypatch) -> None:
     assert proc.stderr.count(f"valid @ step {STEPS}:") == 1, tail(proc)  # the main process prints, the others not
     if argv[0] == "bash":
         check_run_sh(proc, out)
+
+
+def run_continued(docs: Docs, cmd: Cmd, monkeypatch) -> None:
+    """`nmt train` on an output_dir that holds a run (--resume: 3 more steps than FAST's, a budget change it
+    may make; --overwrite: the old run is moved aside) or from a model directory (--init-from: its tokenizer file
+    byte for byte)."""
+    from nmt.cli import build_parser, overrides_from_flags
+    from nmt.config import load_config
+
+    wd, (_, argv) = docs.workdir(cmd), split_env(cmd.text)
+    steps = 2 * STEPS if "--resume" in argv else STEPS
+    args, overrides = build_parser().parse_known_args(argv[1:])
+    output_dir = load_config(wd / args.config, overrides_from_flags([*overrides, *docs.fast])).output_dir
+    out = wd / output_dir
+    before = sorted(out.parent.glob(f"{out.name}.old-*"))
+    proc = docs.shell(cmd, [*docs.fast, "--max_steps", str(steps)])
+    assert proc.returncode == 0 and f"model saved to {output_dir}/model after {steps} steps" in proc.stdout, tail(proc)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, steps + 1)), rows  # each step once, one run
+    if "--resume" in argv:
+        assert f"resumed from {output_dir}/checkpoints/step_{STEPS} at step {STEPS}" in proc.stderr, tail(proc)
+    if "--overwrite" in argv:
+        assert len(sorted(out.parent.glob(f"{out.name}.old-*"))) == len(before) + 1
+    if "--init-from" in argv:
+        source = wd / argv[argv.index("--init-from") + 1]
+        assert (out / "model" / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
 
 
 def check_run_sh(proc: subprocess.CompletedProcess, out: Path) -> None:
@@ -478,17 +511,66 @@ def run_resolved(docs: Docs, cmd: Cmd, monkeypatch) -> None:
                f"{profile['main_process_ip']}:{profile['main_process_port']}", "configs/default.yaml")
 
 
-def run_slurm(docs: Docs, cmd: Cmd, monkeypatch) -> None:
+def run_slurm(docs: Docs, cmd: Cmd, monkeypatch, status: int = 0) -> None:
     """Both nodes get their own --machine_rank, all 16 processes and the first host as rendezvous; with the
-    command in double quotes instead, the batch host would expand $SLURM_NODEID once for both (the README's claim)."""
-    calls = run_slurm_script(docs.env, cmd.text, Path(tempfile.mkdtemp(dir=docs.tmp)))
+    command in double quotes instead, the batch host would expand $SLURM_NODEID once for both (the README's claim).
+    `status`: the script's exit status when the launches (recorded only) make no checkpoint."""
+    calls = run_slurm_script(docs.env, cmd.text, Path(tempfile.mkdtemp(dir=docs.tmp)), status)
     assert [c[0] for c in calls] == ["launch", "launch"], calls
     for node, call in enumerate(calls):
         check_node(resolve_launch(call[1:], monkeypatch), node, 16, 2, "gpu-01:29500", "configs/default.yaml")
     quoted, n = re.subn(r"bash -c '([^']*)'", r'bash -c "\1"', cmd.text)
     assert n == 1, "the script should pass the per-node command to srun in single quotes"
-    calls = run_slurm_script(docs.env, quoted, Path(tempfile.mkdtemp(dir=docs.tmp)))
+    calls = run_slurm_script(docs.env, quoted, Path(tempfile.mkdtemp(dir=docs.tmp)), status)
     assert [c[c.index("--machine_rank") + 1] for c in calls] == ["0", "0"]  # the fakes see the trap
+
+
+PYTHON_ACCELERATE = """#!{python}
+import json, os, sys
+with open(os.path.join(os.environ["RECORD"], "pid"), "w") as f:
+    f.write(str(os.getpid()))
+script = sys.argv.index("run.py")
+extra = json.loads(os.environ["FAST"]) + os.environ["EXTRA"].split()
+os.execv(sys.executable, [sys.executable, *sys.argv[script:], *extra])
+"""
+
+
+def run_slurm_requeue(docs: Docs, cmd: Cmd, monkeypatch) -> None:
+    """The requeue script: laid out as the plain one (2 nodes by the recording fakes); then on one node for real
+    (its `accelerate` runs run.py in this process group): a SIGTERM to the task as the time limit nears, the run
+    saves and exits 0, the script requeues the job; the requeued job continues from the checkpoint and finishes."""
+    import signal
+    import time
+
+    run_slurm(docs, cmd, monkeypatch, status=1)  # no checkpoint made: not requeued, exit 1
+    tmp = Path(tempfile.mkdtemp(dir=docs.tmp))
+    for name in ("bin", "record", "configs", "accelerate_configs", "run.py"):
+        (tmp / name).mkdir() if name in ("bin", "record") else (tmp / name).symlink_to(ROOT / name)
+    fakes = {**FAKES, "srun": '#!/bin/bash\necho "srun $*" >> "$RECORD/calls"\nexec "$@"\n',
+             "accelerate": PYTHON_ACCELERATE.format(python=ROOT / ".venv" / "bin" / "python")}
+    for name, body in fakes.items():
+        (tmp / "bin" / name).write_text(body)
+        (tmp / "bin" / name).chmod(0o755)
+    (tmp / "job.sh").write_text(cmd.text)
+    env = {**docs.env, "PATH": f"{tmp / 'bin'}{os.pathsep}{docs.env['PATH']}", "RECORD": str(tmp / "record"),
+           "SLURM_JOB_NODELIST": "gpu-01", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+           "SLURM_JOB_ID": "77", "FAST": json.dumps(docs.fast), "PYTHONPATH": str(ROOT)}
+    run, calls = tmp / "runs" / "nmt-77", tmp / "record" / "calls"
+    job = subprocess.Popen(["bash", "job.sh"], cwd=tmp, env={**env, "EXTRA": "--max_steps 1000"},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list((run / "checkpoints").glob("step_2")) and job.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    os.kill(int((tmp / "record" / "pid").read_text()), signal.SIGTERM)  # --signal=TERM@300: the task, not the shell
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0 and "scontrol requeue 77" in calls.read_text(), f"{out[-2000:]}\n{err[-3000:]}"
+    stopped = max(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
+    again = subprocess.run(["bash", "job.sh"], cwd=tmp, env={**env, "EXTRA": f"--max_steps {stopped + 2}"},
+                           capture_output=True, text=True, timeout=300)  # the requeued job: the same script
+    assert again.returncode == 0, tail(again)
+    assert f"resumed from runs/nmt-77/checkpoints/step_{stopped} at step {stopped}" in again.stderr, tail(again)
+    assert f"after {stopped + 2} steps" in again.stdout and (run / "model" / "training.json").is_file(), tail(again)
+    assert calls.read_text().count("scontrol requeue") == 1  # finished: not queued again
 
 
 def run_usage(docs: Docs, cmd: Cmd, monkeypatch) -> None:
@@ -565,10 +647,10 @@ def run_python(docs: Docs, cmd: Cmd, monkeypatch) -> None:
         reset_accelerate_state()
 
 
-RUNNERS = {"train": run_training, "run.sh variant": run_sh_variant, "nmt": run_nmt, "pip": run_pip,
-           "serve": run_serve, "curl": run_curl,
-           "run.sh test": run_tests_of_run_sh,
-           "resolve": run_resolved, "slurm": run_slurm, "usage": run_usage, "python": run_python}
+RUNNERS = {"train": run_training, "continued": run_continued, "run.sh variant": run_sh_variant, "nmt": run_nmt,
+           "pip": run_pip, "serve": run_serve, "curl": run_curl, "run.sh test": run_tests_of_run_sh,
+           "resolve": run_resolved, "slurm": run_slurm, "slurm requeue": run_slurm_requeue, "usage": run_usage,
+           "python": run_python}
 
 
 # --- the tests --------------------------------------------------------------------------------------------------

@@ -217,3 +217,55 @@ def test_malicious_pickle_in_a_checkpoint_is_refused(tiny_cfg):
         train(tiny_cfg)
     assert "weights_only" in str(info.value) or "Weights only" in str(info.value)
     assert not MARKER.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sigterm_on_two_processes_saves_one_checkpoint_and_resumes_bit_exactly(corpus_dir, tmp_path):
+    steps = 20
+    whole = start(launch_cmd(*train_args(corpus_dir, tmp_path, "whole", steps)), tmp_path, launcher=True)
+    run = start(launch_cmd(*train_args(corpus_dir, tmp_path, "run", 500)), tmp_path, launcher=True)
+    import psutil  # accelerate's own dependency
+
+    wait_for_step(tmp_path / "run", 3, run)
+    workers = [p for p in psutil.Process(run.pid).children(recursive=True) if "run.py" in " ".join(p.cmdline())]
+    assert len(workers) == 2
+    for worker in workers:  # as torchrun forwards it (torchrun itself exits 1 when the signal reaches it too)
+        worker.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=240)
+    assert run.returncode == 0, err[-3000:]  # torchrun exits 0 only when both workers did
+    assert "Traceback" not in err and err.count("SIGTERM received") == 2  # each rank, once
+    last = list_checkpoints(tmp_path / "run")[-1]
+    info = json.loads((last / COMPLETE).read_text())
+    assert info["num_processes"] == 2 and info["step"] == max(losses(tmp_path / "run")) < steps
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in last.iterdir()}
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()[-2000:]
+    resumed = start(launch_cmd(*train_args(corpus_dir, tmp_path, "run", steps), "--resume", "auto"), tmp_path)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-2000:]
+    assert_same_params(tmp_path / "whole" / "checkpoints" / f"step_{steps}",
+                       tmp_path / "run" / "checkpoints" / f"step_{steps}")
+
+
+def test_a_signal_during_validation_stops_between_its_batches(tiny_cfg, monkeypatch):
+    import nmt.training.evaluation as evaluation
+
+    real, seen = evaluation.eval_batches, []
+
+    def signalled_at_the_second_batch(*args, **kwargs):
+        for i, batch in enumerate(real(*args, **kwargs)):
+            if i == 1:
+                os.kill(os.getpid(), signal.SIGTERM)  # torchrun gives 30 s before SIGKILL: do not finish validating
+            seen.append(i)
+            yield batch
+
+    monkeypatch.setattr(evaluation, "eval_batches", signalled_at_the_second_batch)
+    tiny_cfg.max_steps, tiny_cfg.eval_every, tiny_cfg.save_every, tiny_cfg.max_tokens = 50, 2, 50, 150
+    tiny_cfg.log_every = 1
+    result = train(tiny_cfg)
+    assert result.stopped_by == "SIGTERM" and result.steps == 2
+    assert seen == [0, 1]  # no validation batch after the signal (of the loss pass; decoding never began)
+    assert [p.name for p in list_checkpoints(tiny_cfg.output_dir)] == ["step_2"]
+    rows = [json.loads(x) for x in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]  # training rows only: the cut validation logs nothing
+    assert not (Path(tiny_cfg.output_dir) / "best").exists()

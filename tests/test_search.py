@@ -206,3 +206,20 @@ def test_generate_returns_the_best_hypotheses_as_eos_then_padding():
     for row, tokens in zip(out.tolist(), best):
         assert row == tokens + [PAD] * (out.shape[1] - len(tokens))
         assert row[len(tokens) - 1] == EOS
+
+
+def test_search_encoded_stops_between_batches_when_asked():
+    """Validation's decoding gives up between batches once a stop signal arrived (torchrun allows 30 s)."""
+    from nmt.search import SearchConfig, search_encoded
+    from tests.helpers import tiny_model
+
+    model, asked = tiny_model(), []
+    src = [[5, 6, 3], [7, 8, 9, 3], [5, 3], [6, 7, 8, 9, 10, 3]]
+
+    def stop() -> bool:
+        asked.append(1)
+        return len(asked) > 2  # two batches decoded, then the signal
+
+    found = search_encoded(model, src, SearchConfig(beam_size=2, max_len_a=0, max_len_b=4), batch_tokens=8, stop=stop)
+    assert len(found) < len(src) and len(asked) == 3
+    assert len(search_encoded(model, src, SearchConfig(beam_size=2, max_len_a=0, max_len_b=4), batch_tokens=8)) == 4

@@ -15,6 +15,7 @@ from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import save_yaml, to_dict
 from nmt.data import overlap_line
 from nmt.model_dir import SUMMARY_FILE, WEIGHTS_FILE
+from nmt.training.finetune import copy_tokenizer, segmentation
 from nmt.training.state import Run
 
 
@@ -88,8 +89,12 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
         tmp = ckpt.temp_dir_for(final)
         tmp.mkdir(parents=True, exist_ok=True)
         _save_weights(run.model, weights, tmp)
-        run.corpus.tokenizer.save(tmp)
+        if run.cfg.init_from:  # fine-tuning: the very files of the model it started from, byte for byte
+            copy_tokenizer(Path(run.cfg.init_from), tmp)
+        else:
+            run.corpus.tokenizer.save(tmp)
         summary = {"step": run.state.step, "metrics": metrics, "data": run.corpus.stats, "argv": sys.argv,
+                   "segmentation": segmentation(run.corpus.splits["train"]),  # what init_from compares with
                    "num_processes": accelerator.num_processes, "config": to_dict(run.cfg)}
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         ckpt.publish(tmp, final)
@@ -117,7 +122,7 @@ def save_checkpoint(run: Run) -> None:
     accelerator.wait_for_everyone()
     if run.is_main:
         ckpt.mark_complete(tmp, {"step": state.step, "num_processes": accelerator.num_processes,
-                                 "state": dataclasses.asdict(state)})
+                                 "state": dataclasses.asdict(state), "config": to_dict(run.cfg)})
         ckpt.publish(tmp, final)
         ckpt.prune(run.out, run.cfg.keep_last)
     accelerator.wait_for_everyone()

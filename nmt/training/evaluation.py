@@ -28,25 +28,31 @@ log = get_logger(__name__)
 
 
 @torch.no_grad()
-def validate(run: Run) -> dict:
-    """Validation loss/perplexity and BLEU/chrF over exactly the validation set, on all processes."""
+def validate(run: Run) -> dict | None:
+    """Validation loss/perplexity and BLEU/chrF over exactly the validation set, on all processes; None (on
+    every process alike) when a stop signal arrived meanwhile: it stops between batches, not after all of them."""
     run.objective.eval()
     metrics = valid_loss(run)
-    metrics.update(valid_bleu(run))
-    return metrics
+    bleu = valid_bleu(run) if metrics is not None else None
+    return None if metrics is None or bleu is None else {**metrics, **bleu}
 
 
-def valid_loss(run: Run) -> dict:
+def valid_loss(run: Run) -> dict | None:
     """Summed nll of the validation set through the objective (its packed path), this process's share."""
     accelerator, valid = run.accelerator, run.corpus.splits["valid"]
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
-    sums = torch.zeros(2, dtype=torch.float64, device=device)
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, tokens, stopped
     collate, columns = Collator(pad_id=run.pad_id), valid.select_columns(["src_ids", "tgt_ids"])
     for batch in eval_batches(column(valid, "cost"), run.cfg.max_tokens, rank, world):
+        if run.stop_requested():
+            sums[2] = 1
+            break
         b = {k: v.to(device) for k, v in collate.columns(columns[batch.tolist()]).items()}
         _, nll, n = run.objective(b["src_ids"], b["tgt_in_ids"], b["labels"])
-        sums += torch.tensor([float(nll), n], dtype=torch.float64, device=device)
+        sums += torch.tensor([float(nll), n, 0], dtype=torch.float64, device=device)
     sums = accelerator.reduce(sums, "sum")
+    if sums[2] > 0:
+        return None
     nll = float(sums[0] / sums[1])
     return {"valid_nll": nll, "valid_ppl": math.exp(min(nll, 50))}
 
@@ -63,17 +69,21 @@ def valid_bleu(run: Run) -> dict:
     return score_valid(run, base, SearchConfig(beam_size=run.cfg.eval_beam), (rank, world))
 
 
-def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) -> dict:
+def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) -> dict | None:
     """BLEU/chrF of `base` (an unwrapped model, or None on processes that decode nothing) searching with
-    `search` on the validation set: this process decodes share (rank, world), the main one scores."""
+    `search` on the validation set: this process decodes share (rank, world), the main one scores.
+    None on every process when a stop signal cut the decoding short on any."""
     valid, cfg = run.corpus.splits["valid"], run.cfg
     n = min(len(valid), cfg.eval_max_sentences or len(valid))
     src_ids = valid.select(range(n))["src_ids"]
     rank, world = share
     found = {} if base is None else search_encoded(base, src_ids, search, cfg.max_tokens, rank=rank,
-                                                   world_size=world, device=run.accelerator.device)
-    mine = [(i, hyps[0].tokens) for i, hyps in found.items()]
+                                                   world_size=world, device=run.accelerator.device,
+                                                   stop=run.stop_requested)
+    mine = [(i, hyps[0].tokens) for i, hyps in found.items()] + ([(-1, None)] if run.stop_requested() else [])
     gathered = dict(run.accelerator.gather_for_metrics(mine, use_gather_object=True))  # index -> tokens, each once
+    if -1 in gathered:
+        return None
     hyps = run.corpus.tokenizer.decode_tgt([gathered[i] for i in range(n)])
     scores = corpus_scores(hyps, valid.select(range(n))["tgt"])
     return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
@@ -94,10 +104,13 @@ def _shown(metrics: dict) -> str:
     return " ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
 
 
-def evaluate_and_keep_best(run: Run) -> None:
-    """Validate; a better score than before replaces best/. Logged, and one line on the terminal."""
+def evaluate_and_keep_best(run: Run) -> bool:
+    """Validate; a better score than before replaces best/. Logged, and one line on the terminal.
+    False (on every process) when a stop signal cut the validation short: nothing is scored or kept."""
     state = run.state
     metrics = validate(run)
+    if metrics is None:
+        return False
     score = metrics.get("bleu", -metrics["valid_nll"])
     improved = score > state.best_score
     state.evals_since_best = 0 if improved else state.evals_since_best + 1
@@ -108,6 +121,7 @@ def evaluate_and_keep_best(run: Run) -> None:
     if run.is_main:
         print(f"\nvalid @ step {state.step}: {_shown(metrics)}{' (best)' if improved else ''}", file=sys.stderr,
               flush=True)
+    return True
 
 
 def try_average(run: Run) -> None:
@@ -123,6 +137,8 @@ def try_average(run: Run) -> None:
         return
     load_into(run.model, average_weights(found))  # every process loads the same files, so all agree
     metrics = validate(run)
+    if metrics is None:
+        return
     score = metrics.get("bleu", -metrics["valid_nll"])
     names = ", ".join(d.name for d in found)
     if run.is_main:

@@ -99,10 +99,14 @@ class Loop:
         """Returns why it stopped early ("SIGTERM", "SIGINT", "time", "patience"), or None."""
         batches, state = micro_batches(self.loader), self.run.state
         bar = Progress(self.run.accelerator, self.total, state.step, self.run.cfg.max_minutes, self.run.cfg.log_every)
-        while state.step < self.total and self.stopped_by is None:
-            self.one_step(batches, signals, bar)
-            self.after_step()
-        bar.close()
+        self.run.stop_requested = lambda: signals.received is not None
+        try:
+            while state.step < self.total and self.stopped_by is None:
+                self.one_step(batches, signals, bar)
+                self.after_step(signals)
+        finally:
+            self.run.stop_requested = lambda: False
+            bar.close()
         return self.stopped_by
 
     def one_step(self, batches, signals: StopSignals, bar: Progress) -> None:
@@ -126,7 +130,7 @@ class Loop:
     def lr(self) -> float:
         return self.optim.scheduler.get_last_lr()[0]
 
-    def after_step(self) -> None:
+    def after_step(self, signals: StopSignals) -> None:
         """Log, validate (and stop early on patience) and checkpoint, as the step number says."""
         run, state, cfg = self.run, self.run.state, self.run.cfg
         last = state.step == self.total or self.stopped_by == "time"
@@ -134,8 +138,9 @@ class Loop:
             log_metrics(run, {**self.meter.flush(), "lr": self.lr, "epoch": self.sampler.epoch,
                               "skipped_steps": state.skipped_steps})
         if (state.step % cfg.eval_every == 0 or last) and self.stopped_by in (None, "time"):
-            evaluate_and_keep_best(run)
-            if cfg.patience is not None and state.evals_since_best >= cfg.patience and not last:
+            if not evaluate_and_keep_best(run):  # a signal came during validation: save now, on every process
+                self.stopped_by = signals.received or "SIGTERM"
+            elif cfg.patience is not None and state.evals_since_best >= cfg.patience and not last:
                 self.stopped_by = "patience"  # no better validation score for `patience` evaluations
                 log.info(f"early stop at step {state.step}: best was step {state.best_step}", main_process_only=True)
         if state.step % cfg.save_every == 0 or last or self.stopped_by:

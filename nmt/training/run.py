@@ -21,15 +21,16 @@ from nmt.model_dir import SUMMARY_FILE
 from nmt.objective import pad_id_of
 from nmt.training.artifacts import publish_final, start_run
 from nmt.training.evaluation import try_average, tune_alpha
+from nmt.training.finetune import pretrained
 from nmt.training.loop import Loop, StopSignals
 from nmt.training.planning import planned
+from nmt.training.resume import claim_output_dir, resume
 from nmt.training.setup import (
     build_model,
     check_trackers,
     make_accelerator,
     make_loader,
     prepare_objective,
-    resume,
     resumed_sizes,
     run_sizes,
 )
@@ -58,17 +59,19 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     check_run(cfg)  # every range and path key, before any work
     check_trackers(cfg.log_with)
     accelerator = make_accelerator(cfg)
+    found = claim_output_dir(accelerator, cfg)  # the checkpoints to resume from (none: a fresh run)
     set_seed(cfg.seed)
-    cfg = resumed_sizes(cfg)
+    cfg, tokenizer = pretrained(resumed_sizes(cfg))  # init_from: the model directory's sizes and tokenizer
     # the others wait outside any collective (no timeout) while the main process prepares
-    corpus = prepare(cfg.data, cfg.tokenizer, functools.partial(main_process_first, local=not cfg.data.shared_cache))
+    corpus = prepare(cfg.data, cfg.tokenizer, functools.partial(main_process_first, local=not cfg.data.shared_cache),
+                     tokenizer=tokenizer)
     cfg = run_sizes(accelerator, planned(accelerator, cfg, corpus), corpus)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))
     objective, optim = prepare_objective(accelerator, cfg, model)
     run = Run(accelerator, cfg, corpus, objective)
-    if cfg.resume:
-        run.state = resume(run, sampler)
+    if found:
+        run.state = resume(run, sampler, found)
     # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
     total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch(0)
     start_run(run)
@@ -79,7 +82,6 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
         return TrainResult(None, run.state.step, stopped_by=stopped_by,
                            checkpoint=ckpt.list_checkpoints(cfg.output_dir)[-1])
     return finish(run)
-
 
 
 def finish(run: Run) -> TrainResult:

@@ -13,7 +13,6 @@ from accelerate.logging import get_logger
 from accelerate.utils import InitProcessGroupKwargs
 from torch.utils.data import DataLoader
 
-from nmt import checkpoint as ckpt
 from nmt.batching import TokenBatchSampler
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
@@ -23,10 +22,9 @@ from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tokenizer import PairTokenizer
+from nmt.training.finetune import check_same_tokenizer
 from nmt.training.sizing import sized_config
-from nmt.training.state import Run, TrainState
 from nmt.training.step import make_optim
-from nmt.validate import load_state_error
 
 log = get_logger(__name__)
 
@@ -76,7 +74,12 @@ def resumed_sizes(cfg: TrainConfig) -> TrainConfig:
 
 def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Module | None) -> torch.nn.Module:
     """nmt's model as `cfg.model` says, or the user's own (checked against the contract); compiled if asked."""
-    model = model if model is not None else Seq2SeqTransformer(cfg.model)
+    if model is not None:
+        check_same_tokenizer(model, tokenizer)
+    elif cfg.init_from:  # fine-tuning: the directory's weights (its sizes are cfg.model's, see finetune.pretrained)
+        model = Seq2SeqTransformer.from_pretrained(cfg.init_from, cfg=cfg.model)
+    else:
+        model = Seq2SeqTransformer(cfg.model)
     check_contract(model, tokenizer)
     if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
         model.compile()
@@ -149,22 +152,3 @@ def register_search_methods(accelerator: Accelerator, base: torch.nn.Module) -> 
     for module in base.modules():
         if hasattr(module, "cross_kv"):  # a decoder layer: called outside forward when a cache starts
             register_fsdp_forward_method(module, "cross_kv")
-
-
-def resume(run: Run, sampler: TokenBatchSampler) -> TrainState:
-    """Restore model, optimizer, scheduler and RNG (Accelerate, weights_only loads) and our JSON state."""
-    accelerator = run.accelerator
-    path = ckpt.resolve_resume(run.cfg.resume, run.cfg.output_dir)
-    try:
-        accelerator.load_state(str(path))
-    except RuntimeError as e:  # weights of another model size: name the tensor, both shapes and the changed keys
-        raise load_state_error(e, path, run.cfg) from None
-    info = ckpt.read_info(path)
-    state = TrainState(**info["state"])
-    sampler.load_state_dict(state.sampler)
-    if info.get("num_processes") not in (None, accelerator.num_processes):
-        log.warning(f"{path} was written by {info['num_processes']} processes, resuming on {accelerator.num_processes}: "
-                    "the data order differs from an uninterrupted run from here on", main_process_only=True)
-    log.info(f"resumed from {path} at step {state.step}", main_process_only=True)
-    return state
-

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +43,8 @@ class Run:
     corpus: Corpus
     objective: object  # the prepared Seq2SeqLoss (wrapped by DDP/FSDP on several processes)
     state: TrainState = field(default_factory=TrainState)
+    # a stop signal arrived: validation gives up between two batches (set by the loop)
+    stop_requested: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     @property
     def out(self) -> Path:
@@ -73,6 +76,6 @@ class TrainResult:
         """One line for the terminal."""
         if self.stopped_by:
             return (f"stopped by {self.stopped_by} after step {self.steps}; checkpoint {self.checkpoint}. "
-                    "Resume: run the same command with --resume latest")
+                    "Resume: run the same command with --resume latest (or auto; without --overwrite)")
         best = ", ".join(f"{k} {v:.2f}" for k, v in self.best.items() if isinstance(v, float))
         return f"model saved to {self.model_dir} after {self.steps} steps; best validation: {best}"

@@ -1,0 +1,118 @@
+"""Fine-tuning a model directory on another corpus (`init_from`): its tokenizer and architecture are kept,
+mismatches are named, and `nmt check` reports how the old tokenizer fits the new data."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nmt import Seq2SeqTransformer, train
+from nmt.check import preflight
+from nmt.config import ModelConfig, OptimConfig, TokenizerConfig
+from nmt.errors import NmtError
+from nmt.synthetic import generate_pairs
+from tests.conftest import tiny_config, write_pairs
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
+
+@pytest.fixture(scope="module")
+def domains(tmp_path_factory) -> Path:
+    """Two domains of the synthetic language, short sentences (quick to learn): statements (a/), questions (b/)."""
+    d = tmp_path_factory.mktemp("domains")
+    pairs = generate_pairs(20000, seed=11)
+    for name, keep in (("a", lambda p: not p[0].endswith("?") and len(p[0].split()) <= 6),
+                       ("b", lambda p: p[0].endswith("?") and len(p[0].split()) <= 7)):
+        chosen = [p for p in pairs if keep(p)][:2500]
+        (d / name).mkdir()
+        write_pairs(d / name / "train", chosen[:-60])
+        write_pairs(d / name / "valid", chosen[-60:-30])
+        write_pairs(d / name / "test", chosen[-30:])
+    return d
+
+
+def domain_config(domains: Path, name: str, out: Path, **overrides):
+    cfg = tiny_config(domains / name, out, **overrides)
+    cfg.data.cache_dir = str(domains / "cache")
+    return cfg
+
+
+def train_statements(domains: Path, out: Path, steps: int) -> Path:
+    """A tiny model trained on the statements only; its model directory."""
+    from nmt.compat import reset_accelerate_state
+
+    reset_accelerate_state()
+    cfg = domain_config(domains, "a", out, max_steps=steps, eval_every=steps, save_every=steps, max_tokens=800,
+                        model=ModelConfig.preset("tiny", d_model=64, d_ff=128), tokenizer=TokenizerConfig(vocab_size=400),
+                        optim=OptimConfig(lr=5e-3, warmup_steps=20))
+    model_dir = train(cfg).model_dir
+    reset_accelerate_state()
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def statements_model(domains, tmp_path_factory) -> Path:
+    """A model directory trained a few steps on the statements (what the checks need, not a good model)."""
+    return train_statements(domains, tmp_path_factory.mktemp("a"), 4)
+
+
+def bleu_by_step(out: str) -> dict[int, float]:
+    rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["bleu"] for r in rows if "bleu" in r}
+
+
+@pytest.mark.slow
+def test_fine_tuning_on_a_new_domain_raises_its_bleu_and_keeps_the_tokenizer(domains, tmp_path):
+    statements_model = train_statements(domains, tmp_path / "a", 250)  # ~20 s: BLEU ~14 on statements
+    cfg = domain_config(domains, "b", tmp_path, init_from=str(statements_model), max_steps=80, eval_every=20,
+                        save_every=80, max_tokens=800, optim=OptimConfig(lr=5e-3, warmup_steps=5),
+                        model=ModelConfig(), tokenizer=TokenizerConfig(), eval_max_sentences=30)
+    result = train(cfg)
+    bleu = bleu_by_step(cfg.output_dir)
+    assert bleu[80] > bleu[20] + 8 and bleu[80] > bleu[40], bleu  # the questions are learnt (measured 4 -> 21)
+    assert (result.model_dir / "tokenizer.json").read_bytes() == (statements_model / "tokenizer.json").read_bytes()
+    assert Seq2SeqTransformer.from_pretrained(result.model_dir).cfg == Seq2SeqTransformer.from_pretrained(
+        statements_model).cfg  # the architecture of the model fine-tuned
+    rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["lr"] < cfg.optim.lr  # a fresh schedule: warming up again
+
+
+def test_mismatches_with_the_model_directory_are_named(domains, statements_model, tmp_path):
+    cases = {"data.tgt_lang": ({"data": "tgt_lang", "value": "de"}, r"translates en->xx, this config en->de"),
+             "tokenizer.joint": ({"tokenizer": TokenizerConfig(joint=False)}, r"set tokenizer.joint: true"),
+             "model.d_model": ({"model": ModelConfig(d_model=128)}, r"model.d_model is 64 there, 128 in this config"),
+             "tokenizer.vocab_size": ({"tokenizer": TokenizerConfig(vocab_size=900)}, r"vocab_size 900 is not the model's")}
+    for key, (change, message) in cases.items():
+        cfg = domain_config(domains, "b", tmp_path / key, init_from=str(statements_model), model=ModelConfig(),
+                            tokenizer=TokenizerConfig())
+        if "data" in change:  # the questions again, as if German: b/*.xx copied to *.de
+            for split in ("train", "valid", "test"):
+                shutil.copyfile(domains / "b" / f"{split}.xx", domains / "b" / f"{split}.de")
+            setattr(cfg.data, change["data"], change["value"])
+        else:
+            cfg = dataclasses.replace(cfg, **change)
+        with pytest.raises(NmtError, match=message):
+            train(cfg)
+    cfg = domain_config(domains, "b", tmp_path / "nodir", init_from=str(tmp_path / "missing"))
+    with pytest.raises(NmtError, match=r"config key .init_from.: .*missing does not exist; give a model directory"):
+        train(cfg)
+
+
+def test_a_pretrained_model_with_another_tokenizer_is_refused(domains, statements_model, tmp_path):
+    cfg = domain_config(domains, "b", tmp_path, model=ModelConfig(), tokenizer=TokenizerConfig(vocab_size=400))
+    model = Seq2SeqTransformer.from_pretrained(statements_model)
+    with pytest.raises(NmtError, match=r"another tokenizer.*init_from="):
+        train(cfg, model=model)  # before: a new tokenizer of the same size, ids silently meaning other subwords
+
+
+def test_check_reports_the_old_tokenizer_on_the_new_corpus(domains, statements_model, tmp_path):
+    cfg = domain_config(domains, "b", tmp_path, init_from=str(statements_model), model=ModelConfig(),
+                        tokenizer=TokenizerConfig())
+    report = preflight(cfg, probe_steps=0)
+    line = next(x for x in report.lines() if x.startswith("init_from"))
+    assert "subwords/word" in line and "on its own training data" in line and "<unk>" in line, line
+    own = json.loads((statements_model / "training.json").read_text())["segmentation"]
+    assert report.fit["old"] == own and report.fit["new"]["src"]["subwords_per_word"] > 1.0
+    assert report.n_params == sum(p.numel() for p in Seq2SeqTransformer.from_pretrained(statements_model).parameters())
