@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nmt.config import SIZE_FIELDS, TrainConfig
 from nmt.errors import NmtError
-from nmt.model import load_model_config
+from nmt.model_dir import load_model_config
 from nmt.tokenizer import JOINT_FILE, SRC_FILE, TGT_FILE, UNK, PairTokenizer
 
 SAMPLE = 2000  # pairs read for the segmentation figures
