@@ -92,12 +92,15 @@ LAYERS = [
     {"translate", "average", "info"},
     {"backtranslate", "request_batcher"},
     {"serve"},
-    {"training.sizing", "training.step", "training.state", "training.progress"},
-    {"training.artifacts", "training.planning"},
+    {"training.sizing", "training.step", "training.state", "training.progress", "training.finetune",
+     "training.verify"},
+    {"training.artifacts", "training.planning", "training.resume"},
     {"training.evaluation"},
     {"training.loop", "training.setup"},
     {"training.run"},
     {"train", "check"},
+    {"commands.common"},
+    {"commands.train", "commands.decode", "commands.tools"},
     {"cli"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
