@@ -22,10 +22,13 @@ import torch
 from nmt.batching import TokenBatchSampler, deal
 from nmt.collate import Collator
 from nmt.config import ModelConfig, TrainConfig, auto_sizes, read_yaml
-from nmt.data import arrow_batches, bpe_dropout, column, overlap_line, pair_lengths, prepare
+from nmt.data import overlap_line, prepare
+from nmt.dropout_epochs import bpe_dropout
+from nmt.encoding import pair_lengths
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
+from nmt.tables import arrow_batches, column
 from nmt.tokenizer import unknown_rate
 from nmt.training import planning
 from nmt.training import step as training_step

@@ -84,8 +84,10 @@ LAYERS = [
     {"ranges", "checkpoint", "batching", "plot", "metrics", "textfiles", "launch", "fastlinear", "cache"},
     {"config", "sampling"},
     {"model_dir", "clean", "budget"},
-    {"tokenizer", "validate"},
+    {"tokenizer", "validate", "tables"},
+    {"readers", "encoding"},
     {"data", "collate"},
+    {"dropout_epochs"},
     {"model", "objective", "decoder"},
     {"search", "attention", "ensemble"},
     {"export", "score"},
@@ -108,7 +110,8 @@ UPWARD = {  # the imports that point up on purpose, and why
     ("model", "search"): "Seq2SeqTransformer.generate, a convenience entry, calls search inside the method",
 }
 HOMES = {  # third-party library -> the only modules that import it (README: one home per library)
-    "tokenizers": {"tokenizer"}, "datasets": {"data"}, "evaluate": {"metrics"},
+    "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},
+    "datasets": {"tables", "readers", "encoding", "data", "dropout_epochs"},  # the data layer
     "accelerate": {"compat", "launch", *(n for n in LAYER if n.startswith("training."))},
     "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "uvicorn": {"serve"},
 }
