@@ -24,10 +24,11 @@ import numpy as np
 
 from nmt import clean as columns
 from nmt.compat import dataset_fingerprint
-from nmt.config import DataConfig, TokenizerConfig, auto_sizes, to_dict
+from nmt.config import DataConfig, TokenizerConfig, auto_sizes
 from nmt.encoding import drop_long, encode
 from nmt.errors import NmtError
 from nmt.readers import load_split
+from nmt.strict import to_dict
 from nmt.tables import arrow_batches, rows
 from nmt.tokenizer import PairTokenizer, bulk_threads, train_pair_tokenizer
 

@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.cache import DecoderCache, SelfKV
-from nmt.config import ModelConfig, to_dict
+from nmt.config import ModelConfig
 from nmt.errors import NmtError
 from nmt.fastlinear import linear
 from nmt.loss import smoothed_cross_entropy
 from nmt.model_dir import CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
+from nmt.strict import to_dict
 
 INT64 = torch.iinfo(torch.int64)
 
