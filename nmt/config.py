@@ -1,8 +1,6 @@
-"""The typed configuration tree: one set of dataclasses used from YAML, the command line and Python.
-
-No torch here. Unknown keys and wrong types raise `NmtError` naming the key; launch settings
-(processes, precision, GPUs) live in accelerate_configs/, not here.
-"""
+"""The typed configuration tree: one set of dataclasses used from YAML, the command line and Python. No torch here;
+unknown keys and wrong types raise `NmtError` naming the key (nmt.strict). Launch settings (processes, precision,
+GPUs) live in accelerate_configs/, not here."""
 
 from __future__ import annotations
 
