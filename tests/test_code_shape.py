@@ -17,7 +17,8 @@ HELD = PACKAGES + [ROOT / "nmt" / f for f in (
     "objective.py", "compat.py", "train.py", "search.py", "decoder.py", "sampling.py", "ensemble.py", "score.py",
     "cache.py", "fastlinear.py", "translate.py", "__init__.py", "launch.py", "info.py", "model_dir.py", "average.py",
     "checkpoint.py", "tokenizer.py", "cli.py", "tables.py", "readers.py", "encoding.py", "data.py",
-    "dropout_epochs.py", "strict.py", "config_reference.py", "config.py")]
+    "dropout_epochs.py", "strict.py", "config_reference.py", "config.py",
+    "check_report.py")]
 LONG_MODULES = [ROOT / "nmt" / f for f in ("model.py",)]  # over 350 lines; functions held
 MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_POSITIONAL = 350, 40, 5
 

@@ -84,7 +84,7 @@ LAYERS = [
     {"errors", "compat", "loss", "synthetic"},
     {"strict", "ranges", "checkpoint", "batching", "plot", "metrics", "textfiles", "launch", "fastlinear", "cache"},
     {"config", "sampling"},
-    {"model_dir", "clean", "budget", "config_reference"},
+    {"model_dir", "clean", "budget", "config_reference", "check_report"},
     {"tokenizer", "validate", "tables"},
     {"readers", "encoding"},
     {"data", "collate"},
