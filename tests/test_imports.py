@@ -89,6 +89,7 @@ LAYERS = [
     {"readers", "encoding"},
     {"data", "collate"},
     {"dropout_epochs"},
+    {"layers"},
     {"model", "objective", "decoder"},
     {"search", "attention", "ensemble"},
     {"export", "score"},
