@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -63,36 +64,58 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer)
     cfg, plan_lines = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe")
     cfg, chosen = sized_config(cfg, corpus)  # what training will choose
-    model_cfg = cfg.model
-    valid, dropout = corpus.splits["valid"], bpe_dropout(cfg, corpus)
+    epoch = _epoch_zero(cfg, corpus, num_processes)
+    model = _build(cfg.model, cfg.seed)
+    report = _report(cfg, corpus, model, epoch, num_processes)
+    report.auto_chosen, report.plan = chosen, plan_lines
+    if probe_steps > 0:
+        probe(report, model, cfg, epoch, steps=probe_steps, device=device)
+    longest = int(np.max(column(corpus.splits["train"], "cost")))
+    report.problems = find_problems(report, cfg, cfg.model, longest)
+    return report
+
+
+@dataclass
+class Epoch:
+    """Epoch 0 as training will see it on one process: the training pairs, its batch plan and their lengths."""
+
+    train: object  # the training split (under BPE-dropout: epoch 0's segmentation)
+    plan: object  # the training sampler's plan of epoch 0 (nmt.batching)
+    src_len: np.ndarray  # (N,) source lengths, subwords + </s>
+    tgt_len: np.ndarray  # (N,) target lengths as the decoder sees them
+
+
+def _epoch_zero(cfg: TrainConfig, corpus, num_processes: int) -> Epoch:
+    dropout = bpe_dropout(cfg, corpus)
     # under BPE-dropout, epoch 0's segmentation as training will see it (later epochs differ by a few steps)
     train = dropout.encoded(0) if dropout else corpus.splits["train"]
     src_len, tgt_len = pair_lengths(train)
     cost = dropout.lengths(0)[0] if dropout else column(train, "cost")
-    sampler = TokenBatchSampler(cost, cfg.max_tokens, 0, num_processes, cfg.accum_steps, cfg.seed, src_len)
-    plan = sampler.plan(0)
-    clean = corpus.stats["clean"]
-    model = _build(model_cfg, cfg.seed)
+    sampler = TokenBatchSampler(cost, cfg.max_tokens, world_size=num_processes, accum_steps=cfg.accum_steps,
+                                seed=cfg.seed, ties=src_len)
+    return Epoch(train, sampler.plan(0), src_len, tgt_len)
+
+
+def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, num_processes: int) -> Report:
+    """The report's numbers before the probe and the problems."""
+    model_cfg, plan, src_len, tgt_len = cfg.model, epoch.plan, epoch.src_len, epoch.tgt_len
+    clean, tokenizer = corpus.stats["clean"], corpus.tokenizer
     n_params = sum(p.numel() for p in model.parameters())
     states = 4 * BYTES_FP32 * n_params  # weights, gradients, Adam first and second moments
     activations = activation_bytes(model_cfg, cfg.max_tokens, int(np.max(np.maximum(src_len, tgt_len))))
-    report = Report(
+    return Report(
         num_processes=num_processes, pairs=corpus.stats["pairs"], read=clean["read"], dropped=clean["dropped"],
         carved=corpus.stats.get("carved_from_train", []), src_len=percentiles(src_len), tgt_len=percentiles(tgt_len),
         over_max_positions={name: _count_over(ds, model_cfg.max_positions) for name, ds in corpus.splits.items()},
-        joint_vocab=corpus.tokenizer.joint, src_vocab_size=corpus.tokenizer.src_vocab_size,
-        tgt_vocab_size=corpus.tokenizer.tgt_vocab_size, unk_rate=unknown_rates(valid),
+        joint_vocab=tokenizer.joint, src_vocab_size=tokenizer.src_vocab_size,
+        tgt_vocab_size=tokenizer.tgt_vocab_size, unk_rate=unknown_rates(corpus.splits["valid"]),
         tokens_per_epoch={"src": int(src_len.sum()), "tgt": int(tgt_len.sum())},
         padding_share=padding_share(plan, src_len, tgt_len), steps_per_epoch=len(plan),
         micro_batches_per_epoch=len(plan) * cfg.accum_steps,
         total_steps=cfg.max_steps or cfg.max_epochs * len(plan), n_params=n_params,
         memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
-        sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen, overlap=overlap_line(corpus.stats),
-        plan=plan_lines, fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
-    if probe_steps > 0:
-        probe(report, model, cfg, train, plan, src_len, tgt_len, probe_steps, device)
-    report.problems = find_problems(report, cfg, model_cfg, int(np.max(column(corpus.splits["train"], "cost"))))
-    return report
+        sizing_pairs=corpus.stats["sizing_pairs"], overlap=overlap_line(corpus.stats),
+        fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
 
 
 def planned_config(cfg: TrainConfig, corpus, num_processes: int, device: str | None) -> tuple[TrainConfig, list[str]]:
@@ -163,10 +186,10 @@ def activation_bytes(m: ModelConfig, max_tokens: int, longest: int) -> int:
 # --- the timed probe ----------------------------------------------------------------------------------
 
 
-def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, plan, src_len: np.ndarray,
-          tgt_len: np.ndarray, steps: int, device: str | None) -> None:
-    """Time `steps` optimizer steps (forward, backward, AdamW) on this process's real micro-batches of `train`
-    (the training split as epoch 0 sees it).
+def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Epoch, steps: int,
+          device: str | None) -> None:
+    """Time `steps` optimizer steps (forward, backward, AdamW) on this process's real micro-batches of
+    `epoch.train` (the training split as epoch 0 sees it).
 
     Seconds per epoch = (median over the timed steps of seconds per padded token) x this process's padded
     tokens of an epoch, so a probe that happened to draw short or long batches does not skew the estimate.
@@ -174,7 +197,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, pl
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
     optim, one = make_optim(objective, cfg), OneDevice(device, cfg.accum_steps)
-    columns = train.select_columns(["src_ids", "tgt_ids"])
+    plan, columns = epoch.plan, epoch.train.select_columns(["src_ids", "tgt_ids"])
     collate = Collator(pad_id=objective.pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -188,7 +211,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, pl
                 per_token.append(seconds / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window))
                 if time.perf_counter() - started > PROBE_BUDGET_S:
                     break  # a slow device: a long probe would not make the estimate much better
-    epoch_work = sum(_padded(chunk, src_len, tgt_len) for step in range(len(plan))
+    epoch_work = sum(_padded(chunk, epoch.src_len, epoch.tgt_len) for step in range(len(plan))
                      for chunk in plan.micro_batches(step))
     # the median step: one step slowed by a busy neighbour or a collection pause does not set the estimate
     report.seconds_per_epoch = float(np.median(per_token)) * epoch_work
