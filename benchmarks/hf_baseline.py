@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from nmt.batching import eval_batches, global_batches  # noqa: E402
 from nmt.collate import Collator  # noqa: E402
 from nmt.config import DataConfig, TokenizerConfig  # noqa: E402
-from nmt.data import Corpus, column, pair_lengths, prepare  # noqa: E402
+from nmt.data import Corpus, prepare  # noqa: E402
+from nmt.encoding import pair_lengths  # noqa: E402
 from nmt.metrics import corpus_scores  # noqa: E402
+from nmt.tables import column  # noqa: E402
 from nmt.tokenizer import BOS, EOS, PAD  # noqa: E402
 
 

@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 from nmt import Translator, load_config, train
-from nmt.config import TrainConfig, to_dict
+from nmt.config import TrainConfig
 from nmt.data import prepare
 from nmt.metrics import corpus_scores
+from nmt.strict import to_dict
 
 
 def non_defaults(cfg: TrainConfig) -> dict:

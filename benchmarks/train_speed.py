@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from nmt.batching import global_batches  # noqa: E402
 from nmt.collate import Collator  # noqa: E402
 from nmt.config import ModelConfig  # noqa: E402
-from nmt.data import pair_cost  # noqa: E402
+from nmt.encoding import pair_cost  # noqa: E402
 from nmt.loss import label_smoothed_nll  # noqa: E402
 from nmt.model import Seq2SeqTransformer  # noqa: E402
 from nmt.objective import Seq2SeqLoss  # noqa: E402

@@ -10,22 +10,25 @@ of the launch would.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from nmt.batching import TokenBatchSampler, deal
+from nmt.check_report import Report
 from nmt.collate import Collator
-from nmt.config import ModelConfig, TrainConfig, auto_sizes, read_yaml
-from nmt.data import arrow_batches, bpe_dropout, column, overlap_line, pair_lengths, prepare
+from nmt.config import ModelConfig, TrainConfig, read_yaml
+from nmt.data import overlap_line, prepare
+from nmt.dropout_epochs import bpe_dropout
+from nmt.encoding import pair_lengths
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
+from nmt.tables import arrow_batches, column
 from nmt.tokenizer import unknown_rate
 from nmt.training import planning
 from nmt.training import step as training_step
@@ -40,79 +43,6 @@ MAX_UNK_RATE = 0.01  # more unknown subwords than this on validation: the vocabu
 PERCENTILES = (50, 90, 99)
 BYTES_FP32 = 4
 PROBE_BUDGET_S = 30.0  # the probe stops early (after at least one timed step) once it has taken this long
-
-
-@dataclass
-class Report:
-    """The numbers of a pre-flight check; `problems` says what to change, `lines()` is the printout."""
-
-    num_processes: int
-    pairs: dict[str, int]  # pairs per split after cleaning
-    read: int  # training pairs read before cleaning
-    dropped: dict[str, int]  # training pairs dropped by cleaning, by reason
-    carved: list[str]  # splits carved off train (valid_ratio / test_ratio)
-    src_len: dict[str, int]  # training source length percentiles ("p50", "p90", "p99", "max"), subwords + </s>
-    tgt_len: dict[str, int]  # the same for targets as the decoder sees them (subwords + </s>)
-    over_max_positions: dict[str, int]  # pairs per split with a side longer than model.max_positions
-    joint_vocab: bool
-    src_vocab_size: int
-    tgt_vocab_size: int
-    unk_rate: dict[str, float]  # share of <unk> subwords in the validation set, "src" and "tgt"
-    tokens_per_epoch: dict[str, int]  # real training tokens, "src" and "tgt" (with </s>)
-    padding_share: float  # share of the padded micro-batch tensors that is padding
-    steps_per_epoch: int  # optimizer steps per epoch (the same on every process)
-    micro_batches_per_epoch: int  # per process: steps_per_epoch * accum_steps
-    total_steps: int  # what the run will train: max_steps, or max_epochs * steps_per_epoch
-    n_params: int
-    memory: dict[str, int]  # bytes per process: "states" (16 B/param), "activations" (max_tokens batch), "total"
-    seconds_per_step: float | None = None  # from the timed probe (None: not probed)
-    seconds_per_epoch: float | None = None
-    probe_device: str = ""
-    probe_steps: int = 0
-    measured_peak: int | None = None  # bytes, CUDA only: torch.cuda.max_memory_allocated during the probe
-    sizing_pairs: int = 0  # training pairs after cleaning: what auto_sizes chooses vocabulary and model size by
-    auto_chosen: list[str] = field(default_factory=list)  # the sizes auto_sizes chose (those the config left null)
-    overlap: str | None = None  # validation/test pairs that also occur in train (nmt.data.overlap_line)
-    plan: list[str] = field(default_factory=list)  # the budget plan's printout (nmt.training.planning.describe)
-    fit: dict | None = None  # init_from: the old tokenizer on the new training data, and on its own (tokenizer_fit)
-    cfg: TrainConfig | None = field(default=None, repr=False)
-    problems: list[str] = field(default_factory=list)
-
-    def lines(self) -> list[str]:
-        """A few lines for the terminal; the problems last, one per line."""
-        cfg = self.cfg
-        out = [f"data      {_pairs(self.pairs)} pairs{_carved(self.carved)}; cleaning kept {self.pairs['train']:,} "
-               f"of {self.read:,} training pairs read{_dropped(self.dropped)}",
-               *([f"overlap   {self.overlap}"] if self.overlap else []),
-               f"lengths   subword tokens with </s>, training set: source {_pct(self.src_len)}; "
-               f"target {_pct(self.tgt_len)}",
-               f"vocab     {_vocab(self)}; unknown on validation: source {self.unk_rate['src']:.2%}, "
-               f"target {self.unk_rate['tgt']:.2%}",
-               *self.plan,
-               f"sizes     {_sizes(self)}",
-               f"epoch     {_n(self.tokens_per_epoch['src'])} source + {_n(self.tokens_per_epoch['tgt'])} target tokens; "
-               f"{self.steps_per_epoch:,} optimizer steps ({self.micro_batches_per_epoch:,} micro-batches per process: "
-               f"max_tokens {cfg.max_tokens:,} x {_processes(self.num_processes)} x {cfg.accum_steps} accum_steps); "
-               f"padding {self.padding_share:.0%}{_dropout(cfg)}",
-               f"run       {self.total_steps:,} steps = {self.total_steps / self.steps_per_epoch:.1f} epochs "
-               f"({'max_steps' if cfg.max_steps else 'max_epochs'})"]
-        if self.seconds_per_step is not None:
-            out.append(f"time      {self.seconds_per_step:.3g} s/step on {self.probe_device} ({self.probe_steps} timed "
-                       f"step{'s' if self.probe_steps > 1 else ''} after a warm-up{_per_device(self)}) -> "
-                       f"{_duration(self.seconds_per_epoch)} per epoch, "
-                       f"{_duration(self.seconds_per_step * self.total_steps)} for the run (validation not included)")
-            if cfg.max_minutes is not None:  # the wall-clock budget stops the run first when it is shorter
-                steps = min(self.total_steps, int(60 * cfg.max_minutes / self.seconds_per_step))
-                out[-1] += (f"; max_minutes {cfg.max_minutes:g} allows ~{steps:,} steps "
-                            f"({steps / self.steps_per_epoch:.1f} epochs)")
-        peak = f"; measured peak {_gb(self.measured_peak)}" if self.measured_peak else ""
-        out.append(f"model     {self.n_params / 1e6:.2f}M parameters; memory per process ~{_gb(self.memory['total'])} = "
-                   f"{_gb(self.memory['states'])} weights+grads+Adam (16 B/param, fp32) + {_gb(self.memory['activations'])} "
-                   f"activations of a max_tokens batch{peak}")
-        if self.fit:
-            out.append(_fit(self.fit))
-        out += [f"problem   {p}" for p in self.problems] or ["problems  none found"]
-        return out
 
 
 # --- the check --------------------------------------------------------------------------------------
@@ -134,36 +64,58 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer)
     cfg, plan_lines = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe")
     cfg, chosen = sized_config(cfg, corpus)  # what training will choose
-    model_cfg = cfg.model
-    valid, dropout = corpus.splits["valid"], bpe_dropout(cfg, corpus)
+    epoch = _epoch_zero(cfg, corpus, num_processes)
+    model = _build(cfg.model, cfg.seed)
+    report = _report(cfg, corpus, model, epoch, num_processes)
+    report.auto_chosen, report.plan = chosen, plan_lines
+    if probe_steps > 0:
+        probe(report, model, cfg, epoch, steps=probe_steps, device=device)
+    longest = int(np.max(column(corpus.splits["train"], "cost")))
+    report.problems = find_problems(report, cfg, cfg.model, longest)
+    return report
+
+
+@dataclass
+class Epoch:
+    """Epoch 0 as training will see it on one process: the training pairs, its batch plan and their lengths."""
+
+    train: object  # the training split (under BPE-dropout: epoch 0's segmentation)
+    plan: object  # the training sampler's plan of epoch 0 (nmt.batching)
+    src_len: np.ndarray  # (N,) source lengths, subwords + </s>
+    tgt_len: np.ndarray  # (N,) target lengths as the decoder sees them
+
+
+def _epoch_zero(cfg: TrainConfig, corpus, num_processes: int) -> Epoch:
+    dropout = bpe_dropout(cfg, corpus)
     # under BPE-dropout, epoch 0's segmentation as training will see it (later epochs differ by a few steps)
     train = dropout.encoded(0) if dropout else corpus.splits["train"]
     src_len, tgt_len = pair_lengths(train)
     cost = dropout.lengths(0)[0] if dropout else column(train, "cost")
-    sampler = TokenBatchSampler(cost, cfg.max_tokens, 0, num_processes, cfg.accum_steps, cfg.seed, src_len)
-    plan = sampler.plan(0)
-    clean = corpus.stats["clean"]
-    model = _build(model_cfg, cfg.seed)
+    sampler = TokenBatchSampler(cost, cfg.max_tokens, world_size=num_processes, accum_steps=cfg.accum_steps,
+                                seed=cfg.seed, ties=src_len)
+    return Epoch(train, sampler.plan(0), src_len, tgt_len)
+
+
+def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, num_processes: int) -> Report:
+    """The report's numbers before the probe and the problems."""
+    model_cfg, plan, src_len, tgt_len = cfg.model, epoch.plan, epoch.src_len, epoch.tgt_len
+    clean, tokenizer = corpus.stats["clean"], corpus.tokenizer
     n_params = sum(p.numel() for p in model.parameters())
     states = 4 * BYTES_FP32 * n_params  # weights, gradients, Adam first and second moments
     activations = activation_bytes(model_cfg, cfg.max_tokens, int(np.max(np.maximum(src_len, tgt_len))))
-    report = Report(
+    return Report(
         num_processes=num_processes, pairs=corpus.stats["pairs"], read=clean["read"], dropped=clean["dropped"],
         carved=corpus.stats.get("carved_from_train", []), src_len=percentiles(src_len), tgt_len=percentiles(tgt_len),
         over_max_positions={name: _count_over(ds, model_cfg.max_positions) for name, ds in corpus.splits.items()},
-        joint_vocab=corpus.tokenizer.joint, src_vocab_size=corpus.tokenizer.src_vocab_size,
-        tgt_vocab_size=corpus.tokenizer.tgt_vocab_size, unk_rate=unknown_rates(valid),
+        joint_vocab=tokenizer.joint, src_vocab_size=tokenizer.src_vocab_size,
+        tgt_vocab_size=tokenizer.tgt_vocab_size, unk_rate=unknown_rates(corpus.splits["valid"]),
         tokens_per_epoch={"src": int(src_len.sum()), "tgt": int(tgt_len.sum())},
         padding_share=padding_share(plan, src_len, tgt_len), steps_per_epoch=len(plan),
         micro_batches_per_epoch=len(plan) * cfg.accum_steps,
         total_steps=cfg.max_steps or cfg.max_epochs * len(plan), n_params=n_params,
         memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
-        sizing_pairs=corpus.stats["sizing_pairs"], auto_chosen=chosen, overlap=overlap_line(corpus.stats),
-        plan=plan_lines, fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
-    if probe_steps > 0:
-        probe(report, model, cfg, train, plan, src_len, tgt_len, probe_steps, device)
-    report.problems = find_problems(report, cfg, model_cfg, int(np.max(column(corpus.splits["train"], "cost"))))
-    return report
+        sizing_pairs=corpus.stats["sizing_pairs"], overlap=overlap_line(corpus.stats),
+        fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
 
 
 def planned_config(cfg: TrainConfig, corpus, num_processes: int, device: str | None) -> tuple[TrainConfig, list[str]]:
@@ -234,10 +186,10 @@ def activation_bytes(m: ModelConfig, max_tokens: int, longest: int) -> int:
 # --- the timed probe ----------------------------------------------------------------------------------
 
 
-def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, plan, src_len: np.ndarray,
-          tgt_len: np.ndarray, steps: int, device: str | None) -> None:
-    """Time `steps` optimizer steps (forward, backward, AdamW) on this process's real micro-batches of `train`
-    (the training split as epoch 0 sees it).
+def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Epoch, steps: int,
+          device: str | None) -> None:
+    """Time `steps` optimizer steps (forward, backward, AdamW) on this process's real micro-batches of
+    `epoch.train` (the training split as epoch 0 sees it).
 
     Seconds per epoch = (median over the timed steps of seconds per padded token) x this process's padded
     tokens of an epoch, so a probe that happened to draw short or long batches does not skew the estimate.
@@ -245,7 +197,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, pl
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
     optim, one = make_optim(objective, cfg), OneDevice(device, cfg.accum_steps)
-    columns = train.select_columns(["src_ids", "tgt_ids"])
+    plan, columns = epoch.plan, epoch.train.select_columns(["src_ids", "tgt_ids"])
     collate = Collator(pad_id=objective.pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -259,7 +211,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, train, pl
                 per_token.append(seconds / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window))
                 if time.perf_counter() - started > PROBE_BUDGET_S:
                     break  # a slow device: a long probe would not make the estimate much better
-    epoch_work = sum(_padded(chunk, src_len, tgt_len) for step in range(len(plan))
+    epoch_work = sum(_padded(chunk, epoch.src_len, epoch.tgt_len) for step in range(len(plan))
                      for chunk in plan.micro_batches(step))
     # the median step: one step slowed by a busy neighbour or a collection pause does not set the estimate
     report.seconds_per_epoch = float(np.median(per_token)) * epoch_work
@@ -360,87 +312,3 @@ def launch_processes(flag: int | None = None, profile: str | Path | None = None)
                 raise NmtError(f"environment variable {name}={value!r}: expected a positive integer")
             return int(value), name
     return 1, "default: no --num-processes, --profile or WORLD_SIZE"
-
-
-# --- formatting ---------------------------------------------------------------------------------------------
-
-
-def _dropout(cfg: TrainConfig) -> str:
-    p = cfg.tokenizer.dropout
-    return f" (epoch 0 under BPE-dropout p={p:g}: the segmentation changes each epoch)" if p else ""
-
-
-def _processes(n: int) -> str:
-    return f"{n} process{'es' if n > 1 else ''}"
-
-
-def _per_device(r: Report) -> str:
-    return f"; each of the {r.num_processes} processes on a {r.probe_device} like it" if r.num_processes > 1 else ""
-
-
-def _pairs(pairs: dict[str, int]) -> str:
-    return " / ".join(f"{name} {n:,}" for name, n in pairs.items())
-
-
-def _carved(carved: list[str]) -> str:
-    return f" ({' and '.join(carved)} carved off train)" if carved else ""
-
-
-def _dropped(dropped: dict[str, int]) -> str:
-    if not dropped:
-        return ", nothing dropped"
-    return ", dropped: " + ", ".join(f"{k} {v:,}" for k, v in sorted(dropped.items(), key=lambda kv: -kv[1]))
-
-
-def _pct(p: dict[str, int]) -> str:
-    return " / ".join(f"{k} {v}" for k, v in p.items())
-
-
-def _fit(fit: dict) -> str:
-    def side(s: str, name: str) -> str:
-        new, old = fit["new"][s], (fit["old"] or {}).get(s)
-        was = f" ({old['subwords_per_word']:.2f} on its own training data)" if old else ""
-        return f"{name} {new['subwords_per_word']:.2f} subwords/word{was}, {new['unk_rate']:.2%} <unk>"
-
-    return f"init_from {fit['dir']}: its tokenizer on this training data: {side('src', 'source')}; {side('tgt', 'target')}"
-
-
-def _vocab(r: Report) -> str:
-    if r.joint_vocab:
-        return f"joint {r.src_vocab_size:,} subwords"
-    return f"separate: source {r.src_vocab_size:,}, target {r.tgt_vocab_size:,} subwords"
-
-
-def _sizes(r: Report) -> str:
-    if r.auto_chosen:
-        return f"chosen for {r.sizing_pairs:,} training pairs (auto): {'; '.join(r.auto_chosen)}"
-    auto = auto_sizes(r.sizing_pairs)
-    return (f"all given (for {r.sizing_pairs:,} training pairs auto_sizes would choose tokenizer.vocab_size "
-            f"{auto.vocab_size:,}, model.size {auto.model_size})")
-
-
-def _n(x: float) -> str:
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= size:
-            return f"{x / size:.3g}{unit}"
-    return f"{x:.0f}"
-
-
-def _gb(n_bytes: int | None) -> str:
-    n_bytes = n_bytes or 0
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n_bytes >= size / 10:
-            return f"{n_bytes / size:.3g} {unit}"
-    return f"{n_bytes} B"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    if seconds < 10:
-        return f"{seconds:.2g} s"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

@@ -1,5 +1,5 @@
-"""The `nmt` command: train, check, translate, evaluate, score, export, plot, info.
-User errors print one line and exit with code 2.
+"""The `nmt` command: the parser of train, check, translate, evaluate, score, backtranslate, export, plot, average,
+serve and info, and the dispatch to their handlers (nmt.commands). User errors print one line and exit with code 2.
 
 `accelerate launch run.py ...` is `nmt train ...` on as many processes as the profile says.
 """
@@ -9,312 +9,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import stat
 import sys
 import traceback
-from pathlib import Path
 
-from nmt.errors import NmtError
-from nmt.validate import Number, error_line, utf8_lines
+from nmt.commands.common import is_main
+from nmt.commands.decode import cmd_backtranslate, cmd_evaluate, cmd_score, cmd_translate
+from nmt.commands.tools import cmd_average, cmd_export, cmd_info, cmd_plot, cmd_serve
+from nmt.commands.train import cmd_check, cmd_train, overrides_from_flags
+from nmt.validate import Number, error_line
 
+__all__ = ["build_parser", "main", "main_entry", "overrides_from_flags"]
 POSITIVE = Number(int, "[1, 1e9]")  # token budgets, counts of checkpoints
-
-
-def overrides_from_flags(extra: list[str]) -> list[str]:
-    """`--model.d_model 256`, `--max-steps=10` or `model.d_model=256` -> ["model.d_model=256", ...]."""
-    out, i = [], 0
-    while i < len(extra):
-        token = extra[i]
-        if token.startswith("--"):
-            key = token[2:]
-            if "=" not in key:
-                if i + 1 >= len(extra):
-                    raise NmtError(f"flag {token} needs a value, e.g. {token} 100")
-                key, i = f"{key}={extra[i + 1]}", i + 1
-            name, _, value = key.partition("=")
-            out.append(f"{name.replace('-', '_')}={value}")
-        elif "=" in token:
-            out.append(token)
-        else:
-            raise NmtError(f"unexpected argument {token!r}; config overrides look like --model.d_model 256 or key=value")
-        i += 1
-    return out
-
-
-def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.config import load_config
-
-    overrides = overrides_from_flags(extra)
-    if args.resume:
-        overrides.append(f"resume={args.resume}")
-    if args.init_from:
-        overrides.append(f"init_from={args.init_from}")
-    overrides += [f"{key}=true" for key in ("overwrite", "resume_with_changes") if getattr(args, key)]
-    cfg = load_config(args.config, overrides)
-    if args.dry_run:
-        return _preflight(cfg, args)
-    from nmt.train import train
-
-    result = train(cfg)
-    if _is_main():
-        print(result.summary())
-    return 0
-
-
-def cmd_check(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.config import load_config
-
-    overrides = overrides_from_flags(extra) + ([f"init_from={args.init_from}"] if args.init_from else [])
-    return _preflight(load_config(args.config, overrides), args)
-
-
-def _preflight(cfg, args: argparse.Namespace) -> int:
-    """`nmt check` and `nmt train --dry-run`: print the report; exit 1 when it names a problem, else 0."""
-    from nmt.check import launch_processes, preflight
-
-    if not _is_main():
-        return 0  # under `accelerate launch` the main process checks for all
-    n, source = launch_processes(args.num_processes, args.profile)
-    print(f"nmt check: {args.config or 'default config'} for {n} process{'es' if n > 1 else ''} (from {source})",
-          flush=True)
-    report = preflight(cfg, n, args.probe_steps)
-    print("\n".join(report.lines()))
-    return 1 if report.problems else 0
-
-
-def cmd_plot(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.plot import plot_runs
-
-    _no_extra(extra)
-    print(f"wrote {plot_runs(args.run_dirs, args.output)}")
-    return 0
-
-
-def cmd_info(args: argparse.Namespace, extra: list[str]) -> int:
-    import json
-
-    from nmt.info import describe, lines
-
-    _no_extra(extra)
-    info = describe(args.model_dir)
-    print(json.dumps(info, indent=2) if args.json else "\n".join(lines(info)))
-    return 0
-
-
-def _search_kwargs(args: argparse.Namespace) -> dict:
-    """--alpha only when given: otherwise the model directory's tuned alpha (search.json), else 0.6.
-    --sampling (with --topk/--topp/--temperature/--seed) draws translations instead of beam search."""
-    alpha = {} if args.alpha is None else {"alpha": args.alpha}
-    sampling = None
-    if args.sampling:
-        from nmt.sampling import SamplingConfig
-
-        sampling = SamplingConfig(topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed)
-    return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, sampling=sampling, **alpha)
-
-
-def _translator(args: argparse.Namespace):
-    """The PyTorch model of MODEL_DIR (several: an ensemble), or with --ct2 DIR the CTranslate2 export."""
-    from nmt.translate import Translator
-
-    if args.ct2:
-        return Translator.from_ctranslate2(args.ct2, device=args.device)
-    if not args.model_dir:
-        raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")
-    dirs = args.model_dir
-    return Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
-
-
-def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.translate import Translator
-
-    _no_extra(extra)
-    if args.attention and not args.model_dir:
-        raise NmtError("--attention needs MODEL_DIR (the PyTorch model): CTranslate2 does not expose the weights")
-    translator = _translator(args)
-    # bytes, decoded line by line: a line that is not UTF-8 is named by its number
-    source = open(args.input, "rb") if args.input else getattr(sys.stdin, "buffer", sys.stdin)
-    interactive = not _is_regular_file(source)  # a terminal or a pipe (or FIFO): answer line by line
-    sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    seen = {"first": None, "lines": 0}  # the first input sentence (for --attention) and how many lines came
-    failed: list[int] = []
-    try:
-        for line in _translations(translator, source, interactive, seen, failed, args):
-            sink.write(line + "\n")
-            if interactive:
-                sink.flush()
-    finally:
-        if args.input:
-            source.close()
-        if args.output:
-            sink.close()
-    if args.attention:
-        if seen["first"] is None:
-            raise NmtError("--attention: the input is empty; there is no first sentence to draw")
-        torch_translator = (translator if translator.backend == "torch" and len(args.model_dir) == 1
-                            else Translator.from_pretrained(args.model_dir[0], args.device))
-        _draw_attention(torch_translator, seen["first"], args)
-    if failed:
-        print(f"nmt translate: error: {len(failed)} of {seen['lines']} input lines could not be translated (line "
-              f"{_numbers(failed)}); their output lines are empty", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _translations(translator, source, interactive: bool, seen: dict, failed: list[int], args):
-    """The output lines: files batch by length; a terminal or pipe is translated as its lines arrive."""
-    from nmt.translate import arrived_lines
-
-    kwargs = dict(nbest=args.nbest, **_search_kwargs(args))
-    if interactive:
-        def groups():
-            for group in arrived_lines(source, args.input or "stdin"):
-                _see(seen, group[0])
-                seen["lines"] += len(group) - 1
-                yield group
-        return translator.translate_batches(groups(), failed, **kwargs)
-
-    def lines():
-        for line in utf8_lines(source, args.input or "stdin"):
-            _see(seen, line)
-            yield line
-    return translator.translate_stream(lines(), failed=failed, **kwargs)
-
-
-def _numbers(lines: list[int]) -> str:
-    return ", ".join(map(str, lines[:20])) + (", ..." if len(lines) > 20 else "")
-
-
-def _see(seen: dict, line: str) -> None:
-    if seen["first"] is None:
-        seen["first"] = line.rstrip("\r\n")
-    seen["lines"] += 1
-
-
-def _is_regular_file(stream) -> bool:
-    """True for a file (or anything without a descriptor, e.g. a StringIO); False for a terminal, pipe or socket."""
-    try:
-        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
-    except (OSError, ValueError):
-        return True
-
-
-def _draw_attention(translator, text: str, args: argparse.Namespace) -> None:
-    from nmt.attention import plot_alignment
-
-    alpha = {} if args.alpha is None else {"alpha": args.alpha}
-    src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam, **alpha)
-    translation = translator.tokenizer.decode_tgt([[translator.tokenizer.tgt.token_to_id(t) for t in tgt]])[0]
-    out = plot_alignment(src, tgt, weights, args.attention, title=f"{text}  \u2192  {translation}")
-    print(f"wrote {out} (cross-attention of the first sentence)", file=sys.stderr)
-
-
-def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.export import export_ctranslate2
-
-    _no_extra(extra)
-    out = export_ctranslate2(args.model_dir, args.out, quantization=args.quantization, force=args.force)
-    print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}); translate with: nmt translate --ct2 {out}")
-    return 0
-
-
-def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.metrics import corpus_scores
-
-    _no_extra(extra)
-    src, ref = _read_lines(args.src), _read_lines(args.ref)
-    if len(src) != len(ref):
-        raise NmtError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    hyps = _translator(args).translate(src, **_search_kwargs(args))
-    if args.output:
-        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    scores = corpus_scores(hyps, ref)
-    print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
-    print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
-    return 0
-
-
-def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
-    """Per line: the sum and mean log-probability (nats) of the target given the source, tab-separated
-    (--per-token: then each token's, space-separated)."""
-    from nmt.translate import Translator
-
-    _no_extra(extra)
-    src, tgt = _read_lines(args.src), _read_lines(args.tgt)
-    if len(src) != len(tgt):
-        raise NmtError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
-    dirs = args.model_dir
-    translator = Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
-    sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    try:
-        for s in translator.score(src, tgt, batch_tokens=args.batch_tokens):
-            tokens = "\t" + " ".join(f"{x:.4f}" for x in s.token_logprobs) if args.per_token else ""
-            sink.write(f"{s.total:.4f}\t{s.mean:.4f}{tokens}\n")
-    finally:
-        if args.output:
-            sink.close()
-    return 0
-
-
-def _read_lines(path: str) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            return [line.rstrip("\r\n") for line in utf8_lines(f, path)]  # names the first line that is not UTF-8
-    except FileNotFoundError:
-        raise NmtError(f"file not found: {path}") from None
-
-
-def _no_extra(extra: list[str]) -> None:
-    if extra:
-        raise NmtError(f"unexpected arguments: {' '.join(extra)}")
-
-
-def _is_main() -> bool:
-    return os.environ.get("RANK", "0") == "0"
-
-
-def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.average import average_run
-
-    _no_extra(extra)
-    print(f"averaged model written to {average_run(args.run_dir, args.last, args.output)}")
-    return 0
-
-
-def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.backtranslate import backtranslate, output_paths
-    from nmt.translate import Translator
-
-    _no_extra(extra)
-    if args.tag is not None and (not args.tag or any(c.isspace() for c in args.tag)):
-        raise NmtError(f"--tag must be one token without spaces, e.g. <bt>; got {args.tag!r}")
-    src_path, tgt_path = output_paths(args.output, args.model_dir, args.src_lang, args.tgt_lang, args.input)
-    translator = Translator.from_pretrained(args.model_dir, device=args.device)
-    result = backtranslate(translator, args.input, src_path, tgt_path, tag=args.tag,
-                           chunk_size=args.chunk_size, **_search_kwargs(args))
-    print(result.summary())
-    if result.failed:
-        print(f"nmt backtranslate: error: input line(s) {_numbers(result.failed)} could not be translated and were "
-              "left out", file=sys.stderr)
-        return 1
-    return 0
-
-
-def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
-    _no_extra(extra)
-    try:
-        from nmt.serve import serve
-    except ModuleNotFoundError as e:
-        if e.name not in ("starlette", "uvicorn"):
-            raise
-        raise NmtError(f"nmt serve needs {e.name}: pip install 'nmt[serve]' (starlette and uvicorn)") from None
-    from nmt.info import describe
-    from nmt.request_batcher import ServeConfig
-    from nmt.translate import Translator
-
-    cfg = ServeConfig(**{k: getattr(args, k) for k in vars(ServeConfig())})
-    serve(Translator.from_pretrained(args.model_dir, device=args.device), cfg, describe(args.model_dir))
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -329,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (nmt.config.reference_text)
+CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (nmt.config_reference.reference_text)
 
 
 class _ConfigKeysHelp(argparse.RawDescriptionHelpFormatter):
@@ -338,7 +43,7 @@ class _ConfigKeysHelp(argparse.RawDescriptionHelpFormatter):
 
     def add_text(self, text: str | None) -> None:
         if text == CONFIG_KEYS:
-            from nmt.config import reference_text
+            from nmt.config_reference import reference_text
 
             text = reference_text()
         super().add_text(text)
@@ -491,7 +196,7 @@ def _add_serve_parser(sub) -> None:
 
 
 def _add_decoding_args(p: argparse.ArgumentParser) -> None:
-    """The search flags of translate, evaluate and backtranslate (`_search_kwargs` reads them)."""
+    """The search flags of translate, evaluate and backtranslate (nmt.commands.decode.search_kwargs reads them)."""
     p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
                    help="beam size (1: greedy)")
     p.add_argument("--alpha", type=Number(float, "nmt.search:SearchConfig.alpha"),
@@ -512,7 +217,7 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("nmt").setLevel(logging.INFO if _is_main() else logging.WARNING)
+    logging.getLogger("nmt").setLevel(logging.INFO if is_main() else logging.WARNING)
     args, extra = build_parser().parse_known_args(argv)
     if args.debug:
         logging.getLogger("nmt").setLevel(logging.DEBUG)
@@ -528,11 +233,11 @@ def _report(err: Exception, args: argparse.Namespace) -> int:
     """Print one line for `err` (and its traceback under --debug); an unexpected error is printed by every process,
     a user error by the main process only (all of them hit it)."""
     line, code = error_line(err)
-    if code == 2 and not _is_main():
+    if code == 2 and not is_main():
         return code
     if args.debug:
         traceback.print_exception(err)
-    rank = "" if _is_main() else f" (rank {os.environ.get('RANK')})"
+    rank = "" if is_main() else f" (rank {os.environ.get('RANK')})"
     print(f"nmt {args.command}: error{rank}: {line}", file=sys.stderr)
     return code
 

@@ -1,21 +1,17 @@
-"""The typed configuration tree: one set of dataclasses used from YAML, the command line and Python.
-
-No torch here. Unknown keys and wrong types raise `NmtError` naming the key; launch settings
-(processes, precision, GPUs) live in accelerate_configs/, not here.
-"""
+"""The typed configuration tree: one set of dataclasses used from YAML, the command line and Python. No torch here;
+unknown keys and wrong types raise `NmtError` naming the key (nmt.strict). Launch settings (processes, precision,
+GPUs) live in accelerate_configs/, not here."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from nmt.errors import NmtError
-from nmt.ranges import allowed_text, check_fields, path_key, ranged
+from nmt.ranges import check_fields, path_key, ranged
+from nmt.strict import from_dict, to_dict
 
 BUILTIN = "builtin:synthetic"  # the embedded corpus (nmt.synthetic)
 
@@ -96,6 +92,18 @@ class ModelConfig:
     pad_id: int = ranged(0, "[0, 1e7]")  # padding id: masks are derived from it
     bos_id: int = ranged(2, "[0, 1e7]")  # decoder start id
     eos_id: int = ranged(3, "[0, 1e7]")  # end-of-sentence id
+
+    @staticmethod
+    def renamed_keys(data: dict, where: str) -> dict:
+        """`preset`, the older name of `size` (nmt.strict.from_dict calls this)."""
+        if "preset" in data:
+            preset = data.pop("preset")
+            if preset not in MODEL_PRESETS:
+                raise NmtError(f"config key '{where}.preset': unknown preset {preset!r}; "
+                               f"choose one of {', '.join(MODEL_PRESETS)}")
+            if data.setdefault("size", preset) != preset:
+                raise NmtError(f"config key '{where}.preset': {preset!r} contradicts size {data['size']!r}; give one")
+        return data
 
     def __post_init__(self) -> None:
         check_fields(self, "model.")
@@ -279,93 +287,6 @@ def check_config(cfg: TrainConfig) -> None:
         section.__post_init__()
 
 
-# --- building dataclasses from plain data, strictly ---------------------------------------------
-
-
-def from_dict(cls: type, data: dict, where: str = "") -> Any:
-    """Build dataclass `cls` from a dict, rejecting unknown keys and wrong types by name."""
-    if not isinstance(data, dict):
-        raise NmtError(f"config key {where or '<root>'!r}: expected a mapping, got {type(data).__name__}")
-    data = dict(data)
-    if cls is ModelConfig and "preset" in data:  # the older name of `size`
-        preset = data.pop("preset")
-        if preset not in MODEL_PRESETS:
-            raise NmtError(f"config key '{where}.preset': unknown preset {preset!r}; "
-                           f"choose one of {', '.join(MODEL_PRESETS)}")
-        if data.setdefault("size", preset) != preset:
-            raise NmtError(f"config key '{where}.preset': {preset!r} contradicts size {data['size']!r}; give one")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else key
-        if key not in names:
-            raise NmtError(f"unknown config key {path!r}; valid keys here: {', '.join(sorted(names))}")
-        kwargs[key] = _coerce(hints[key], value, path)
-    return cls(**kwargs)
-
-
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value if value is not None else {}, path)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        members = [a for a in args if a is not type(None)]
-        for member in members[:-1]:  # str | list[str]: the first that takes the value
-            try:
-                return _coerce(member, value, path)
-            except NmtError:
-                continue
-        return _coerce(members[-1], value, path)
-    if origin is Literal:
-        if value not in args:
-            raise NmtError(f"config key {path!r}: {value!r} is not one of {', '.join(map(repr, args))}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise NmtError(f"config key {path!r}: expected a list, got {value!r}")
-        inner = args[0] if args else Any
-        items = [_coerce(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
-        if origin is tuple and len(args) > 1 and args[1] is not Ellipsis and len(items) != len(args):
-            raise NmtError(f"config key {path!r}: expected {len(args)} values, got {len(items)}")
-        return tuple(items) if origin is tuple else items
-    return _scalar(tp, value, path)
-
-
-EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-def _scalar(tp: Any, value: Any, path: str) -> Any:
-    if tp is Any:
-        return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str) and EXPONENT_FLOAT.fullmatch(value.strip()):
-        return float(value)  # 1e-3: YAML 1.1 (PyYAML) reads a float without a dot as a string
-    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
-        raise NmtError(f"config key {path!r}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def to_dict(cfg: Any) -> dict:
-    """Plain nested dict (lists for tuples) suitable for YAML/JSON."""
-    return _plain(cfg)
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(getattr(value, "name", value))  # an object given from Python (a tracker in log_with): its name
-
-
 # --- YAML files and command-line overrides --------------------------------------------------------
 
 
@@ -424,65 +345,3 @@ def save_yaml(cfg: Any, path: str | Path) -> None:
     import yaml
 
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
-
-
-def config_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, Any, str, str]]:
-    """(dotted key, type, default, comment, allowed) for every field: the config reference in README.
-    `allowed` is a numeric key's interval or a path key's kind (nmt.ranges), else empty."""
-    import inspect
-
-    comments = _field_comments(inspect.getsource(cls))
-    rows = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        if dataclasses.is_dataclass(hints[f.name]):
-            rows += config_fields(hints[f.name], key + ".")
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        rows.append((key, _type_name(hints[f.name]), default, comments.get(f.name, ""), allowed_text(f)))
-    return rows
-
-
-def _field_comments(source: str) -> dict[str, str]:
-    out = {}
-    for line in source.splitlines():
-        name, colon, rest = line.strip().partition(":")
-        if colon and name.isidentifier() and "#" in rest:
-            out[name] = rest.split("#", 1)[1].strip()
-    return out
-
-
-def _type_name(tp: Any) -> str:
-    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
-
-
-def reference_markdown() -> str:
-    """The configuration reference table of README.md, generated from the field comments above."""
-    lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for key, tp, default, doc, allowed in config_fields():
-        shown = "null" if default is None else json_default(default)
-        allowed = f"`{allowed}`" if allowed[:1] in "[(" and allowed else allowed
-        lines.append(f"| `{key}` | {tp.replace('|', 'or')} | `{shown}` | {allowed} | {doc.replace('|', '/')} |")
-    return "\n".join(lines) + "\n"
-
-
-def reference_text() -> str:
-    """The same reference as `reference_markdown`, for a terminal (`nmt train --help`): keys grouped by section,
-    each with its type, default and allowed values, then its meaning on the next line."""
-    groups: dict[str, list[str]] = {}
-    for key, tp, default, doc, allowed in config_fields():
-        section = key.split(".")[0] if "." in key else "training"
-        shown = "null" if default is None else json_default(default)
-        groups.setdefault(section, []).append(f"  --{key} {tp} = {shown}{f'  (allowed: {allowed})' if allowed else ''}\n"
-                                              f"        {doc}")
-    out = ["config keys: override any as --KEY VALUE or KEY=VALUE; README.md has the same table"]
-    for section, lines in groups.items():
-        out += ["", f"{section}:", *lines]
-    return "\n".join(out) + "\n"
-
-
-def json_default(value: Any) -> str:
-    import json
-
-    return json.dumps(list(value) if isinstance(value, tuple) else value)

@@ -296,8 +296,9 @@ def test_every_path_kind_judges_each_case(tmp_path, kind, case):
 @pytest.mark.parametrize("case", ["missing", "file", "folder", "under_a_file"])
 @pytest.mark.parametrize("key, kind", path_keys(), ids=[k for k, _ in path_keys()])
 def test_every_path_key_names_a_path_of_the_wrong_kind(tmp_path, key, kind, case):
-    from nmt.config import TrainConfig, from_dict, set_path
+    from nmt.config import TrainConfig, set_path
     from nmt.errors import NmtError
+    from nmt.strict import from_dict
     from nmt.validate import check_paths
 
     assert kind in EXPECTED, f"{key}: a new path kind {kind!r} needs its row in EXPECTED"
@@ -317,7 +318,8 @@ def test_every_path_key_names_a_path_of_the_wrong_kind(tmp_path, key, kind, case
 
 @pytest.mark.parametrize("key, kind", path_keys(), ids=[k for k, _ in path_keys()])
 def test_every_path_key_accepts_the_right_thing(tmp_path, key, kind):
-    from nmt.config import TrainConfig, from_dict, set_path
+    from nmt.config import TrainConfig, set_path
+    from nmt.strict import from_dict
     from nmt.validate import check_paths
 
     data = {"data": {"src_lang": "en", "tgt_lang": "de"}}

@@ -12,7 +12,8 @@ from nmt.batching import TokenBatchSampler
 from nmt.check import activation_bytes, launch_processes, preflight
 from nmt.cli import main
 from nmt.config import DataConfig, ModelConfig
-from nmt.data import pair_lengths, prepare
+from nmt.data import prepare
+from nmt.encoding import pair_lengths
 from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.model import Seq2SeqTransformer
@@ -60,7 +61,7 @@ def test_steps_per_epoch_are_the_training_samplers(cfg, world, accum):
 
 
 def test_bpe_dropout_is_planned_as_training_plans_its_first_epoch(cfg):
-    from nmt.data import bpe_dropout
+    from nmt.dropout_epochs import bpe_dropout
 
     noisy = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, dropout=0.3), max_steps=None,
                                 max_epochs=1)

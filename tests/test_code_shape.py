@@ -12,11 +12,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from code_shape import function_lengths  # noqa: E402
 
-HELD = sorted((ROOT / "nmt" / "training").glob("*.py")) + [ROOT / "nmt" / f for f in (
+PACKAGES = [path for package in ("training", "commands") for path in sorted((ROOT / "nmt" / package).glob("*.py"))]
+HELD = PACKAGES + [ROOT / "nmt" / f for f in (
     "objective.py", "compat.py", "train.py", "search.py", "decoder.py", "sampling.py", "ensemble.py", "score.py",
     "cache.py", "fastlinear.py", "translate.py", "__init__.py", "launch.py", "info.py", "model_dir.py", "average.py",
-    "checkpoint.py", "tokenizer.py")]
-LONG_MODULES = [ROOT / "nmt" / f for f in ("cli.py", "config.py", "model.py")]  # over 350 lines; functions held
+    "checkpoint.py", "tokenizer.py", "cli.py", "tables.py", "readers.py", "encoding.py", "data.py",
+    "dropout_epochs.py", "strict.py", "config_reference.py", "config.py",
+    "check_report.py", "layers.py", "model.py", "check.py")]
+LONG_MODULES: list[Path] = []  # over 350 lines; functions held
 MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_POSITIONAL = 350, 40, 5
 
 

@@ -14,16 +14,15 @@ from nmt.config import (
     TokenizerConfig,
     TrainConfig,
     auto_sizes,
-    config_fields,
-    from_dict,
     load_config,
     parse_override,
     pin_sizes,
     resolve_sizes,
     set_path,
-    to_dict,
 )
+from nmt.config_reference import config_fields
 from nmt.errors import NmtError
+from nmt.strict import from_dict, to_dict
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -114,12 +113,12 @@ def test_config_reference_covers_every_field():
 
 
 def test_readme_config_reference_is_in_sync():
-    from nmt.config import reference_markdown
+    from nmt.config_reference import reference_markdown
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     start, end = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
     block = readme[readme.index(start) + len(start): readme.index(end)]
-    hint = "regenerate: python -c 'from nmt.config import reference_markdown as r; print(r())'"
+    hint = "regenerate: python -c 'from nmt.config_reference import reference_markdown as r; print(r())'"
     assert block == reference_markdown(), hint
 
 

@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.config import AutoSizes, DataConfig, TokenizerConfig
-from nmt.data import DropoutEpochs, count_lines, drop_reason, prepare
+from nmt.data import drop_reason, prepare
+from nmt.dropout_epochs import DropoutEpochs
 from nmt.errors import NmtError
+from nmt.textfiles import count_lines
 from nmt.tokenizer import BOS, EOS, PairTokenizer
 from tests.conftest import write_pairs
 
@@ -197,7 +199,7 @@ def test_jsonl_bad_line_and_missing_field(tmp_path):
 def test_crlf_and_bom_are_handled(tmp_path):
     (tmp_path / "train.en").write_bytes("\ufeffhello world\r\nsecond line\r\n".encode())
     (tmp_path / "train.fr").write_bytes("bonjour monde\r\ndeuxième ligne\r\n".encode())
-    from nmt.data import read_text_pair
+    from nmt.readers import read_text_pair
     rows = list(read_text_pair(str(tmp_path / "train.en"), str(tmp_path / "train.fr")))
     assert rows == [{"src": "hello world", "tgt": "bonjour monde"}, {"src": "second line", "tgt": "deuxième ligne"}]
 
@@ -303,7 +305,8 @@ def test_no_dataset_row_is_formatted_one_by_one(corpus_dir, tmp_path, monkeypatc
     """Preparation, the training sampler's inputs and `nmt check` read columns as Arrow/NumPy, never rows."""
     from nmt.batching import TokenBatchSampler
     from nmt.check import preflight
-    from nmt.data import column, pair_lengths
+    from nmt.encoding import pair_lengths
+    from nmt.tables import column
     from tests.conftest import tiny_config
 
     counter = RowFormatting(monkeypatch)

@@ -272,7 +272,7 @@ def test_loss_from_labels_equals_the_loss_of_the_logits(model, batch, smoothing,
 def test_cpu_dropout_rate_scale_gradient_and_seed():
     """The CPU dropout drops p of the elements (to within 5 sigma), scales the rest by 1/(1-p) so the mean
     is kept, passes the same mask to the gradient, repeats under the same seed and is off in eval mode."""
-    from nmt.model import Dropout
+    from nmt.layers import Dropout
 
     drop, n, p = Dropout(0.1).train(), 1_000_000, 0.1
     x = torch.ones(n, requires_grad=True)

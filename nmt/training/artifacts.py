@@ -12,9 +12,10 @@ from pathlib import Path
 
 from nmt import checkpoint as ckpt
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
-from nmt.config import save_yaml, to_dict
+from nmt.config import save_yaml
 from nmt.data import overlap_line
 from nmt.model_dir import SUMMARY_FILE, WEIGHTS_FILE
+from nmt.strict import to_dict
 from nmt.training.finetune import copy_tokenizer, segmentation
 from nmt.training.state import Run
 

@@ -16,11 +16,11 @@ from nmt import checkpoint as ckpt
 from nmt.batching import eval_batches
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
-from nmt.data import column
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
 from nmt.model_dir import SEARCH_FILE
 from nmt.search import SearchConfig, search_encoded
+from nmt.tables import column
 from nmt.training.artifacts import log_metrics, plain_weights, save_model_dir
 from nmt.training.state import Run
 

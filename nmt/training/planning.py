@@ -21,6 +21,7 @@ from nmt.collate import Collator
 from nmt.config import MODEL_PRESETS, ModelConfig, TrainConfig
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
+from nmt.tables import column
 from nmt.training import step as training_step
 from nmt.training.step import OneDevice, make_optim
 
@@ -40,7 +41,7 @@ def open_fields(cfg: TrainConfig) -> list[str]:
 
 
 def corpus_stats(corpus) -> budget.CorpusStats:
-    cost = np.asarray(corpus.splits["train"]["cost"], dtype=np.int64)
+    cost = column(corpus.splits["train"], "cost").astype(np.int64)  # through Arrow, not row by row
     return budget.CorpusStats(train_pairs=corpus.stats["sizing_pairs"], epoch_cost=int(cost.sum()),
                               longest_cost=int(cost.max()))
 

@@ -13,8 +13,9 @@ from accelerate.logging import get_logger
 from accelerate.utils import gather_object
 
 from nmt import checkpoint as ckpt
-from nmt.config import TrainConfig, read_yaml, to_dict
+from nmt.config import TrainConfig, read_yaml
 from nmt.errors import NmtError
+from nmt.strict import to_dict
 from nmt.training.state import Run, TrainState
 from nmt.training.verify import check_rng_restored, damage
 from nmt.validate import load_state_error

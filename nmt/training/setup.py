@@ -17,10 +17,13 @@ from nmt.batching import TokenBatchSampler
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
 from nmt.config import TrainConfig, pin_sizes, read_yaml
-from nmt.data import Corpus, bpe_dropout, column, pair_lengths
+from nmt.data import Corpus
+from nmt.dropout_epochs import bpe_dropout
+from nmt.encoding import pair_lengths
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
+from nmt.tables import column
 from nmt.tokenizer import PairTokenizer
 from nmt.training.finetune import check_same_tokenizer
 from nmt.training.sizing import sized_config

@@ -1,0 +1,61 @@
+"""`nmt export`, `nmt plot`, `nmt average`, `nmt info` and `nmt serve`: the commands around a trained model."""
+
+from __future__ import annotations
+
+import argparse
+
+from nmt.commands.common import no_extra
+from nmt.errors import NmtError
+
+
+def cmd_plot(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.plot import plot_runs
+
+    no_extra(extra)
+    print(f"wrote {plot_runs(args.run_dirs, args.output)}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace, extra: list[str]) -> int:
+    import json
+
+    from nmt.info import describe, lines
+
+    no_extra(extra)
+    info = describe(args.model_dir)
+    print(json.dumps(info, indent=2) if args.json else "\n".join(lines(info)))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.export import export_ctranslate2
+
+    no_extra(extra)
+    out = export_ctranslate2(args.model_dir, args.out, quantization=args.quantization, force=args.force)
+    print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}); translate with: nmt translate --ct2 {out}")
+    return 0
+
+
+def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.average import average_run
+
+    no_extra(extra)
+    print(f"averaged model written to {average_run(args.run_dir, args.last, args.output)}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    no_extra(extra)
+    try:
+        from nmt.serve import serve
+    except ModuleNotFoundError as e:
+        if e.name not in ("starlette", "uvicorn"):
+            raise
+        raise NmtError(f"nmt serve needs {e.name}: pip install 'nmt[serve]' (starlette and uvicorn)") from None
+    from nmt.info import describe
+    from nmt.request_batcher import ServeConfig
+    from nmt.translate import Translator
+
+    cfg = ServeConfig(**{k: getattr(args, k) for k in vars(ServeConfig())})
+    serve(Translator.from_pretrained(args.model_dir, device=args.device), cfg, describe(args.model_dir))
+    return 0

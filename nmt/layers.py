@@ -1,0 +1,246 @@
+"""The Transformer's parts (batch first): masks from ids, sinusoidal positions, dropout, packing of real tokens,
+attention, feed-forward and the encoder and decoder layers that nmt.model stacks.
+Shapes: B batch, S source, T target, D model, H heads, Dh head width, N real (unpadded) tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.cache import SelfKV
+from nmt.config import ModelConfig
+from nmt.fastlinear import linear
+
+INT64 = torch.iinfo(torch.int64)
+
+
+def key_attend(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:
+    """(B, 1, 1, S) bool, True where attention to that key is allowed; None when nothing is padding.
+
+    The one place where padding becomes an attention mask.
+    """
+    src_is_pad = src_ids.eq(pad_id)  # (B, S)
+    if not torch.compiler.is_compiling() and not bool(src_is_pad.any()):
+        return None  # no mask lets SDPA use its fastest kernel (a compiled graph keeps the mask: no break)
+    return ~src_is_pad[:, None, None, :]
+
+
+def causal_attend(new: int, past: int, device: torch.device) -> torch.Tensor:
+    """(new, past + new) bool, True where attention is allowed: every cached key, and new keys up to itself."""
+    return torch.ones(new, past + new, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
+def sinusoids(length: int, dim: int) -> torch.Tensor:
+    """(length, dim) sinusoidal position table of Vaswani et al."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]
+    inv = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv)
+    return table
+
+
+class _CpuDropout(torch.autograd.Function):
+    """Dropout whose keep-mask comes from 64-bit random words, four 16-bit uniforms per draw."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        n, cut = x.numel(), round(p * 65536)  # drop where a uniform 16-bit integer falls below the cut
+        words = torch.randint(INT64.min, INT64.max, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
+        keep = torch.ge(words.view(torch.int16)[:n], cut - 32768, out=x.new_empty(n)).view(x.shape)  # 1. or 0.
+        ctx.scale = 65536 / (65536 - cut)  # 1 / (1 - p) for the p actually used
+        ctx.save_for_backward(keep)
+        return torch.addcmul(x.new_zeros(()), x, keep, value=ctx.scale)  # x * keep / (1 - p) in one pass
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return torch.addcmul(grad.new_zeros(()), grad, keep, value=ctx.scale), None
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout, with a faster mask on the CPU.
+
+    Torch's CPU dropout draws one random number per element, serially: on the feed-forward activations it
+    took longer than the matmul before it (8% of a training step in all). Here each 64-bit draw gives four
+    16-bit uniforms, so p is rounded to a multiple of 2^-16 (0.1 -> 0.100006) and the scale 1/(1-p) with it.
+    Elsewhere (GPUs have fused dropout kernels) and under torch.compile it is nn.Dropout itself.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (not self.training or x.device.type != "cpu" or not 0 < self.p < 1 - 2**-17
+                or torch.compiler.is_compiling()):
+            return super().forward(x)
+        return _CpuDropout.apply(x, self.p)
+
+
+class Packing:
+    """The real (non-pad) positions of a right-padded (B, L) id batch, N of them.
+
+    Position-wise work (norms, projections, feed-forward, dropout, the output projection) runs on the N real
+    tokens only, packed as (N, ...); attention unpacks to (B, L, ...), zeros at padding. Padding costs no
+    matmul then, which on a CPU is nearly all the time. Without padding both are views.
+    """
+
+    def __init__(self, ids: torch.Tensor, pad_id: int):
+        self.B, self.L = ids.shape
+        real = ids.ne(pad_id).flatten()  # (B*L,)
+        # compiled graphs keep the padding: a data-dependent N would break them
+        unpacked = torch.compiler.is_compiling() or bool(real.all())
+        self.index = None if unpacked else real.nonzero().squeeze(1)  # (N,) rows of the flattened batch
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, ...) -> (N, ...)."""
+        x = x.flatten(0, 1)
+        return x if self.index is None else x.index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, L, ...), zeros at padding."""
+        if self.index is not None:
+            x = x.new_zeros(self.B * self.L, *x.shape[1:]).index_copy(0, self.index, x)
+        return x.unflatten(0, (self.B, self.L))
+
+
+class Attention(nn.Module):
+    """Multi-head attention through SDPA; fused QKV for self-attention, fused KV for cross-attention."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool):
+        super().__init__()
+        self.n_heads, self.dropout, self.cross = cfg.n_heads, cfg.dropout, cross
+        d = cfg.d_model
+        if cross:
+            self.q = nn.Linear(d, d)
+            self.kv = nn.Linear(d, 2 * d)
+        else:
+            self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        # The key bias adds the same score to every key of a query: softmax cancels it, its gradient is 0
+        # up to rounding, and Adam would turn that rounding noise into +-lr updates (so runs split over
+        # processes would drift apart). It is masked to stay exactly zero.
+        fused = self.kv if cross else self.qkv
+        key = torch.zeros_like(fused.bias, dtype=torch.bool)
+        key[(0 if cross else d): (d if cross else 2 * d)] = True
+        self.register_buffer("key_slots", key, persistent=False)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        return x.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, L, Dh)
+
+    def project_kv(self, memory: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values of the encoder output (B, S, D), or (N, D) packed by `packing`:
+        computed once per sentence."""
+        kv = linear(memory, self.kv.weight, self.kv.bias.masked_fill(self.key_slots, 0.0))
+        k, v = (kv if packing is None else packing.unpack(kv)).chunk(2, dim=-1)
+        return self.heads(k), self.heads(v)
+
+    def forward(self, x: torch.Tensor, attend: torch.Tensor | None = None, causal: bool = False,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                packing: Packing | None = None) -> tuple[torch.Tensor, tuple]:
+        """x (B, L, D), or (N, D) packed by `packing` -> the same shape, plus the (K, V) used, (B, H, L_kv, Dh) each.
+
+        Self-attention appends to `kv` (the cache of earlier steps); cross-attention uses `kv` as is.
+        """
+        unpack = (lambda t: t) if packing is None else packing.unpack
+        if self.cross:
+            q, (k, v) = self.heads(unpack(linear(x, self.q.weight, self.q.bias))), kv
+        else:
+            qkv = linear(x, self.qkv.weight, self.qkv.bias.masked_fill(self.key_slots, 0.0))
+            q, k, v = map(self.heads, unpack(qkv).chunk(3, dim=-1))
+            if kv is not None:
+                k, v = kv.extend(k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, is_causal=causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        B, H, L, Dh = y.shape
+        y = y.transpose(1, 2).reshape(B, L, H * Dh)
+        return linear(y if packing is None else packing.pack(y), self.out.weight, self.out.bias), (k, v)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up, self.down = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+        self.drop = Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.act, nn.ReLU):  # fused into the product where fastlinear can
+            h = linear(x, self.up.weight, self.up.bias, relu=True)
+        else:
+            h = self.act(linear(x, self.up.weight, self.up.bias))
+        return linear(self.drop(h), self.down.weight, self.down.bias)
+
+
+class Sublayer(nn.Module):
+    """Residual wrapper: pre-norm x + f(LN(x)) or post-norm LN(x + f(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm, self.drop, self.pre_norm = nn.LayerNorm(cfg.d_model), Dropout(cfg.dropout), cfg.pre_norm
+
+    def forward(self, x: torch.Tensor, fn) -> tuple[torch.Tensor, object]:
+        y = fn(self.norm(x) if self.pre_norm else x)
+        y, extra = y if isinstance(y, tuple) else (y, None)
+        x = x + self.drop(y)
+        return (x if self.pre_norm else self.norm(x)), extra
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn, self.ff = Attention(cfg, cross=False), FeedForward(cfg)
+        self.sub_attn, self.sub_ff = Sublayer(cfg), Sublayer(cfg)
+
+    def forward(self, x: torch.Tensor, attend: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
+        """x (B, S, D), or (N, D) packed by `packing` -> the same shape."""
+        x, _ = self.sub_attn(x, lambda h: self.attn(h, attend=attend, packing=packing))
+        x, _ = self.sub_ff(x, self.ff)
+        return x
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn, self.cross_attn = Attention(cfg, cross=False), Attention(cfg, cross=True)
+        self.ff = FeedForward(cfg)
+        self.sub_self, self.sub_cross, self.sub_ff = Sublayer(cfg), Sublayer(cfg), Sublayer(cfg)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | tuple, attend: torch.Tensor | None,
+                self_kv: SelfKV | None = None, packing: Packing | None = None,
+                memory_packing: Packing | None = None, group: int = 1) -> tuple[torch.Tensor, tuple]:
+        """x (B, T, D), or (N, D) packed by `packing`; memory: the encoder output (B, S, D) (or packed by
+        `memory_packing`), or its cross-attention (K, V) from a cache. With `group` > 1, memory and `attend`
+        hold one sentence per `group` consecutive rows of x (beams sharing a source), B / group of them.
+
+        Projecting the memory here, inside forward, matters under FSDP: a wrapped layer's weights are
+        gathered only while its forward runs.
+        """
+        cross_kv = self.cross_kv(memory, memory_packing) if isinstance(memory, torch.Tensor) else memory
+        # causality is a property of the decoder: full-prefix runs use is_causal; a cached call with
+        # several new positions needs a mask aligned to the end (is_causal aligns to the start). Right
+        # padding needs no target mask: real positions only ever look left, at real tokens.
+        past, new = (0 if self_kv is None else self_kv.length), (x.shape[1] if packing is None else packing.L)
+        causal = past == 0 and new > 1
+        self_attend = causal_attend(new, past, x.device) if past and new > 1 else None
+        x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, attend=self_attend, causal=causal, kv=self_kv,
+                                                              packing=packing))
+        x, _ = self.sub_cross(x, lambda h: self.attend_memory(h, cross_kv, attend, packing, group))
+        x, _ = self.sub_ff(x, self.ff)
+        return x, new_kv
+
+    def attend_memory(self, h: torch.Tensor, cross_kv: tuple, attend: torch.Tensor | None, packing: Packing | None,
+                      group: int) -> torch.Tensor:
+        """Cross-attention; a sentence's `group` rows (B, T, D) are attended as one row of group * T queries."""
+        if group == 1:
+            return self.cross_attn(h, attend=attend, kv=cross_kv, packing=packing)[0]
+        B, T, D = h.shape
+        y, _ = self.cross_attn(h.reshape(B // group, group * T, D), attend=attend, kv=cross_kv)
+        return y.view(B, T, D)
+
+    def cross_kv(self, memory: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention (K, V) of the encoder output (B, S, D), or (N, D) packed by `packing`, for this
+        layer (a cache's start)."""
+        return self.cross_attn.project_kv(memory, packing)
