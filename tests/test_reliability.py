@@ -30,7 +30,8 @@ def train_args(corpus_dir: Path, tmp: Path, run: str, steps: int) -> list[str]:
             corpus_dir / "test", "--data.cache_dir", tmp / "cache", "--output_dir", tmp / run, "--model.preset",
             "tiny", "--model.dropout", "0.1", "--tokenizer.vocab_size", "300", "--max_tokens", "300",
             "--max_steps", steps, "--save_every", "2", "--eval_every", "1000", "--log_every", "1",
-            "--eval_max_sentences", "4"]
+            "--eval_max_sentences", "4", "--optim.lr", "0.003", "--optim.warmup_steps", "10", "--keep_last", "2",
+            "--average_last", "0"]  # nothing left to the budget plan: runs of other lengths train alike
 
 
 def start(cmd: list, tmp: Path, launcher: bool = False) -> subprocess.Popen:
@@ -215,7 +216,8 @@ def test_malicious_pickle_in_a_checkpoint_is_refused(tiny_cfg):
     tiny_cfg.resume, tiny_cfg.max_steps = "latest", 8
     with pytest.raises(Exception) as info:
         train(tiny_cfg)
-    assert "weights_only" in str(info.value) or "Weights only" in str(info.value)
+    message = str(info.value)  # refused by the checkpoint check (an archive that is not one) or by torch's loader
+    assert "optimizer.bin is unreadable" in message or "weights_only" in message or "Weights only" in message
     assert not MARKER.exists()
 
 

@@ -359,7 +359,8 @@ def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     assert probe[2] == trained[2] and probe[3] == trained[3]  # the same AdamW settings (fused where available)
 
 
-def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it(corpus_dir, tmp_path, capsys):
+def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it(corpus_dir, tmp_path, capsys,
+                                                                                   monkeypatch):
     """max_minutes with lr, warmup, cadence and model left null: a few real steps are timed, the plan fills them
     (explicit max_tokens and eval_every win), is printed in one block and saved; a resume reads plan.json back."""
     from nmt.config import ModelConfig, OptimConfig, read_yaml
@@ -380,7 +381,22 @@ def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it
     assert saved["optim"]["warmup_steps"] == plan["warmup_steps"] and saved["model"]["d_model"] == 32
     assert plan["seconds_per_token"] > 0 and plan["steps"] >= 1  # how many depends on the machine
     reset_accelerate_state()
-    (run / "plan.json").write_text(json.dumps({**plan, "lr": 0.00123}))  # not what a new timing would give
+    import nmt.training.planning as planning
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a resume timed steps again instead of reading plan.json")
+
+    monkeypatch.setattr(planning, "measure", no_timing)
     cfg.resume = "latest"
-    train(cfg)
-    assert read_yaml(run / "config.yaml")["optim"]["lr"] == 0.00123
+    train(cfg)  # the same run: the checkpoint's config matches the saved plan's choices
+    assert json.loads((run / "plan.json").read_text()) == plan
+    assert read_yaml(run / "config.yaml")["optim"]["lr"] == plan["lr"]
+
+
+def test_a_run_refused_before_it_starts_leaves_its_output_dir_unused(tiny_cfg):
+    """The plan is saved only once the run starts: a model breaking the contract leaves nothing to refuse the
+    next try for."""
+    with pytest.raises(NmtError, match="must take exactly"):
+        train(tiny_cfg, model=MaskTakingModel())
+    out = Path(tiny_cfg.output_dir)
+    assert not out.exists() or not any(out.iterdir())

@@ -141,12 +141,14 @@ def measure(cfg: TrainConfig, corpus, dims: budget.Dims, device: str | None = No
     return float(np.median(per_token))
 
 
-def planned(accelerator, cfg: TrainConfig, corpus) -> TrainConfig:
-    """`cfg` with the fields it leaves null filled by the run's plan: the saved one when resuming (re-planning
-    is deterministic), else a new one made on the main process, shared with the others, saved and printed."""
+def planned(accelerator, cfg: TrainConfig, corpus) -> tuple[TrainConfig, budget.Plan | None]:
+    """`cfg` with the fields it leaves null filled by the run's plan, and the plan (None: nothing to plan): the
+    saved one when resuming (re-planning is deterministic), else a new one made on the main process, shared with
+    the others and printed. The caller saves it once the run has started (save_plan), so that a run refused
+    before its start (a model breaking the contract, say) leaves its output_dir as it was."""
     keys = open_fields(cfg)
     if not keys:
-        return cfg
+        return cfg, None
     out = Path(cfg.output_dir)
     plan = load_plan(out) if cfg.resume else None
     if plan is None:
@@ -157,9 +159,7 @@ def planned(accelerator, cfg: TrainConfig, corpus) -> TrainConfig:
 
             broadcast_object_list(box)
         plan = budget.Plan.from_dict(box[0])
-        if accelerator.is_main_process:
-            save_plan(plan, out)
     if accelerator.is_main_process:
         print("nmt: " + "\n".join(describe(plan, keys)).removeprefix("plan      ").replace("\n          ", "\n  "),
               flush=True)
-    return apply_plan(cfg, plan)
+    return apply_plan(cfg, plan), plan

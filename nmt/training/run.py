@@ -23,7 +23,7 @@ from nmt.training.artifacts import publish_final, start_run
 from nmt.training.evaluation import try_average, tune_alpha
 from nmt.training.finetune import pretrained
 from nmt.training.loop import Loop, StopSignals
-from nmt.training.planning import planned
+from nmt.training.planning import planned, save_plan
 from nmt.training.resume import claim_output_dir, resume
 from nmt.training.setup import (
     build_model,
@@ -65,7 +65,8 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     # the others wait outside any collective (no timeout) while the main process prepares
     corpus = prepare(cfg.data, cfg.tokenizer, functools.partial(main_process_first, local=not cfg.data.shared_cache),
                      tokenizer=tokenizer)
-    cfg = run_sizes(accelerator, planned(accelerator, cfg, corpus), corpus)
+    cfg, plan = planned(accelerator, cfg, corpus)
+    cfg = run_sizes(accelerator, cfg, corpus)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))
     objective, optim = prepare_objective(accelerator, cfg, model)
@@ -75,6 +76,8 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
     total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch(0)
     start_run(run)
+    if plan is not None and run.is_main:
+        save_plan(plan, run.out)
     with StopSignals() as signals:
         stopped_by = Loop(run, optim, loader, sampler, total)(signals)
     if stopped_by in ("SIGTERM", "SIGINT"):
