@@ -10,6 +10,8 @@ import torch
 
 from nmt.ranges import check_fields, ranged
 
+SEEDS = 10**9 + 1  # seeds are 0 .. 1e9 (the range of SamplingConfig.seed)
+
 
 @dataclass
 class SamplingConfig:

@@ -18,6 +18,7 @@ import logging
 import os
 import select
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ import torch
 from nmt.ensemble import Ensemble
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
-from nmt.sampling import SamplingConfig
+from nmt.sampling import SEEDS, SamplingConfig
 from nmt.score import Score, score_encoded
 from nmt.search import SearchConfig, beam_search, search_defaults, search_encoded
 from nmt.tokenizer import PairTokenizer
@@ -197,7 +198,7 @@ class Translator:
         start = 1
         for chunk in batches:
             chunk = [line.rstrip("\r\n") for line in chunk]
-            yield from self._flat(self._translate_safely(chunk, start, kwargs, failed))
+            yield from self._flat(self._translate_safely(chunk, start, _seeded_from(kwargs, start), failed))
             start += len(chunk)
 
     def _translate_safely(self, chunk: list[str], first_line: int, kwargs: dict, failed: list[int] | None) -> list:
@@ -282,3 +283,13 @@ def _join_pieces(decoded: list[str], owner: list[int], n: int) -> list[str]:
     for text, i in zip(decoded, owner):
         out[i].append(text)
     return [" ".join(parts) for parts in out]
+
+
+def _seeded_from(kwargs: dict, first_line: int) -> dict:
+    """A chunk's keywords with sampling seeded from its first line: one translate() call draws batch k with seed
+    + k (fewer batches than lines), so the chunk starting at line n takes seed + n - 1 and no two chunks of a
+    stream share random streams, while a stream of one chunk draws exactly as translate() does."""
+    sampling = kwargs.get("sampling")
+    if sampling is None or sampling.seed is None or first_line == 1:
+        return kwargs
+    return {**kwargs, "sampling": replace(sampling, seed=(sampling.seed + first_line - 1) % SEEDS)}

@@ -107,3 +107,19 @@ def test_translator_samples_reproducibly_and_checks_its_options(tmp_path):
     for bad in (dict(topk=-1), dict(topp=0.0), dict(topp=1.5), dict(temperature=-1.0)):
         with pytest.raises(NmtError, match="sampling"):
             SamplingConfig(**bad)
+
+
+def test_chunks_of_a_stream_draw_from_their_own_seeds(monkeypatch):
+    """translate_stream: chunk k starts at line n and samples from seed + n - 1, so no two chunks share random
+    streams (a back-translated corpus would repeat its noise every chunk); the first chunk is translate()'s."""
+    from nmt.translate import Translator as T
+
+    seen = []
+    monkeypatch.setattr(T, "translate", lambda self, texts, **kw: seen.append(kw["sampling"].seed) or list(texts))
+    translator = T.__new__(T)
+    lines = [f"line {i}" for i in range(7)]
+    out = list(translator.translate_stream(lines, chunk_size=3, sampling=SamplingConfig(topk=5, seed=10)))
+    assert out == lines and seen == [10, 13, 16]
+    seen.clear()
+    list(translator.translate_stream(lines, chunk_size=3, sampling=SamplingConfig(topk=5, seed=None)))
+    assert seen == [None, None, None]  # torch's global generator: nothing to offset
