@@ -16,6 +16,7 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from nmt import compat
 
@@ -23,6 +24,17 @@ _PACKED: dict[int, tuple[tuple, torch.Tensor]] = {}  # id(weight) -> (what it wa
 AVAILABLE = compat.mkldnn_packed_linear_available()
 enabled = True  # switch off to compare against F.linear
 MIN_WEIGHT = 256 * 256  # smaller weights take F.linear: oneDNN's ~0.1 ms set-up per call outweighs its gain
+
+
+def forget(*_hook_args) -> None:
+    """Drop every packed weight; each is packed again on its next use."""
+    _PACKED.clear()
+
+
+# A fused optimizer (torch.optim.AdamW(fused=True), what training uses) updates weights in place without bumping
+# their version counter (torch 2.13), so the key in `packed` cannot see a training step: any optimizer step drops
+# the packs, or validation during training would decode with the weights of its first validation.
+register_optimizer_step_post_hook(forget)
 
 
 def _usable(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -49,3 +49,20 @@ def test_other_cases_take_f_linear(case):
         w = torch.randn(8, 256)
     with torch.set_grad_enabled(case == "grad"), torch.autocast("cpu", enabled=case == "autocast"):
         assert not fl._usable(x, w)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_packed_weight_follows_an_optimizer_step(fused):
+    """A fused AdamW step changes the weight in place without bumping its version: the packs are dropped after
+    any optimizer step, so decoding between training steps (validation) sees the trained weights."""
+    layer = torch.nn.Linear(256, 300)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1, fused=fused)
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        before = fl.linear(x, layer.weight, layer.bias)
+    layer(x).pow(2).sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = fl.linear(x, layer.weight, layer.bias)
+        assert torch.allclose(after, F.linear(x, layer.weight, layer.bias), atol=1e-4)
+        assert not torch.allclose(after, before, atol=1e-2)
