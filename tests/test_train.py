@@ -77,7 +77,7 @@ def test_resumed_run_equals_uninterrupted_run(corpus_dir, tmp_path, bpe_dropout)
 
 
 class SeedStyleModel(torch.nn.Module):
-    """A user's own model in the seed's spirit, rewritten to take ids only and derive its masks."""
+    """A user's own model in the DataParallel question's spirit, rewritten to take ids only and derive its masks."""
 
     def __init__(self, vocab: int, d: int = 32):
         super().__init__()
