@@ -106,7 +106,7 @@ NOT_RUN = {
     "python benchmarks/padding.py ../shared/data/tatoeba-en-de": BENCHMARK,
     "python benchmarks/scale.py ../shared/data/tatoeba-en-de --sizes 100k,1M,3M --work /tmp/nmt-scale": BENCHMARK,
     "tgt_mask = get_tgt_mask(sequence_length)\npred = model(X, y_input, tgt_mask=tgt_mask, src_pad_mask=src_pad_mask, "
-    "tgt_pad_mask=tgt_pad_mask)": "the DataParallel question's failing code that the page explains (its names are the question's)",
+    "tgt_pad_mask=tgt_pad_mask)": "the failing code of the DataParallel question that the page explains",
 }
 
 
