@@ -95,6 +95,8 @@ NOT_RUN = {
     "python benchmarks/decode_speed.py --rounds 3 --threads 2": BENCHMARK,
     'python benchmarks/decode_speed.py --rounds 3 --threads 2 --only "nmt,CT2 float32"': BENCHMARK,
     "python benchmarks/ensemble.py --data ../shared/data/tatoeba-en-de --minutes 12": BENCHMARK,
+    "python benchmarks/ensemble.py --data ../shared/data/tatoeba-en-de --minutes 3 optim.warmup_steps=100 eval_every=100 "
+    "save_every=100": BENCHMARK,
     "python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25": BENCHMARK,
     "python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25 --baseline": BENCHMARK,
     "python benchmarks/train_speed.py --mode fp32 --rounds 5": BENCHMARK,
