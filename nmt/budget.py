@@ -93,6 +93,7 @@ class Plan:
     keep_last: int
     average_last: int
     eval_max_sentences: int | None = None  # None: the whole validation set
+    decay_steps: int | None = None  # where optim.schedule linear ends: the planned steps under a time budget
     seconds_per_token: float | None = None
     reasons: list[str] = field(default_factory=list)
 
@@ -203,6 +204,7 @@ def make_plan(stats: CorpusStats, budget: Budget, speed: Speed | None, model: Di
     lr = float(f"{LR_AT_192 * math.sqrt(192 / d):.2g}")
     warmup = max(1, min(MAX_WARMUP, round(WARMUP_SHARE * steps)))
     reasons.append(f"lr {lr:g} for d_model {d} (1.1e-3 x sqrt(192/d)); warmup {warmup:,} ({WARMUP_SHARE:.0%} of steps)")
+    timed = bool(speed and budget.minutes)
     every = max(1, steps // VALIDATIONS)
     average = average_for(steps, every)
     sentences = TIMED_VALID_SENTENCES if speed and budget.minutes else None
@@ -212,4 +214,5 @@ def make_plan(stats: CorpusStats, budget: Budget, speed: Speed | None, model: Di
     return Plan(model.name, d, model.n_heads, model.n_encoder_layers, model.n_decoder_layers, model.d_ff, dropout,
                 max_tokens, steps, epochs, lr, warmup, every, every,
                 keep_last=max(average, 2), average_last=average, eval_max_sentences=sentences,
+                decay_steps=steps if timed else None,
                 seconds_per_token=speed.seconds_per_token if speed else None, reasons=reasons)

@@ -189,10 +189,12 @@ def auto_sizes(train_pairs: int) -> AutoSizes:
 
 @dataclass
 class OptimConfig:
-    """AdamW with inverse-square-root warmup."""
+    """AdamW with linear warmup, then inverse-square-root or linear decay."""
 
     lr: float | None = ranged(None, "[0, 1]")  # peak learning rate, reached after warmup_steps (null: for the width)
-    warmup_steps: int | None = ranged(None, "[0, 1e9]")  # linear warmup, then lr * sqrt(warmup / step) (null: by budget)
+    warmup_steps: int | None = ranged(None, "[0, 1e9]")  # linear warmup to lr over this many steps (null: by budget)
+    schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"  # after warmup: lr*sqrt(warmup/step), or linear to 0
+    decay_steps: int | None = ranged(None, "[1, 1e12]")  # linear: lr 0 and the run ends here (null: planned/run's steps)
     betas: tuple[float, float] = ranged((0.9, 0.98), "[0, 1)")  # Adam betas
     eps: float = ranged(1e-9, "[0, 1)")  # Adam epsilon
     weight_decay: float = ranged(0.0, "[0, 10]")  # decoupled weight decay

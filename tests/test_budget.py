@@ -21,6 +21,7 @@ def test_tatoeba_25_minutes_on_a_fast_cpu_gives_the_hand_tuned_recipe():
     assert 500 <= plan.warmup_steps <= 700 and 250 <= plan.eval_every <= 350 and plan.save_every == plan.eval_every
     assert plan.average_last == 3 and plan.keep_last >= 3 and plan.dropout == 0.1
     assert len(plan.reasons) == 6 and plan.reasons[0].startswith("model d192")
+    assert plan.decay_steps == plan.steps  # where optim.schedule linear would end: the budget fixes the steps
 
 
 def test_warmup_and_validations_scale_with_the_budget():
@@ -48,6 +49,7 @@ def test_corpus_size_caps_the_model_and_sets_dropout():
 def test_step_bounds_without_a_time_budget():
     plan = make_plan(TATOEBA, Budget(None, 3000, None), None)
     assert plan.steps == 3000 and plan.warmup_steps == 360 and plan.max_tokens == 4096 and plan.model == "small"
+    assert plan.decay_steps is None  # no time budget: a linear schedule ends with the run's own steps
     by_epochs = make_plan(TATOEBA, Budget(None, None, 2), None)
     assert by_epochs.steps == 2 * -(-TATOEBA.epoch_cost // int(4096 * FILL))
 
@@ -60,6 +62,8 @@ def test_max_tokens_never_below_the_longest_pair():
 def test_plan_round_trips_through_a_dict():
     plan = make_plan(TATOEBA, Budget(25, None, None), speed_for(4800, 25))
     assert Plan.from_dict(plan.to_dict()) == plan
+    old = {k: v for k, v in plan.to_dict().items() if k != "decay_steps"}
+    assert Plan.from_dict(old).decay_steps is None  # a plan.json saved before decay_steps was planned
 
 
 def test_averaging_follows_the_checkpoints_the_run_will_save():
@@ -79,3 +83,15 @@ def test_explicit_values_win_field_by_field():
     assert (out.optim.warmup_steps, out.eval_every, out.model.n_encoder_layers) == (576, 300, 3)  # from the plan
     assert out.average_last == 0  # 2 checkpoints at the given save_every: nothing to average
     assert open_fields(cfg)[:2] == ["eval_every", "keep_last"] and open_fields(out) == []
+
+
+def test_a_linear_schedule_under_a_time_budget_ends_with_the_planned_steps():
+    from nmt.config import OptimConfig, TrainConfig
+    from nmt.training.planning import apply_plan, open_fields
+
+    plan = make_plan(TATOEBA, Budget(25, None, None), speed_for(4800, 25))
+    linear = TrainConfig(max_minutes=25, optim=OptimConfig(schedule="linear"))
+    assert "optim.decay_steps" in open_fields(linear) and apply_plan(linear, plan).optim.decay_steps == 4800
+    assert apply_plan(TrainConfig(max_minutes=25), plan).optim.decay_steps is None  # inverse_sqrt: not needed
+    given = TrainConfig(max_minutes=25, optim=OptimConfig(schedule="linear", decay_steps=100))
+    assert "optim.decay_steps" not in open_fields(given) and apply_plan(given, plan).optim.decay_steps == 100

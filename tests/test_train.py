@@ -12,7 +12,7 @@ from nmt import Translator, train
 from nmt.checkpoint import list_checkpoints
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
-from nmt.training.step import inverse_sqrt
+from nmt.training.step import inverse_sqrt, linear_decay
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -120,6 +120,23 @@ def test_model_breaking_the_contract_is_named(tiny_cfg):
 def test_inverse_sqrt_schedule():
     f = inverse_sqrt(4)
     assert [round(f(s), 3) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, round((4 / 5) ** 0.5, 3), round((4 / 6) ** 0.5, 3)]
+
+
+def test_linear_decay_schedule():
+    f = linear_decay(2, 6)
+    assert [round(f(s), 3) for s in range(8)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    assert linear_decay(10, 4)(3) > 0  # a warmup longer than the run still trains before the end
+    assert [linear_decay(1, 1)(s) for s in range(2)] == [1.0, 0.0]  # a one-step run
+
+
+def test_a_linear_schedule_ends_training_where_its_lr_reaches_zero(tiny_cfg):
+    """optim.decay_steps bounds the run (lr 0 after it); left null it is the run's own length."""
+    tiny_cfg.optim.schedule, tiny_cfg.optim.decay_steps, tiny_cfg.max_steps = "linear", 5, 100
+    tiny_cfg.optim.warmup_steps, tiny_cfg.log_every = 2, 1
+    assert train(tiny_cfg).steps == 5
+    rows = [json.loads(x) for x in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in rows if "lr" in r]
+    assert lrs and lrs[-1] < max(lrs)
 
 
 def test_coming_from_dataparallel_doc_model_trains(tiny_cfg):
@@ -380,6 +397,7 @@ def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it
     assert saved["save_every"] == plan["save_every"] and saved["optim"]["lr"] == plan["lr"] > 0
     assert saved["optim"]["warmup_steps"] == plan["warmup_steps"] and saved["model"]["d_model"] == 32
     assert plan["seconds_per_token"] > 0 and plan["steps"] >= 1  # how many depends on the machine
+    assert saved["optim"]["schedule"] == "inverse_sqrt" and plan["decay_steps"] == plan["steps"]
     reset_accelerate_state()
     import nmt.training.planning as planning
 

@@ -37,6 +37,8 @@ MODEL = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "
 def open_fields(cfg: TrainConfig) -> list[str]:
     """The config keys left null for the plan to choose."""
     keys = [k for k in TOP if getattr(cfg, k) is None] + [f"optim.{k}" for k in OPTIM if getattr(cfg.optim, k) is None]
+    if cfg.optim.schedule == "linear" and cfg.optim.decay_steps is None and cfg.max_minutes is not None:
+        keys.append("optim.decay_steps")  # the linear schedule ends where the time budget will
     return keys + [f"model.{k}" for k in MODEL if getattr(cfg.model, k) is None]
 
 
@@ -78,6 +80,8 @@ def apply_plan(cfg: TrainConfig, plan: budget.Plan) -> TrainConfig:
     """`cfg` with its null fields taken from `plan`; explicit values are kept, field by field."""
     top = {k: getattr(plan, k) for k in TOP if getattr(cfg, k) is None}
     optim = {k: getattr(plan, k) for k in OPTIM if getattr(cfg.optim, k) is None}
+    if cfg.optim.schedule == "linear" and cfg.optim.decay_steps is None and plan.decay_steps is not None:
+        optim["decay_steps"] = plan.decay_steps
     model = {k: getattr(plan, k) for k in MODEL if getattr(cfg.model, k) is None}
     if len(model) == len(MODEL) and cfg.model.size == "auto" and plan.model in MODEL_PRESETS:
         model["size"] = plan.model  # the rung is a named size: the run's config and model info say so
@@ -94,7 +98,9 @@ def describe(plan: budget.Plan | None, keys: list[str]) -> list[str]:
     if not keys:
         return ["plan      all settings given; nothing chosen from the budget"]
     head = f"plan      chosen for the budget (set a key to override it): {', '.join(keys)}"
-    return [head] + [f"          - {reason}" for reason in plan.reasons]
+    reasons = plan.reasons + ([f"optim.decay_steps {plan.decay_steps:,}: the linear schedule ends with the budget's steps"]
+                              if "optim.decay_steps" in keys else [])
+    return [head] + [f"          - {reason}" for reason in reasons]
 
 
 def save_plan(plan: budget.Plan, out: Path) -> None:

@@ -6,6 +6,7 @@ State lives in Accelerate (`save_state` of the objective, optimizer, scheduler a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -69,12 +70,13 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     cfg = run_sizes(accelerator, cfg, corpus)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))
+    # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
+    total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch(0)
+    cfg, total = decay_horizon(cfg, total)
     objective, optim = prepare_objective(accelerator, cfg, model)
     run = Run(accelerator, cfg, corpus, objective)
     if found:
         run.state = resume(run, sampler, found)
-    # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
-    total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch(0)
     start_run(run)
     if plan is not None and run.is_main:
         save_plan(plan, run.out)
@@ -85,6 +87,15 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
         return TrainResult(None, run.state.step, stopped_by=stopped_by,
                            checkpoint=ckpt.list_checkpoints(cfg.output_dir)[-1])
     return finish(run)
+
+
+def decay_horizon(cfg: TrainConfig, total: int) -> tuple[TrainConfig, int]:
+    """A linear schedule ends training where its lr reaches 0: at optim.decay_steps, or at the run's own end."""
+    if cfg.optim.schedule != "linear":
+        return cfg, total
+    if cfg.optim.decay_steps is None:
+        return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, decay_steps=total)), total
+    return cfg, min(total, cfg.optim.decay_steps)
 
 
 def finish(run: Run) -> TrainResult:

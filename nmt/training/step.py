@@ -84,10 +84,28 @@ def inverse_sqrt(warmup: int):
     return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
 
 
+def linear_decay(warmup: int, decay_steps: int):
+    """lr factor: linear warmup to 1 over `warmup` steps, then linearly down to 0 at step `decay_steps` (the
+    budgeted-training schedule: Li et al. 2020 find it best when the number of steps is known in advance)."""
+    warmup = max(min(warmup, decay_steps - 1), 1)
+    span = max(decay_steps - warmup, 1)
+    return lambda step: max(0.0, min((step + 1) / warmup, (decay_steps - step) / span))
+
+
+def schedule_of(cfg: TrainConfig):
+    """The config's lr factor per step; `linear` needs optim.decay_steps (the plan or the run fills it)."""
+    o = cfg.optim
+    if o.schedule == "linear":
+        if o.decay_steps is None:
+            raise ValueError("optim.schedule linear needs optim.decay_steps")
+        return linear_decay(o.warmup_steps, o.decay_steps)
+    return inverse_sqrt(o.warmup_steps)
+
+
 def make_optim(model: torch.nn.Module, cfg: TrainConfig) -> Optim:
-    """AdamW with inverse-sqrt warmup and the config's clipping, as training steps it."""
+    """AdamW with the config's warmup and schedule and clipping, as training steps it."""
     optimizer = make_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.optim.warmup_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_of(cfg))
     return Optim(optimizer, scheduler, cfg.optim.clip_norm)
 
 
