@@ -2,7 +2,7 @@
 config and the HF baseline, on the same corpus and machine, side by side in one run, per corpus and budget.
 
     python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 25 --subset 10000 \
-        [--systems budget,fixed,tuned,baseline] [--output runs/recipe] [key=value ...]
+        [--subset-only] [--systems budget,fixed,tuned,baseline] [--output runs/recipe] [key=value ...]
 
 Corpora: the data folder, and with --subset N also its first N training pairs (same validation and test sets).
 Systems, each trained for the same wall-clock minutes:
@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--tgt", default="de")
     parser.add_argument("--minutes", type=float, nargs="+", default=[10.0, 25.0], help="budgets (wall clock)")
     parser.add_argument("--subset", type=int, nargs="*", default=[], help="also the first N training pairs")
+    parser.add_argument("--subset-only", action="store_true", help="only the --subset corpora, not the whole one")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated of {', '.join(SYSTEMS)}")
     parser.add_argument("--tuned-config", default=str(ROOT / "configs" / "tatoeba-en-de.yaml"))
     parser.add_argument("--output", default="runs/recipe")
@@ -114,7 +115,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     results = {}
-    for subset in [None, *args.subset]:
+    if args.subset_only and not args.subset:
+        parser.error("--subset-only needs --subset N")
+    for subset in [*([] if args.subset_only else [None]), *args.subset]:
         for minutes in args.minutes:
             corpus = f"{Path(args.data).name}{f' first {subset:,} pairs' if subset else ''}, {minutes:g} min"
             print(f"\n=== {corpus} ===", flush=True)
@@ -127,7 +130,9 @@ def main() -> None:
                     rows[system] = run_baseline(load_config(None, [*base, *args.overrides]), minutes, args.tiny_baseline)
                 else:
                     rows[system] = run_nmt(nmt_config(system, args, base), args.beam)
-                print(f"{system}: done in {(time.perf_counter() - t) / 60:.1f} min", flush=True)
+                r = rows[system]
+                print(f"{system}: done in {(time.perf_counter() - t) / 60:.1f} min, {r['steps']} steps, "
+                      f"test BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f}", flush=True)
             results[corpus] = rows
             print("\n".join(table(rows)), flush=True)
     print("\nsummary (test BLEU)")

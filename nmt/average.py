@@ -33,12 +33,25 @@ def average_weights(dirs: list[Path]) -> dict[str, torch.Tensor]:
     return {k: v / len(dirs) for k, v in total.items()}
 
 
+def tied_names(model: torch.nn.Module) -> list[list[str]]:
+    """Groups of state-dict names that are one tensor (tied weights): safetensors stores each group once, under
+    any one of its names."""
+    groups: dict[tuple, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        groups.setdefault(key, []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
 def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Load averaged weights into `model` (shared embeddings stored once are filled in)."""
+    """Load averaged weights into `model`; a tied weight stored once under one of its names fills the others
+    (nmt's shared embeddings and any own model's ties alike)."""
     own = model.state_dict()
-    for name in own:
-        if name not in weights and name.startswith("src_embed") and "tgt_embed.weight" in weights:
-            weights[name] = weights["tgt_embed.weight"]
+    for names in tied_names(model):
+        stored = next((n for n in names if n in weights), None)
+        for name in names:
+            if stored is not None and name not in weights:
+                weights[name] = weights[stored]
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items() if k in own}, strict=True)
 
 

@@ -67,3 +67,39 @@ def test_load_into_fills_the_shared_embedding_stored_once(tmp_path):
     load_into(target, weights)
     for name, value in source.state_dict().items():
         assert torch.equal(target.state_dict()[name], value), name
+
+
+class TiedOwnModel(torch.nn.Module):
+    """A user's own model whose input embedding and output projection are one tensor."""
+
+    def __init__(self, vocab: int = 300, d: int = 32):
+        super().__init__()
+        self.pad_id, self.bos_id, self.eos_id = 0, 2, 3
+        self.inner = torch.nn.ModuleDict({"src_embed": torch.nn.Embedding(vocab, d)})
+        self.transformer = torch.nn.Transformer(d, 2, 1, 1, 64, dropout=0.0, batch_first=True)
+        self.out = torch.nn.Linear(d, vocab, bias=False)
+        self.out.weight = self.inner["src_embed"].weight
+
+    def forward(self, src_ids, tgt_in_ids):
+        embed = self.inner["src_embed"]
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt_in_ids.shape[1], device=src_ids.device)
+        h = self.transformer(embed(src_ids), embed(tgt_in_ids), tgt_mask=causal, tgt_is_causal=True,
+                             src_key_padding_mask=src_ids.eq(self.pad_id), memory_key_padding_mask=src_ids.eq(self.pad_id))
+        return self.out(h)
+
+
+def test_averaging_an_own_model_with_tied_weights(tiny_cfg, capsys):
+    """The checkpoints store the tied tensor once (under either name): the average fills the other name."""
+    from nmt import train
+    from nmt.average import average_weights, tied_names
+
+    model = TiedOwnModel()
+    assert tied_names(model) == [["inner.src_embed.weight", "out.weight"]]
+    tiny_cfg.max_steps, tiny_cfg.save_every, tiny_cfg.average_last, tiny_cfg.keep_last = 6, 2, 3, 3
+    train(tiny_cfg, model=model)
+    assert "average of step_2, step_4, step_6" in capsys.readouterr().err
+    from nmt.checkpoint import list_checkpoints
+
+    averaged = average_weights(list_checkpoints(tiny_cfg.output_dir))
+    assert len([k for k in averaged if k in ("inner.src_embed.weight", "out.weight")]) == 1  # stored once
+    assert model.out.weight is model.inner["src_embed"].weight  # still tied after loading the average

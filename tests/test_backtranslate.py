@@ -112,3 +112,38 @@ def test_a_reserved_tag_stays_one_token_and_is_not_decoded():
         assert tok.decode_tgt([ids]) == tok.decode_tgt([ids[1:]])  # the tag never shows in translations
         plain = PairTokenizer(train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=120)))
         assert plain.src_tokens("<bt> I am young.")[0] != "<bt>"  # without reserved, the tag is ordinary text
+
+
+def test_the_loop_trains_a_forward_model_on_real_and_weighted_tagged_synthetic_pairs(model_dir, corpus_dir, tmp_path,
+                                                                                       capsys, fresh_accelerate_state):
+    """README's three steps end to end: the en -> xx model back-translates monolingual en text into synthetic xx
+    sources; an xx -> en model trains on the real corpus once and the tagged synthetic one twice per epoch, with
+    <bt> one reserved token of its own; its translations of real sources never show the tag."""
+    from nmt import Translator, train
+    from nmt.config import DataConfig, TokenizerConfig
+    from nmt.data import prepare
+    from nmt.synthetic import generate_pairs
+    from tests.conftest import tiny_config
+
+    mono = tmp_path / "mono.en"
+    mono.write_text("".join(en + "\n" for en, _ in generate_pairs(60, seed=11)), encoding="utf-8")
+    assert main(["backtranslate", str(model_dir), "--input", str(mono), "--output", str(tmp_path / "bt"), "--tag",
+                 "--beam", "1"]) == 0
+    assert (tmp_path / "bt.en").read_text(encoding="utf-8") == mono.read_text(encoding="utf-8")  # real targets
+    data = DataConfig(train=[str(corpus_dir / "train"), str(tmp_path / "bt")], weights=[1, 2], src_lang="xx",
+                      tgt_lang="en", valid=str(corpus_dir / "valid"), test=str(corpus_dir / "test"),
+                      cache_dir=str(tmp_path / "cache"))
+    cfg = tiny_config(corpus_dir, tmp_path, data=data, tokenizer=TokenizerConfig(vocab_size=300, reserved=["<bt>"]),
+                      max_steps=6, eval_every=6, save_every=6)
+    result = train(cfg)
+    fresh_accelerate_state()
+    corpus = prepare(cfg.data, cfg.tokenizer)  # the run's cache: the pairs it trained on
+    real, synthetic = corpus.stats["corpora"]
+    assert real["pairs"] == real["per_epoch"] > 500 and synthetic["train"] == str(tmp_path / "bt")
+    assert synthetic["pairs"] > 0 and synthetic["per_epoch"] == 2 * synthetic["pairs"]  # weight 2: twice an epoch
+    starts = [ids[0] for ids in corpus.splits["train"]["src_ids"]]
+    assert len(starts) == real["per_epoch"] + synthetic["per_epoch"]
+    assert starts.count(4) == synthetic["per_epoch"]  # every synthetic source, and only those, opens with <bt>
+    assert (result.model_dir / "tokenizer.json").is_file()
+    hyps = Translator.from_pretrained(result.model_dir).translate(["<bt> " + corpus.splits["test"]["src"][0]])
+    assert "<bt>" not in hyps[0]

@@ -126,10 +126,12 @@ def test_recipe(corpus_dir, tmp_path):
 def test_recipe_with_the_baseline(corpus_dir, tmp_path):
     pytest.importorskip("transformers", reason="the HF baseline needs the bench extra")
     out = run("recipe.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.03", "--systems",
-              "budget,baseline", "--tiny-baseline", "--output", str(tmp_path / "runs"), "--beam", "1",
+              "budget,baseline", "--tiny-baseline", "--subset", "300", "--subset-only",
+              "--output", str(tmp_path / "runs"), "--beam", "1",
               f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "eval_max_sentences=8", cwd=tmp_path)
     table = out[out.index("system "):].splitlines()
     assert [row.split()[0] for row in table[1:3]] == ["budget", "baseline"]
+    assert out.count("=== ") == 1 and "first 300 pairs" in out  # --subset-only: not the whole corpus
 
 
 def test_serve_load(corpus_dir, tmp_path):
