@@ -209,7 +209,7 @@ def make_plan(stats: CorpusStats, budget: Budget, speed: Speed | None, model: Di
     timed = bool(speed and budget.minutes)
     every = max(1, steps // VALIDATIONS)
     average = average_for(steps, every)
-    sentences = TIMED_VALID_SENTENCES if speed and budget.minutes else None
+    sentences = TIMED_VALID_SENTENCES if timed else None
     reasons.append(f"validate and save every {every:,} steps (~{VALIDATIONS} per run), BLEU on "
                    f"{f'the first {sentences} validation pairs' if sentences else 'all validation pairs'}; "
                    f"average_last {average}")

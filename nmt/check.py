@@ -196,7 +196,9 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Ep
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
-    optim, one = make_optim(objective, cfg), OneDevice(device, cfg.accum_steps)
+    # the schedule's shape does not change a step's time (and a linear one may have no horizon in a check)
+    steady = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, schedule="inverse_sqrt"))
+    optim, one = make_optim(objective, steady), OneDevice(device, cfg.accum_steps)
     plan, columns = epoch.plan, epoch.train.select_columns(["src_ids", "tgt_ids"])
     collate = Collator(pad_id=objective.pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
     if device.type == "cuda":

@@ -87,6 +87,12 @@ def test_probe_times_real_steps(report):
     assert report.seconds_per_epoch == pytest.approx(report.seconds_per_step * report.steps_per_epoch)
 
 
+@pytest.mark.parametrize("max_minutes", [None, 5.0])
+def test_a_linear_schedule_is_probed_with_or_without_a_time_budget(cfg, max_minutes):
+    linear = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, schedule="linear"), max_minutes=max_minutes)
+    assert preflight(linear, num_processes=1, probe_steps=1, device="cpu").probe_steps == 1
+
+
 def test_time_line_says_how_far_max_minutes_gets(report):
     """With a wall-clock budget the time line adds the steps and epochs it allows at the probed speed."""
     timed = dataclasses.replace(report, seconds_per_step=2.0, steps_per_epoch=50, total_steps=100_000,

@@ -139,6 +139,18 @@ def test_a_linear_schedule_ends_training_where_its_lr_reaches_zero(tiny_cfg):
     assert lrs and lrs[-1] < max(lrs)
 
 
+def test_a_linear_schedule_under_a_time_budget_ends_at_the_planned_steps(tiny_cfg, capsys):
+    """optim.schedule linear with max_minutes and the rest planned: the plan times steps, fills decay_steps, and
+    the run ends there (or at the time limit, if it comes first)."""
+    from nmt.config import OptimConfig
+
+    tiny_cfg.optim = OptimConfig(schedule="linear")
+    tiny_cfg.max_steps, tiny_cfg.max_minutes, tiny_cfg.save_every = 100_000, 0.05, None
+    result = train(tiny_cfg)
+    plan = json.loads((Path(tiny_cfg.output_dir) / "plan.json").read_text())
+    assert "optim.decay_steps" in capsys.readouterr().out and 1 <= result.steps <= plan["decay_steps"]
+
+
 def test_coming_from_dataparallel_doc_model_trains(tiny_cfg):
     doc = (Path(__file__).parent.parent / "docs" / "coming-from-dataparallel.md").read_text()
     model_code = doc.split("```python\n")[2].split("```")[0]  # the rewritten seed model

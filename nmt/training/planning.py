@@ -34,11 +34,16 @@ OPTIM = ("lr", "warmup_steps")
 MODEL = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout")
 
 
+def decay_open(cfg: TrainConfig) -> bool:
+    """A linear schedule without decay_steps: under a time budget the plan's steps end it."""
+    return cfg.optim.schedule == "linear" and cfg.optim.decay_steps is None and cfg.max_minutes is not None
+
+
 def open_fields(cfg: TrainConfig) -> list[str]:
     """The config keys left null for the plan to choose."""
     keys = [k for k in TOP if getattr(cfg, k) is None] + [f"optim.{k}" for k in OPTIM if getattr(cfg.optim, k) is None]
-    if cfg.optim.schedule == "linear" and cfg.optim.decay_steps is None and cfg.max_minutes is not None:
-        keys.append("optim.decay_steps")  # the linear schedule ends where the time budget will
+    if decay_open(cfg):
+        keys.append("optim.decay_steps")
     return keys + [f"model.{k}" for k in MODEL if getattr(cfg.model, k) is None]
 
 
@@ -80,7 +85,7 @@ def apply_plan(cfg: TrainConfig, plan: budget.Plan) -> TrainConfig:
     """`cfg` with its null fields taken from `plan`; explicit values are kept, field by field."""
     top = {k: getattr(plan, k) for k in TOP if getattr(cfg, k) is None}
     optim = {k: getattr(plan, k) for k in OPTIM if getattr(cfg.optim, k) is None}
-    if cfg.optim.schedule == "linear" and cfg.optim.decay_steps is None and plan.decay_steps is not None:
+    if decay_open(cfg) and plan.decay_steps is not None:
         optim["decay_steps"] = plan.decay_steps
     model = {k: getattr(plan, k) for k in MODEL if getattr(cfg.model, k) is None}
     if len(model) == len(MODEL) and cfg.model.size == "auto" and plan.model in MODEL_PRESETS:
@@ -133,8 +138,8 @@ def measure(cfg: TrainConfig, corpus, dims: budget.Dims, device: str | None = No
         torch.manual_seed(cfg.seed)
         objective = Seq2SeqLoss(Seq2SeqTransformer(model_cfg).to(device), 0.1)
         collate = Collator(pad_id=objective.pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
-        optim = make_optim(objective, dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=PROBE_LR,
-                                                                                           warmup_steps=1)))
+        optim = make_optim(objective, dataclasses.replace(cfg, optim=dataclasses.replace(
+            cfg.optim, lr=PROBE_LR, warmup_steps=1, schedule="inverse_sqrt")))  # the speed does not depend on them
         for i in range(steps + 1):
             chunk = plan.batches[i % len(plan)]
             batch = {k: v.to(device) for k, v in collate.columns(columns[chunk.tolist()]).items()}
