@@ -1,8 +1,9 @@
 """Cleaning, deduplication and train/eval overlap as whole columns: Arrow compute and NumPy, no loop per pair.
 
-Each pair gets a drop code (`REASONS`), a 64-bit hash of its exact text and one of its normalised text.
-Equal hashes only nominate duplicates: they are confirmed by comparing the texts, so a hash collision
-never drops a pair. The one loop in Python runs over the nominated pairs only.
+Each pair gets a drop code (`REASONS`), a 64-bit hash of its exact text, and whether the hash of its normalised
+text is one of validation and test's. Equal hashes only nominate duplicates and overlaps: they are confirmed by
+comparing the texts, so a hash collision never drops a pair. The one loop in Python runs over the nominated pairs
+only. Per pair, memory holds 10 bytes from the scan and the dedupe's sort (8-byte order), never the texts.
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ def repeats(hashes: np.ndarray, texts: Callable[[np.ndarray], list]) -> np.ndarr
     """(n,) bool: True where an earlier element has the same text. `texts(idx)` gives the texts at `idx`
     (any comparable values); they are read only for elements whose hash is not unique."""
     order = np.argsort(hashes, kind="stable")
-    same = hashes[order][1:] == hashes[order][:-1]
+    ordered = hashes[order]
+    same = ordered[1:] == ordered[:-1]
+    del ordered
     nominated = np.zeros(len(hashes), dtype=bool)
     nominated[order[1:][same]] = nominated[order[:-1][same]] = True
     candidates = np.flatnonzero(nominated)
@@ -107,35 +110,47 @@ def repeats(hashes: np.ndarray, texts: Callable[[np.ndarray], list]) -> np.ndarr
     return out
 
 
-def scan(batches: Iterable[pa.Table], cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(N,) drop codes, (N,) exact pair hashes and (N,) normalised pair hashes of a corpus read in batches.
+def scan(batches: Iterable[pa.Table], cfg: DataConfig, n: int,
+         other: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(n,) drop codes, (n,) exact pair hashes and (n,) bool, True where the normalised pair's hash is one of
+    `other`'s (e.g. `normalised_hashes` of validation and test), of a corpus of `n` pairs read in batches.
 
-    Batches are scanned on one thread per core (Arrow compute and NumPy release the GIL), a few at a time, so
-    memory holds a few batches, never the corpus.
+    Batches are scanned on one thread per core (Arrow compute and NumPy release the GIL), a few at a time, into
+    arrays allocated once: memory holds those and a few batches, never the corpus.
     """
-    threads = os.cpu_count() or 1
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    other = np.sort(np.zeros(0, np.uint64) if other is None else other)
+    codes, exact, near = np.zeros(n, np.int8), np.zeros(n, np.uint64), np.zeros(n, bool)
+    threads, done = os.cpu_count() or 1, 0
     with ThreadPoolExecutor(threads) as pool:
         window = list(itertools.islice(iter_batches := iter(batches), threads))
         while window:
-            parts += pool.map(lambda table: _scan_one(table, cfg), window)
+            for part in pool.map(lambda table: _scan_one(table, cfg, other), window):
+                size = len(part[0])
+                codes[done: done + size], exact[done: done + size], near[done: done + size] = part
+                done += size
             window = list(itertools.islice(iter_batches, threads))
-    if not parts:
-        return np.zeros(0, np.int8), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    return tuple(np.concatenate(column) for column in zip(*parts))  # type: ignore[return-value]
+    if done != n:
+        raise ValueError(f"scan: {done} pairs read, {n} expected")
+    return codes, exact, near
 
 
-def _scan_one(table: pa.Table, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scan_one(table: pa.Table, cfg: DataConfig, other: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     src, tgt = table.column("src"), table.column("tgt")
-    return drop_codes(src, tgt, cfg), pair_hashes(src, tgt), pair_hashes(normalise(src), normalise(tgt))
+    return drop_codes(src, tgt, cfg), pair_hashes(src, tgt), is_in(_normalised_pair_hashes(table), other)
 
 
-def in_other(hashes: np.ndarray, other: np.ndarray, texts: Callable[[np.ndarray], list], other_texts: set) -> np.ndarray:
-    """(n,) bool: True where the element's text is in `other_texts` (`other` holds their hashes); `texts(idx)`
-    gives the texts at idx, read only where the hash matches."""
-    other = np.sort(other)  # small (validation + test): a binary search per element, no copy of `hashes` sorted
-    found = other[np.minimum(np.searchsorted(other, hashes), max(len(other) - 1, 0))] if len(other) else other
-    candidates = np.flatnonzero(found == hashes) if len(other) else np.zeros(0, np.int64)
-    out = np.zeros(len(hashes), dtype=bool)
-    out[candidates] = [text in other_texts for text in texts(candidates)]
-    return out
+def normalised_hashes(batches: Iterable[pa.Table]) -> np.ndarray:
+    """(N,) hashes of each pair's normalised text (`normalise`) of a corpus read in batches."""
+    return np.concatenate([np.zeros(0, np.uint64), *map(_normalised_pair_hashes, batches)])
+
+
+def _normalised_pair_hashes(table: pa.Table) -> np.ndarray:
+    return pair_hashes(normalise(table.column("src")), normalise(table.column("tgt")))
+
+
+def is_in(hashes: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """(n,) bool: each hash occurs in `other` (sorted; small, e.g. validation + test: a binary search each).
+    Equal hashes only nominate: the caller confirms with the texts."""
+    if len(other) == 0:
+        return np.zeros(len(hashes), dtype=bool)
+    return other[np.minimum(np.searchsorted(other, hashes), len(other) - 1)] == hashes

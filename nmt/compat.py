@@ -84,6 +84,24 @@ def dataset_indices(ds):
     return None if ds._indices is None else ds._indices.column(0).to_numpy()
 
 
+def memory_mapped_rows(ds) -> tuple[str, int] | None:
+    """(path, first): the Arrow file a Dataset's table is memory-mapped from, and the file row at which the table's
+    rows start, when the table holds consecutive rows of the file as written (opened, then sliced or given
+    features metadata, as datasets does for a contiguous selection), else None (datasets 5.2.0:
+    `MemoryMappedTable.path`, and `.replays`, the table operations made since the file was opened)."""
+    from datasets.table import MemoryMappedTable
+
+    table, first = ds.data, 0
+    if not isinstance(table, MemoryMappedTable):
+        return None
+    for name, args, kwargs in table.replays:
+        if name == "slice":
+            first += ({"offset": 0} | dict(zip(("offset", "length"), args)) | kwargs)["offset"]
+        elif name != "replace_schema_metadata":
+            return None
+    return table.path, first
+
+
 def is_fsdp(accelerator) -> bool:
     """Whether the run shards with FSDP (accelerate 1.15.0: `DistributedType.FSDP`, versions 1 and 2)."""
     from accelerate.utils import DistributedType

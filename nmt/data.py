@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -29,7 +30,8 @@ from nmt.encoding import drop_long, encode
 from nmt.errors import NmtError
 from nmt.readers import load_split
 from nmt.strict import to_dict
-from nmt.tables import arrow_batches, rows
+from nmt.tables import arrow_batches, open_arrow, rows, select
+from nmt.textfiles import write_arrow
 from nmt.tokenizer import PairTokenizer, bulk_threads, train_pair_tokenizer
 
 SPLITS = ("train", "valid", "test")
@@ -69,17 +71,21 @@ def clean(ds: datasets.Dataset, cfg: DataConfig,
     pairs that also occur in `ds` after normalisation (`nmt.clean.normalise`); `cfg.dedupe_eval` drops those
     training pairs ("in_valid_or_test").
     """
-    codes, exact, norm = columns.scan(arrow_batches(ds, 10_000), cfg)
+    eval_hashes = np.concatenate([columns.normalised_hashes(arrow_batches(ev)) for ev in (evals or {}).values()]
+                                 or [np.zeros(0, np.uint64)])
+    codes, exact, near = columns.scan(arrow_batches(ds, 10_000), cfg, len(ds), eval_hashes)
     keep = np.flatnonzero(codes == 0)
     reasons, counts = np.unique(codes[codes > 0], return_counts=True)
+    del codes
     dropped = Counter({columns.REASONS[r - 1]: int(n) for r, n in zip(reasons, counts)})
     if cfg.dedupe:
         repeated = columns.repeats(exact[keep], lambda idx: rows(ds, keep[idx]))
         dropped["duplicate"] = int(repeated.sum())
         keep = keep[~repeated]
-    stats = {"read": len(codes)}
+    del exact
+    stats = {"read": len(ds)}
     if evals:
-        in_eval, stats["overlap"] = _eval_overlap(ds, keep, norm[keep], evals, cfg)
+        in_eval, stats["overlap"] = _eval_overlap(ds, keep, near[keep], evals)
         if cfg.dedupe_eval:
             dropped["in_valid_or_test"] = int(in_eval.sum())
             keep = keep[~in_eval]
@@ -87,14 +93,15 @@ def clean(ds: datasets.Dataset, cfg: DataConfig,
     return keep.astype(np.int64), stats
 
 
-def _eval_overlap(ds: datasets.Dataset, keep: np.ndarray, norm: np.ndarray, evals: dict[str, datasets.Dataset],
-                  cfg: DataConfig) -> tuple[np.ndarray, dict]:
-    """(len(keep),) bool: kept training pairs that equal an eval pair after normalisation; and per eval split,
-    how many of its pairs occur in training."""
+def _eval_overlap(ds: datasets.Dataset, keep: np.ndarray, near: np.ndarray,
+                  evals: dict[str, datasets.Dataset]) -> tuple[np.ndarray, dict]:
+    """(len(keep),) bool: kept training pairs that equal an eval pair after normalisation (`near`: those whose
+    hash says they may); and per eval split, how many of its pairs occur in training."""
     eval_texts = {name: rows(ev, np.arange(len(ev)), normalised=True) for name, ev in evals.items()}
-    eval_hashes = np.concatenate([columns.scan(arrow_batches(ev), cfg)[2] for ev in evals.values()])
     every = set().union(*eval_texts.values())
-    in_eval = columns.in_other(norm, eval_hashes, lambda idx: rows(ds, keep[idx], normalised=True), every)
+    candidates = np.flatnonzero(near)
+    in_eval = np.zeros(len(keep), dtype=bool)
+    in_eval[candidates] = [text in every for text in rows(ds, keep[candidates], normalised=True)]
     seen = set(rows(ds, keep[in_eval], normalised=True))
     overlap = {name: sum(text in seen for text in texts) for name, texts in eval_texts.items()}
     return in_eval, overlap
@@ -177,7 +184,7 @@ def mix(train: datasets.Dataset, origin: np.ndarray, cfg: DataConfig) -> tuple[d
         extra = np.sort(rng.choice(idx, size=round(frac * len(idx)), replace=False))
         parts += [idx] * int(whole) + [extra]
         corpora.append({"train": spec, "pairs": len(idx), "weight": weight, "per_epoch": int(whole) * len(idx) + len(extra)})
-    return train.select(np.concatenate(parts)), corpora
+    return select(train, np.concatenate(parts)), corpora
 
 
 def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Dataset], dict]:
@@ -191,7 +198,7 @@ def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Datas
         if ds is None:
             if ratio <= 0:
                 raise NmtError(f"config key 'data.{name}': no {name} set given and data.{name}_ratio is 0")
-            splits["train"], ds = _carve(splits["train"], name, ratio, cfg.split_seed + len(carved))
+            splits["train"], ds = _carve(splits["train"], name, ratio, cfg.split_seed + len(carved), cache)
             carved.append(name)
         splits[name] = ds
     for name, ds in splits.items():
@@ -212,14 +219,24 @@ def _read_train(spec: str, cfg: DataConfig, cache: Path) -> datasets.Dataset:
     return train
 
 
-def _carve(train: datasets.Dataset, name: str, ratio: float, seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(train, the `name` split): a share `ratio` of train carved off, refused when either side would be empty."""
-    try:
-        parts = train.train_test_split(test_size=ratio, seed=seed)
-    except ValueError:  # the splitter's "the resulting train set will be empty"
+def _carve(train: datasets.Dataset, name: str, ratio: float, seed: int,
+          cache: Path) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, the `name` split): a share `ratio` of train (rounded up), drawn with `seed`, carved off; refused when
+    either side would be empty. Train keeps the file's order, so a pass over it reads its file front to back
+    (nmt.tables.arrow_batches); the held-out pairs get a small file of their own, so reading them never touches
+    the pages of the whole corpus."""
+    held = math.ceil(ratio * len(train))
+    if not 0 < held < len(train):
         raise NmtError(f"config key 'data.{name}': {len(train)} training pair(s) left are too few to carve a {name} set "
-                       f"of data.{name}_ratio={ratio} from; give data.{name} (a separate file) or more pairs") from None
-    return parts["train"], parts["test"]
+                       f"of data.{name}_ratio={ratio} from; give data.{name} (a separate file) or more pairs")
+    order = np.random.default_rng(seed).permutation(len(train))
+    key = f"{dataset_fingerprint(train)}:{len(train)}:{ratio}:{seed}"
+    out = cache / "read" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.arrow"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        picked = select(train, np.sort(order[:held]))
+        write_arrow((b for t in arrow_batches(picked) for b in t.select(["src", "tgt"]).to_batches()), out)
+    return select(train, np.sort(order[held:])), open_arrow(out, f"nmt-{out.stem}")
 
 
 def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: TokenizerConfig,
@@ -254,7 +271,7 @@ def _cached_clean(raw: dict[str, datasets.Dataset], cfg: DataConfig,
         os.replace(tmp, keep_file)  # written before the stats, which mark the pair complete
         (work / f".clean.{os.getpid()}").write_text(json.dumps(stats))
         os.replace(work / f".clean.{os.getpid()}", stats_file)
-    return (train.select(keep) if len(keep) < len(train) else train), stats, keep
+    return (select(train, keep) if len(keep) < len(train) else train), stats, keep
 
 
 def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: Path) -> PairTokenizer:
@@ -263,7 +280,7 @@ def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: P
         return PairTokenizer.load(tok_dir)
     if tok_cfg.train_sample is not None and tok_cfg.train_sample < len(train):
         rng = np.random.default_rng(0)  # the same sample on every run and process
-        train = train.select(np.sort(rng.choice(len(train), size=tok_cfg.train_sample, replace=False)))
+        train = select(train, np.sort(rng.choice(len(train), size=tok_cfg.train_sample, replace=False)))
 
     def texts(name: str) -> Callable[[], Iterator[list[str]]]:  # batches of one side, as tokenizers takes them
         return lambda: (t.column(name).to_pylist() for t in arrow_batches(train, 10_000))

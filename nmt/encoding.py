@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nmt.errors import NmtError
-from nmt.tables import arrow_batches, column, open_arrow, table_and_mapping
+from nmt.tables import arrow_batches, column, open_arrow, select, table_and_mapping
 from nmt.textfiles import write_arrow
 from nmt.tokenizer import PairTokenizer, bulk_threads
 
@@ -64,4 +64,4 @@ def drop_long(train: datasets.Dataset, max_subwords: int, stats: dict) -> tuple[
     if len(keep) == 0:
         raise NmtError(f"no training pairs left: all are longer than data.max_subwords={max_subwords}")
     dropped = {**stats["dropped"], "too_many_subwords": len(cost) - len(keep)}
-    return train.select(keep), {**stats, "kept": len(keep), "dropped": dropped}, keep
+    return select(train, keep), {**stats, "kept": len(keep), "dropped": dropped}, keep

@@ -46,6 +46,25 @@ def test_dataset_fingerprint_follows_the_content():
     assert compat.dataset_fingerprint(a) == compat.dataset_fingerprint(datasets.Dataset.from_dict({"x": [1, 2]}))
 
 
+def test_memory_mapped_rows_names_the_file_and_the_first_row(tmp_path):
+    import datasets
+    import pyarrow as pa
+
+    from nmt.tables import open_arrow
+    from nmt.textfiles import write_arrow
+
+    write_arrow(iter([pa.record_batch([pa.array(list("abcdef")), pa.array(list("ABCDEF"))], names=["src", "tgt"])]),
+                tmp_path / "x.arrow")
+    ds = open_arrow(tmp_path / "x.arrow", "x")
+    path = str((tmp_path / "x.arrow").resolve())
+    assert compat.memory_mapped_rows(ds) == (path, 0)
+    assert compat.memory_mapped_rows(ds.select([2, 3, 4]).select([1, 2])) == (path, 3)  # contiguous: slices
+    assert ds.select([2, 3, 4]).select([1, 2])["src"] == ["d", "e"]
+    assert compat.memory_mapped_rows(ds.select([0, 2])) == (path, 0)  # an index mapping on the whole table
+    assert compat.memory_mapped_rows(ds.select_columns(["src"])) is None
+    assert compat.memory_mapped_rows(datasets.Dataset.from_dict({"src": ["a"]})) is None
+
+
 def test_tied_embedding_notice_is_the_text_accelerate_logs(fresh_accelerate_state, caplog):
     """accelerate's own cleaning of a tied state dict logs the notice we filter, from the logger we filter."""
     from accelerate.state import PartialState

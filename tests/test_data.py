@@ -418,3 +418,98 @@ def test_bulk_threads_respect_the_user_and_leave_forks_single_threaded(monkeypat
         with tokenizer.bulk_threads():
             assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
         assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+
+
+def _arrow_file(tmp_path, sizes):
+    """A memory-mapped Dataset over an Arrow stream of our own, written in batches of `sizes` rows."""
+    import pyarrow as pa
+
+    from nmt.tables import open_arrow
+    from nmt.textfiles import write_arrow
+
+    bounds, batches = [0], []
+    for size in sizes:
+        rows = range(bounds[-1], bounds[-1] + size)
+        batches.append(pa.record_batch([pa.array([f"s{i}" for i in rows], pa.string()),
+                                        pa.array([f"t{i} " * 20 for i in rows], pa.string())], names=["src", "tgt"]))
+        bounds.append(bounds[-1] + size)
+    path = tmp_path / f"pairs-{'-'.join(map(str, sizes))}.arrow"
+    if not path.exists():
+        write_arrow(iter(batches), path)
+    return open_arrow(path, path.stem), path
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=5), batch_size=st.integers(1, 12), data=st.data())
+def test_a_pass_read_from_the_file_gives_the_memory_maps_batches(tmp_path_factory, sizes, batch_size, data):
+    """arrow_batches reads a whole file of ours (all rows, or ascending selections) with plain reads: the same tables
+    as gathering from the memory map."""
+    import numpy as np
+
+    from nmt import tables
+
+    ds, _ = _arrow_file(tmp_path_factory.getbasetemp(), sizes)
+    n = len(ds)
+    picked = sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n))) if n else []
+    for view in (ds, ds.select(picked)):
+        assert tables.memory_mapped_rows(view) is not None
+        streamed = [t.to_pydict() for t in tables.arrow_batches(view, batch_size)]
+        table, mapping = tables.table_and_mapping(view)
+        rows = table if mapping is None else table.take(mapping)
+        mapped = [rows.slice(i, batch_size).to_pydict() for i in range(0, len(view), batch_size)]
+        assert streamed == mapped
+        assert all(len(t["src"]) == batch_size for t in streamed[:-1])
+        idx = np.array(data.draw(st.lists(st.integers(0, len(view) - 1), max_size=8)) if len(view) else [], np.int64)
+        assert tables.rows(view, idx) == [(r["src"], r["tgt"]) for r in rows.take(idx).to_pylist()]  # read from the file
+        assert tables.take(rows, idx).to_pydict() == rows.take(idx).to_pydict()  # chunk by chunk
+    shuffled = ds.select(np.arange(n)[::-1])  # not ascending: gathered from the memory map
+    assert [t.to_pydict() for t in tables.arrow_batches(shuffled, batch_size)] == [
+        ds.data.table.take(np.arange(n)[::-1]).slice(i, batch_size).to_pydict() for i in range(0, n, batch_size)]
+
+
+def _mapped_kib(path) -> int:
+    """KiB of `path`'s memory map resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's header line
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux /proc")
+def test_a_whole_pass_leaves_the_memory_map_untouched(tmp_path):
+    """Cleaning, tokenizer training and encoding each read the whole training file, and cleaning a few rows of it
+    (duplicates, eval overlap): through plain reads, so its pages are the page cache's, not this process's resident
+    memory; reading through the map touches them all."""
+    ds, path = _arrow_file(tmp_path, [20_000] * 5)
+    from nmt.tables import arrow_batches, rows, table_and_mapping
+
+    before = _mapped_kib(path)
+    assert sum(t.num_rows for t in arrow_batches(ds.select(range(0, len(ds), 2)), 10_000)) == len(ds) // 2
+    assert rows(ds, [99_999, 5] + list(range(20_001, 100_000, 20_000)))[1][0] == "s5"  # a few rows, in every batch
+    size_kib = path.stat().st_size // 1024
+    assert _mapped_kib(path) - before < size_kib // 10, (before, _mapped_kib(path), size_kib)
+    table, _ = table_and_mapping(ds)
+    table.column("tgt").combine_chunks()  # what gathering through the memory map does
+    assert _mapped_kib(path) > size_kib // 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(first=st.lists(st.integers(0, 9), max_size=12), second=st.data())
+def test_select_is_datasets_select_without_its_python_list(first, second):
+    import numpy as np
+
+    from nmt.compat import dataset_fingerprint
+    from nmt.tables import select
+
+    ds = datasets.Dataset.from_dict({"src": [f"s{i}" for i in range(10)], "tgt": [f"t{i}" for i in range(10)]})
+    ours, theirs = select(ds, np.array(first, np.int64)), ds.select(first)
+    assert ours["src"] == theirs["src"] and ours["tgt"] == theirs["tgt"]
+    then = second.draw(st.lists(st.integers(0, max(len(first) - 1, 0)), max_size=6)) if first else []
+    assert select(ours, np.array(then, np.int64))["src"] == theirs.select(then)["src"]  # a selection of a selection
+    fingerprint = lambda picked: dataset_fingerprint(select(ds, np.array(picked, np.int64)))
+    assert fingerprint(first) == dataset_fingerprint(ours)
+    if first != first[::-1]:
+        assert fingerprint(first[::-1]) != fingerprint(first)
