@@ -38,6 +38,9 @@ CAP = {"tiny": "tiny", "small": "small", "base": "base"}  # auto_sizes' corpus-s
 # the largest allowed model that still sees this many epochs in the budget: on Tatoeba in 25 minutes (2-core
 # AVX-512 CPU) d192 seeing ~27 epochs validated better than small (d256) seeing ~14 (benchmarks/recipe.py)
 MIN_EPOCHS = 20.0
+# under this many training pairs no rung wider than this: on Tatoeba's first 10,000 pairs in 10 minutes d192
+# validated better than small, which the epoch rule alone picks there (benchmarks/recipe.py --subset 10000)
+SMALL_CORPUS = (20_000, "d192")
 TARGET_STEPS = 4000  # 4,096-token batches only when the budget still allows this many updates with them
 BATCHES = (4096, 2048)
 FILL = 0.95  # share of max_tokens a batch fills (length buckets pad ~4%)
@@ -119,11 +122,14 @@ def flops_per_token(m: Dims) -> float:
 
 
 def allowed(train_pairs: int) -> list[Dims]:
-    """The rungs a corpus of this size may use: up to auto_sizes' model size; tiny only for smoke tests."""
+    """The rungs a corpus of this size may use: up to auto_sizes' model size, and no wider than SMALL_CORPUS's rung
+    below its size; tiny only for smoke tests."""
     cap = CAP[auto_sizes(train_pairs).model_size]
     names = [r.name for r in LADDER]
     if cap == "tiny":
         return [LADDER[0]]
+    if train_pairs < SMALL_CORPUS[0]:
+        cap = names[min(names.index(cap), names.index(SMALL_CORPUS[1]))]
     return list(LADDER[1:names.index(cap) + 1])
 
 

@@ -43,7 +43,9 @@ def test_corpus_size_caps_the_model_and_sets_dropout():
     tiny = make_plan(CorpusStats(600, 6_000, 20), Budget(5, None, None), speed_for(10**6, 5))
     assert tiny.model == "tiny" and tiny.dropout == 0.0
     small = make_plan(CorpusStats(10_000, 200_000, 40), Budget(60, None, None), speed_for(20_000, 60))
-    assert small.model == "small" and small.dropout == 0.2  # many epochs over little data
+    assert small.model == "d192" and small.dropout == 0.2  # many epochs over little data, no wider than d192
+    larger = make_plan(CorpusStats(30_000, 600_000, 40), Budget(60, None, None), speed_for(20_000, 60))
+    assert larger.model == "small" and larger.dropout == 0.1
 
 
 def test_step_bounds_without_a_time_budget():
