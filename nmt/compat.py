@@ -89,10 +89,8 @@ def memory_mapped_rows(ds) -> tuple[str, int] | None:
     rows start, when the table holds consecutive rows of the file as written (opened, then sliced or given
     features metadata, as datasets does for a contiguous selection), else None (datasets 5.2.0:
     `MemoryMappedTable.path`, and `.replays`, the table operations made since the file was opened)."""
-    from datasets.table import MemoryMappedTable
-
     table, first = ds.data, 0
-    if not isinstance(table, MemoryMappedTable):
+    if type(table).__name__ != "MemoryMappedTable":  # datasets.table's; InMemoryTable and ConcatenationTable have no file
         return None
     for name, args, kwargs in table.replays:
         if name == "slice":
