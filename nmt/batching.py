@@ -33,12 +33,7 @@ def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | 
     """
     rng = np.random.default_rng(seed) if seed is not None else None
     order = _sorted_order(np.asarray(lengths), None if ties is None else np.asarray(ties), rng)
-    sorted_lengths = np.asarray(lengths)[order]
-    batches, start = [], 0
-    while start < len(order):
-        end = _batch_end(sorted_lengths, start, budget, min_size)
-        batches.append(order[start:end])
-        start = end
+    batches = [order[start:end] for start, end in _cuts(np.asarray(lengths)[order], budget, min_size)]
     if len(batches) > 1 and len(batches[-1]) < min_size:  # a short tail joins its neighbour
         batches[-2:] = [np.concatenate(batches[-2:])]
     if rng is not None:
@@ -71,14 +66,20 @@ def _sorted_order(lengths: np.ndarray, ties: np.ndarray | None, rng: np.random.G
     return perm[packed]
 
 
-def _batch_end(sorted_lengths: np.ndarray, start: int, budget: int, min_size: int) -> int:
-    """Largest end such that (end - start) * longest <= budget (at least min_size examples)."""
-    # ascending, so the longest is the last one, and no batch from `start` holds more than budget // shortest
-    window = max(budget // max(int(sorted_lengths[start]), 1), min_size)
-    counts = np.arange(1, min(window, len(sorted_lengths) - start) + 1)
-    fits = counts * sorted_lengths[start: start + len(counts)] <= budget
-    n = int(np.argmin(fits)) if not fits.all() else len(fits)
-    return start + min(max(n, min_size), len(sorted_lengths) - start)
+def _cuts(sorted_lengths: np.ndarray, budget: int, min_size: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each batch, greedily: the largest end with (end - start) * sorted_lengths[end - 1] <= budget,
+    at least min_size examples.
+
+    Lengths ascend, so a batch [s, j] fits exactly when g(j) = j + 1 - budget // length[j] <= s, and g strictly
+    increases: each cut is one binary search (~20k of them for 3M pairs in 4,096-token batches).
+    """
+    n = len(sorted_lengths)
+    limit = np.arange(1, n + 1) - budget // np.maximum(sorted_lengths, 1)
+    start = 0
+    while start < n:
+        end = min(max(int(np.searchsorted(limit, start, side="right")), start + min_size), n)
+        yield start, end
+        start = end
 
 
 def deal(batch: np.ndarray, n_chunks: int) -> list[np.ndarray]:
