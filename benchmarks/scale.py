@@ -211,7 +211,7 @@ def print_row(row: dict) -> None:
 def print_linearity(rows: list[dict]) -> None:
     if len(rows) < 2:
         return
-    small, large = rows[0], rows[-1]
+    small, large = rows[-2], rows[-1]  # the two largest: the 1M -> 3M
     print(f"\nlinearity, seconds per million pairs at {large['pairs']:,} over those at {small['pairs']:,} "
           "(1.00 = linear):")
     for when in ("cold", "warm"):
