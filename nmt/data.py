@@ -74,15 +74,18 @@ def clean(ds: datasets.Dataset, cfg: DataConfig,
     eval_hashes = np.concatenate([columns.normalised_hashes(arrow_batches(ev)) for ev in (evals or {}).values()]
                                  or [np.zeros(0, np.uint64)])
     codes, exact, near = columns.scan(arrow_batches(ds, 10_000), cfg, len(ds), eval_hashes)
-    keep = np.flatnonzero(codes == 0)
     reasons, counts = np.unique(codes[codes > 0], return_counts=True)
-    del codes
     dropped = Counter({columns.REASONS[r - 1]: int(n) for r, n in zip(reasons, counts)})
-    if cfg.dedupe:
-        repeated = columns.repeats(exact[keep], lambda idx: rows(ds, keep[idx]))
+    kept = codes == 0
+    del codes
+    if cfg.dedupe:  # over every pair: equal pairs share a drop code, so a repeat of a dropped pair is dropped anyway
+        repeated = columns.repeats(exact, lambda idx: rows(ds, idx))
+        repeated &= kept
         dropped["duplicate"] = int(repeated.sum())
-        keep = keep[~repeated]
+        kept &= ~repeated
+        del repeated
     del exact
+    keep = np.flatnonzero(kept)
     stats = {"read": len(ds)}
     if evals:
         in_eval, stats["overlap"] = _eval_overlap(ds, keep, near[keep], evals)

@@ -126,7 +126,7 @@ def select(ds: datasets.Dataset, idx: np.ndarray) -> datasets.Dataset:
     ~40 bytes per row for a million rows). The fingerprint follows the parent's and the rows selected."""
     mapping = dataset_indices(ds)
     picked = np.asarray(idx, dtype=np.int64)
-    picked = (picked if mapping is None else mapping[picked]).astype(np.uint64)
+    picked = (picked.view(np.uint64) if mapping is None else mapping[picked]).astype(np.uint64, copy=False)
     fingerprint = hashlib.sha256(dataset_fingerprint(ds).encode() + picked.tobytes()).hexdigest()[:16]
     return datasets.Dataset(ds.data, info=ds.info, split=ds.split, indices_table=pa.table({"indices": picked}),
                             fingerprint=fingerprint)
