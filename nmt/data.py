@@ -71,8 +71,8 @@ def clean(ds: datasets.Dataset, cfg: DataConfig,
     pairs that also occur in `ds` after normalisation (`nmt.clean.normalise`); `cfg.dedupe_eval` drops those
     training pairs ("in_valid_or_test").
     """
-    eval_hashes = np.concatenate([columns.normalised_hashes(arrow_batches(ev)) for ev in (evals or {}).values()]
-                                 or [np.zeros(0, np.uint64)])
+    eval_hashes = np.concatenate([np.zeros(0, np.uint64),
+                                  *(columns.normalised_hashes(arrow_batches(ev)) for ev in (evals or {}).values())])
     codes, exact, near = columns.scan(arrow_batches(ds, 10_000), cfg, len(ds), eval_hashes)
     reasons, counts = np.unique(codes[codes > 0], return_counts=True)
     dropped = Counter({columns.REASONS[r - 1]: int(n) for r, n in zip(reasons, counts)})
@@ -93,7 +93,7 @@ def clean(ds: datasets.Dataset, cfg: DataConfig,
             dropped["in_valid_or_test"] = int(in_eval.sum())
             keep = keep[~in_eval]
     stats.update(kept=len(keep), dropped={k: n for k, n in dropped.items() if n})
-    return keep.astype(np.int64), stats
+    return keep.astype(np.int64, copy=False), stats
 
 
 def _eval_overlap(ds: datasets.Dataset, keep: np.ndarray, near: np.ndarray,
@@ -103,9 +103,10 @@ def _eval_overlap(ds: datasets.Dataset, keep: np.ndarray, near: np.ndarray,
     eval_texts = {name: rows(ev, np.arange(len(ev)), normalised=True) for name, ev in evals.items()}
     every = set().union(*eval_texts.values())
     candidates = np.flatnonzero(near)
+    found = rows(ds, keep[candidates], normalised=True)  # one read of the training file
     in_eval = np.zeros(len(keep), dtype=bool)
-    in_eval[candidates] = [text in every for text in rows(ds, keep[candidates], normalised=True)]
-    seen = set(rows(ds, keep[in_eval], normalised=True))
+    in_eval[candidates] = [text in every for text in found]
+    seen = {text for text in found if text in every}
     overlap = {name: sum(text in seen for text in texts) for name, texts in eval_texts.items()}
     return in_eval, overlap
 
