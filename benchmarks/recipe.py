@@ -11,6 +11,9 @@ Systems, each trained for the same wall-clock minutes:
             500 steps, no averaging, model and vocabulary by corpus size): what issue 14's table measured
   tuned     the hand-tuned configs/tatoeba-en-de.yaml (--tuned-config)
   baseline  benchmarks/hf_baseline.py's MarianMTModel recipe (needs the bench extra)
+An nmt system named with "-fp32" (budget-fp32, tuned-fp32) trains in fp32 whatever the hardware: the others take
+the precision a run takes by default (nmt.training.step.run_precision: bf16 under a time budget where the device
+multiplies bf16 in hardware, as issue 14's runs did not yet).
 key=value overrides apply to every nmt system (a tiny setting for a smoke test). Choices are made on validation
 (nmt: best validation BLEU, greedy; baseline: best validation loss); the test set is read once per system,
 at the end, with beam 4. Prints one table per corpus and budget: steps, target tokens/s, validation and test
@@ -20,6 +23,7 @@ BLEU/chrF.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -27,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from accelerate.utils import patch_environment  # noqa: E402
 
 from nmt import Translator, load_config, train  # noqa: E402
 from nmt.compat import reset_accelerate_state  # noqa: E402
@@ -37,7 +43,7 @@ from nmt.metrics import corpus_scores  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = ["optim.lr=5e-4", "optim.warmup_steps=1000", "max_tokens=4096", "eval_every=500", "save_every=500",
          "keep_last=2", "average_last=0"]  # TrainConfig's defaults before the budget plan
-SYSTEMS = ("budget", "fixed", "tuned", "baseline")
+SYSTEMS = ("budget", "fixed", "tuned", "baseline", "budget-fp32", "fixed-fp32", "tuned-fp32")
 
 
 def data_overrides(args: argparse.Namespace, subset: int | None, out: Path, minutes: float) -> list[str]:
@@ -60,10 +66,12 @@ def nmt_config(system: str, args: argparse.Namespace, base: list[str]) -> TrainC
     return load_config(None, [*FIXED, *size, *base, *args.overrides])
 
 
-def run_nmt(cfg: TrainConfig, beam: int) -> dict:
-    """Train, then translate the test set once with the kept model."""
+def run_nmt(cfg: TrainConfig, beam: int, fp32: bool = False) -> dict:
+    """Train (in fp32 if asked: as a launcher that chose "no" would), then translate the test set once with the kept
+    model."""
     reset_accelerate_state()
-    result = train(cfg)
+    with patch_environment(accelerate_mixed_precision="no") if fp32 else contextlib.nullcontext():
+        result = train(cfg)
     rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     speeds = sorted(r["tokens_per_s"] for r in rows if "tokens_per_s" in r)
     test = prepare(cfg.data, cfg.tokenizer, splits=("test",)).splits["test"]
@@ -87,10 +95,10 @@ def table(rows: dict[str, dict]) -> list[str]:
     def f(x, spec):
         return format(x, spec) if isinstance(x, (int, float)) else "-"
 
-    out = [f"{'system':<10}{'steps':>8}{'tgt tok/s':>11}{'valid nll':>11}{'valid BLEU':>12}{'valid chrF':>12}"
+    out = [f"{'system':<12}{'steps':>8}{'tgt tok/s':>11}{'valid nll':>11}{'valid BLEU':>12}{'valid chrF':>12}"
            f"{'test BLEU':>11}{'test chrF':>11}"]
     for name, r in rows.items():
-        out.append(f"{name:<10}{r['steps']:>8}{f(r['tokens_per_s'], '>11.0f')}{f(r['valid_nll'], '>11.3f')}"
+        out.append(f"{name:<12}{r['steps']:>8}{f(r['tokens_per_s'], '>11.0f')}{f(r['valid_nll'], '>11.3f')}"
                    f"{f(r['valid_bleu'], '>12.2f')}{f(r['valid_chrf'], '>12.2f')}{r['bleu']:>11.2f}{r['chrf']:>11.2f}")
     return out
 
@@ -129,7 +137,8 @@ def main() -> None:
                 if system == "baseline":
                     rows[system] = run_baseline(load_config(None, [*base, *args.overrides]), minutes, args.tiny_baseline)
                 else:
-                    rows[system] = run_nmt(nmt_config(system, args, base), args.beam)
+                    name, _, precision = system.partition("-")
+                    rows[system] = run_nmt(nmt_config(name, args, base), args.beam, fp32=precision == "fp32")
                 r = rows[system]
                 print(f"{system}: done in {(time.perf_counter() - t) / 60:.1f} min, {r['steps']} steps, "
                       f"test BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f}", flush=True)

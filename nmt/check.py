@@ -34,7 +34,7 @@ from nmt.training import planning
 from nmt.training import step as training_step
 from nmt.training.finetune import pretrained, tokenizer_fit
 from nmt.training.sizing import sized_config
-from nmt.training.step import OneDevice, make_optim
+from nmt.training.step import OneDevice, make_optim, run_precision
 from nmt.validate import check_run
 
 MIN_VALID_PAIRS = 100  # fewer validation pairs make BLEU differences between checkpoints noise
@@ -62,14 +62,15 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     check_run(cfg)  # ranges and paths, as training checks them first
     cfg, tokenizer = pretrained(cfg)  # init_from: the model directory's tokenizer and sizes, as training uses them
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer)
-    cfg, plan_lines = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe")
+    precision = run_precision(cfg, probe_device(device).type)  # what training will use
+    cfg, plan_lines = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe", precision)
     cfg, chosen = sized_config(cfg, corpus)  # what training will choose
     epoch = _epoch_zero(cfg, corpus, num_processes)
     model = _build(cfg.model, cfg.seed)
     report = _report(cfg, corpus, model, epoch, num_processes)
     report.auto_chosen, report.plan = chosen, plan_lines
     if probe_steps > 0:
-        probe(report, model, cfg, epoch, steps=probe_steps, device=device)
+        probe(report, model, cfg, epoch, steps=probe_steps, device=device, precision=precision)
     longest = int(np.max(column(corpus.splits["train"], "cost")))
     report.problems = find_problems(report, cfg, cfg.model, longest)
     return report
@@ -118,14 +119,15 @@ def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, n
         fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
 
 
-def planned_config(cfg: TrainConfig, corpus, num_processes: int, device: str | None) -> tuple[TrainConfig, list[str]]:
+def planned_config(cfg: TrainConfig, corpus, num_processes: int, device: str | None,
+                   precision: str = "no") -> tuple[TrainConfig, list[str]]:
     """`cfg` with the budget plan training would make (the fields it leaves null), and the plan's printout.
     Without the probe (device "no-probe") the time budget is not timed: the plan uses the step bounds only."""
     keys = planning.open_fields(cfg)
     if not keys:
         return cfg, planning.describe(None, keys)
     timed = cfg if device != "no-probe" else dataclasses.replace(cfg, max_minutes=None)
-    plan = planning.make_plan(timed, corpus, num_processes, None if device == "no-probe" else device)
+    plan = planning.make_plan(timed, corpus, num_processes, None if device == "no-probe" else device, precision)
     return planning.apply_plan(cfg, plan), planning.describe(plan, keys)
 
 
@@ -187,18 +189,18 @@ def activation_bytes(m: ModelConfig, max_tokens: int, longest: int) -> int:
 
 
 def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Epoch, steps: int,
-          device: str | None) -> None:
+          device: str | None, precision: str = "no") -> None:
     """Time `steps` optimizer steps (forward, backward, AdamW) on this process's real micro-batches of
     `epoch.train` (the training split as epoch 0 sees it).
 
     Seconds per epoch = (median over the timed steps of seconds per padded token) x this process's padded
     tokens of an epoch, so a probe that happened to draw short or long batches does not skew the estimate.
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = probe_device(device)
     objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
     # the schedule's shape does not change a step's time (and a linear one may have no horizon in a check)
     steady = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, schedule="inverse_sqrt"))
-    optim, one = make_optim(objective, steady), OneDevice(device, cfg.accum_steps)
+    optim, one = make_optim(objective, steady), OneDevice(device, cfg.accum_steps, precision)
     plan, columns = epoch.plan, epoch.train.select_columns(["src_ids", "tgt_ids"])
     collate = Collator(pad_id=objective.pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
     if device.type == "cuda":
@@ -218,9 +220,14 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Ep
     # the median step: one step slowed by a busy neighbour or a collection pause does not set the estimate
     report.seconds_per_epoch = float(np.median(per_token)) * epoch_work
     report.seconds_per_step = report.seconds_per_epoch / len(plan)
-    report.probe_device, report.probe_steps = str(device), len(per_token)
+    report.probe_device, report.probe_steps, report.precision = str(device), len(per_token), precision
     if device.type == "cuda":
         report.measured_peak = int(torch.cuda.max_memory_allocated(device))
+
+
+def probe_device(device: str | None) -> torch.device:
+    """`device`, by default the first GPU, else the CPU."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _batch(columns, chunk: np.ndarray, collate: Collator, device: torch.device) -> dict:

@@ -34,6 +34,7 @@ class Report:
     seconds_per_step: float | None = None  # from the timed probe (None: not probed)
     seconds_per_epoch: float | None = None
     probe_device: str = ""
+    precision: str = "no"  # the mixed precision the probe (and training) ran in
     probe_steps: int = 0
     measured_peak: int | None = None  # bytes, CUDA only: torch.cuda.max_memory_allocated during the probe
     sizing_pairs: int = 0  # training pairs after cleaning: what auto_sizes chooses vocabulary and model size by
@@ -63,7 +64,8 @@ class Report:
                f"run       {self.total_steps:,} steps = {self.total_steps / self.steps_per_epoch:.1f} epochs "
                f"({'max_steps' if cfg.max_steps else 'max_epochs'})"]
         if self.seconds_per_step is not None:
-            out.append(f"time      {self.seconds_per_step:.3g} s/step on {self.probe_device} ({self.probe_steps} timed "
+            out.append(f"time      {self.seconds_per_step:.3g} s/step on {self.probe_device}{_precision(self.precision)} "
+                       f"({self.probe_steps} timed "
                        f"step{'s' if self.probe_steps > 1 else ''} after a warm-up{_per_device(self)}) -> "
                        f"{_duration(self.seconds_per_epoch)} per epoch, "
                        f"{_duration(self.seconds_per_step * self.total_steps)} for the run (validation not included)")
@@ -91,6 +93,10 @@ def _dropout(cfg: TrainConfig) -> str:
 
 def _processes(n: int) -> str:
     return f"{n} process{'es' if n > 1 else ''}"
+
+
+def _precision(precision: str) -> str:
+    return "" if precision == "no" else f" in {precision}"
 
 
 def _per_device(r: Report) -> str:

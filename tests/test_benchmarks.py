@@ -113,12 +113,14 @@ def test_recipe(corpus_dir, tmp_path):
     one table each; a tiny vocabulary so that it takes seconds."""
     tiny = [f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "eval_max_sentences=8"]
     out = run("recipe.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.03", "0.05", "--subset", "300",
-              "--systems", "budget,fixed", "--output", str(tmp_path / "runs"), "--beam", "1", *tiny, cwd=tmp_path)
+              "--systems", "budget,fixed-fp32", "--output", str(tmp_path / "runs"), "--beam", "1", *tiny, cwd=tmp_path)
     assert out.count("=== ") == 4 and "first 300 pairs, 0.03 min" in out
     tables = [out[i:].splitlines()[1:3] for i in range(len(out)) if out.startswith("system ", i)]
-    assert len(tables) == 4 and all([row.split()[0] for row in t] == ["budget", "fixed"] for t in tables)
+    assert len(tables) == 4 and all([row.split()[0] for row in t] == ["budget", "fixed-fp32"] for t in tables)
     assert "chosen for the budget" in out  # the budget system planned
-    fixed_cfg = (tmp_path / "runs" / "all-0.05min-fixed" / "config.yaml").read_text()
+    runs = [line for line in out.splitlines() if line.startswith("nmt: 1 process(es)")]
+    assert len(runs) == 8 and all("precision no;" in line for line in runs[1::2])  # -fp32: fp32 on any machine
+    fixed_cfg = (tmp_path / "runs" / "all-0.05min-fixed-fp32" / "config.yaml").read_text()
     assert "warmup_steps: 1000" in fixed_cfg and "max_tokens: 4096" in fixed_cfg  # the old fixed defaults
     assert len(json.loads((tmp_path / "runs" / "recipe.json").read_text())) == 4
 

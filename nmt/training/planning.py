@@ -64,19 +64,21 @@ def given_dims(model: ModelConfig) -> budget.Dims | None:
     return None if None in fields else budget.Dims("given", *fields)
 
 
-def make_plan(cfg: TrainConfig, corpus, processes: int = 1, device: str | None = None) -> budget.Plan:
-    """Time the model (the corpus's largest allowed rung, then the chosen one if it differs) when a time budget
-    bounds the run, and plan; no timing without max_minutes."""
+def make_plan(cfg: TrainConfig, corpus, processes: int = 1, device: str | None = None,
+              precision: str = "no") -> budget.Plan:
+    """Time the model (the corpus's largest allowed rung, then the chosen one if it differs) in the run's mixed
+    `precision` when a time budget bounds the run, and plan; no timing without max_minutes."""
     stats, limits, given = corpus_stats(corpus), budget_of(cfg, processes), given_dims(cfg.model)
     if cfg.max_minutes is None:
         return budget.make_plan(stats, limits, None, given)
     first = given or budget.allowed(stats.train_pairs)[-1]
-    speed = budget.Speed(measure(cfg, corpus, first, device), first)
+    speed = budget.Speed(measure(cfg, corpus, first, device, precision=precision), first)
     plan = budget.make_plan(stats, limits, speed, given)
     chosen = given or budget.rung(plan.model)
     if chosen != first:  # time the chosen shape itself: small models run below their FLOP share on a CPU
         why = f"{plan.reasons[0]} (timing {first.name}; {chosen.name} then timed itself)"
-        plan = budget.make_plan(stats, limits, budget.Speed(measure(cfg, corpus, chosen, device), chosen), chosen)
+        speed = budget.Speed(measure(cfg, corpus, chosen, device, precision=precision), chosen)
+        plan = budget.make_plan(stats, limits, speed, chosen)
         plan.reasons.insert(0, why)
     return plan
 
@@ -121,8 +123,10 @@ def load_plan(out: Path) -> budget.Plan | None:
 # --- timing -----------------------------------------------------------------------------------------------
 
 
-def measure(cfg: TrainConfig, corpus, dims: budget.Dims, device: str | None = None, steps: int = PROBE_STEPS) -> float:
-    """Seconds per cost token (the batch's pairs x its costliest pair) of training a `dims` model, one process:
+def measure(cfg: TrainConfig, corpus, dims: budget.Dims, device: str | None = None, steps: int = PROBE_STEPS,
+            precision: str = "no") -> float:
+    """Seconds per cost token (the batch's pairs x its costliest pair) of training a `dims` model, one process in
+    mixed `precision`:
     the median of `steps` timed `train_step`s on real batches of budget.BATCHES[-1] tokens after a warm-up.
     The caller's random state is left as it was."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -131,7 +135,7 @@ def measure(cfg: TrainConfig, corpus, dims: budget.Dims, device: str | None = No
                             **{k: getattr(dims, k) for k in budget.Dims._fields[1:]}, dropout=0.1,
                             share_embeddings=cfg.model.share_embeddings and tok.joint)
     train = corpus.splits["train"]
-    cost = np.asarray(train["cost"], dtype=np.int64)
+    cost = column(train, "cost").astype(np.int64)  # through Arrow, not a Python list
     plan = TokenBatchSampler(cost, budget.BATCHES[-1], seed=cfg.seed).plan(0)
     columns, per_token = train.select_columns(["src_ids", "tgt_ids"]), []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -144,7 +148,7 @@ def measure(cfg: TrainConfig, corpus, dims: budget.Dims, device: str | None = No
             chunk = plan.batches[i % len(plan)]
             batch = {k: v.to(device) for k, v in collate.columns(columns[chunk.tolist()]).items()}
             start = time.perf_counter()
-            training_step.train_step(OneDevice(device), objective, optim, [batch])
+            training_step.train_step(OneDevice(device, mixed_precision=precision), objective, optim, [batch])
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if i > 0:  # step 0 warms up allocator and kernels
@@ -163,7 +167,8 @@ def planned(accelerator, cfg: TrainConfig, corpus) -> tuple[TrainConfig, budget.
     out = Path(cfg.output_dir)
     plan = load_plan(out) if cfg.resume else None
     if plan is None:
-        box = [make_plan(cfg, corpus, accelerator.num_processes, str(accelerator.device)).to_dict()
+        box = [make_plan(cfg, corpus, accelerator.num_processes, str(accelerator.device),
+                         str(accelerator.mixed_precision)).to_dict()
                if accelerator.is_main_process else None]
         if accelerator.num_processes > 1:
             from accelerate.utils import broadcast_object_list

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import os
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from nmt.tables import column
 from nmt.tokenizer import PairTokenizer
 from nmt.training.finetune import check_same_tokenizer
 from nmt.training.sizing import sized_config
-from nmt.training.step import make_optim
+from nmt.training.step import make_optim, run_precision
 
 log = get_logger(__name__)
 
@@ -48,9 +49,13 @@ def check_trackers(names: list) -> None:
 
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
-    return Accelerator(
+    """The run's Accelerator; its mixed precision the launcher's, else chosen for the budget (`run_precision`)."""
+    cpu = not torch.cuda.is_available()
+    precision = run_precision(cfg, "cpu" if cpu else "cuda")
+    accelerator = Accelerator(
         # without a GPU, processes started by torchrun (accelerate launch) must still join one gloo group
-        cpu=not torch.cuda.is_available(),
+        cpu=cpu,
+        mixed_precision=precision,
         gradient_accumulation_steps=cfg.accum_steps,
         log_with=cfg.log_with or None,
         project_dir=cfg.output_dir,
@@ -58,6 +63,10 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(split_batches=True),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(minutes=cfg.dist_timeout_minutes))],
     )
+    if precision == "bf16" and not os.environ.get("ACCELERATE_MIXED_PRECISION") and accelerator.is_main_process:
+        print(f"nmt: mixed precision bf16, chosen for the time budget: this {'CPU' if cpu else 'GPU'} multiplies bf16 "
+              "in hardware (ACCELERATE_MIXED_PRECISION=no trains in fp32)", flush=True)
+    return accelerator
 
 
 def run_sizes(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus) -> TrainConfig:

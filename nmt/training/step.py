@@ -9,6 +9,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -33,12 +34,13 @@ class StepStats:
 
 class OneDevice:
     """The part of `Accelerator` that `train_step` uses, for one process on one device without Accelerate
-    (fp32, no gradient scaler): what `nmt check` times."""
+    (no gradient scaler; bf16/fp16 as autocast around each micro-batch): what `nmt check` and the plan time."""
 
-    num_processes, mixed_precision, scaler = 1, "no", None
+    num_processes, scaler = 1, None
 
-    def __init__(self, device: torch.device, accum_steps: int = 1):
+    def __init__(self, device: torch.device, accum_steps: int = 1, mixed_precision: str = "no"):
         self.device, self.accum_steps, self.micro = torch.device(device), accum_steps, 0
+        self.mixed_precision = mixed_precision
 
     @property
     def sync_gradients(self) -> bool:
@@ -47,7 +49,8 @@ class OneDevice:
     @contextlib.contextmanager
     def accumulate(self, model):
         self.micro += 1
-        yield
+        with autocast(self.device, self.mixed_precision):
+            yield
 
     def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
         return tensor
@@ -107,6 +110,31 @@ def make_optim(model: torch.nn.Module, cfg: TrainConfig) -> Optim:
     optimizer = make_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_of(cfg))
     return Optim(optimizer, scheduler, cfg.optim.clip_norm)
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether `device_type` multiplies bf16 in hardware: a GPU that supports it, or a CPU with oneDNN's bf16
+    kernels (AVX512-BF16 or AMX)."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return device_type == "cpu" and mkldnn_bf16_supported()
+
+
+def run_precision(cfg: TrainConfig, device_type: str) -> str:
+    """The mixed precision a run trains in: the launcher's when it chose one (`accelerate launch`, a profile,
+    ACCELERATE_MIXED_PRECISION); else, under a time budget (max_minutes), bf16 where the device multiplies it in
+    hardware: more steps in the same minutes (1.55x on a 2-core AVX512-BF16 CPU, benchmarks/train_speed.py),
+    which validated better (README "Results"); else fp32 ("no")."""
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if launched:
+        return launched.lower()
+    return "bf16" if cfg.max_minutes is not None and native_bf16(device_type) else "no"
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """What Accelerate wraps a prepared model's forward in, for `OneDevice` steps (the plan's and check's timing)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 @functools.cache
