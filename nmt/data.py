@@ -24,7 +24,7 @@ import datasets
 import numpy as np
 
 from nmt import clean as columns
-from nmt.compat import dataset_fingerprint
+from nmt.compat import dataset_fingerprint, release_free_memory
 from nmt.config import DataConfig, TokenizerConfig, auto_sizes
 from nmt.encoding import drop_long, encode
 from nmt.errors import NmtError
@@ -147,6 +147,8 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
         work.mkdir(parents=True, exist_ok=True)
         with _timed(seconds, "clean"):
             raw["train"], clean_stats, kept = _cached_clean(raw, cfg, work)
+            if len(split_stats["corpora"]) == 1:
+                kept = None  # only several corpora need it (their mixing weights), and it costs 8 bytes a pair
         sizing_pairs = len(raw["train"])
         if tok_cfg.vocab_size is None:
             tok_cfg = dataclasses.replace(tok_cfg, vocab_size=auto_sizes(sizing_pairs).vocab_size)
@@ -154,11 +156,14 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
             tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
         with _timed(seconds, "encode"):
             encoded = {name: encode(raw[name], tokenizer, work / f"{name}.encoded.arrow") for name in splits}
+        del raw  # the encoded files hold what training reads; the raw splits' row mappings go
     if "train" in encoded:
         encoded["train"], clean_stats, long_kept = drop_long(encoded["train"], cfg.max_subwords, clean_stats)
-        if len(split_stats["corpora"]) > 1:
+        if kept is not None:
             origin = np.searchsorted(np.cumsum(split_stats["corpora"]), kept[long_kept], side="right")
             encoded["train"], split_stats["corpora"] = mix(encoded["train"], origin, cfg)
+        del kept, long_kept
+        release_free_memory()
     stats = {**split_stats, "clean": clean_stats, "cache": str(work), "sizing_pairs": sizing_pairs,
              "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
     return Corpus(encoded, tokenizer, stats)
@@ -168,6 +173,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
 def _timed(seconds: dict, name: str):
     start = time.perf_counter()
     yield
+    release_free_memory()  # what the phase freed does not stay in RSS under the next phase's arrays
     seconds[name] = round(time.perf_counter() - start, 3)
 
 
@@ -233,14 +239,18 @@ def _carve(train: datasets.Dataset, name: str, ratio: float, seed: int,
     if not 0 < held < len(train):
         raise NmtError(f"config key 'data.{name}': {len(train)} training pair(s) left are too few to carve a {name} set "
                        f"of data.{name}_ratio={ratio} from; give data.{name} (a separate file) or more pairs")
-    order = np.random.default_rng(seed).permutation(len(train))
+    order = np.arange(len(train), dtype=np.int32 if len(train) < 2**31 else np.int64)
+    np.random.default_rng(seed).shuffle(order)  # rng.permutation's draws in 4 bytes a pair
+    stays = np.ones(len(train), dtype=bool)
+    stays[order[:held]] = False
+    del order
     key = f"{dataset_fingerprint(train)}:{len(train)}:{ratio}:{seed}"
     out = cache / "read" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.arrow"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        picked = select(train, np.sort(order[:held]))
+        picked = select(train, np.flatnonzero(~stays))
         write_arrow((b for t in arrow_batches(picked) for b in t.select(["src", "tgt"]).to_batches()), out)
-    return select(train, np.sort(order[held:])), open_arrow(out, f"nmt-{out.stem}")
+    return select(train, np.flatnonzero(stays)), open_arrow(out, f"nmt-{out.stem}")
 
 
 def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: TokenizerConfig,

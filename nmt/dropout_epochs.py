@@ -45,7 +45,7 @@ class DropoutEpochs:
                                            "max_cost": self.max_cost},
                                 new_fingerprint=f"{dataset_fingerprint(self.train)}-dropout-{self.p}-{self.seed}-{epoch}")
             self._epoch = epoch, ds.select_columns(["src_ids", "tgt_ids"])
-            self._lengths[epoch] = column(ds, "cost").astype(np.int64), pair_lengths(ds)[0]
+            self._lengths[epoch] = column(ds, "cost"), pair_lengths(ds)[0]
         return self._epoch[1]
 
     def lengths(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:

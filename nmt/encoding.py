@@ -45,11 +45,11 @@ def encode(ds: datasets.Dataset, tokenizer: PairTokenizer, cache_file: Path) -> 
 
 
 def pair_lengths(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>)."""
+    """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>), int32."""
     if "src_len" in ds.column_names and "tgt_len" in ds.column_names:
-        return column(ds, "src_len").astype(np.int64), column(ds, "tgt_len").astype(np.int64)
+        return column(ds, "src_len"), column(ds, "tgt_len")  # int32, as stored
     table, mapping = table_and_mapping(ds)
-    side = lambda name: pc.list_value_length(table.column(name)).to_numpy().astype(np.int64)
+    side = lambda name: pc.list_value_length(table.column(name)).to_numpy()
     src, tgt = side("src_ids"), side("tgt_ids") + 1
     return (src, tgt) if mapping is None else (src[mapping], tgt[mapping])
 

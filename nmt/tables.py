@@ -127,7 +127,9 @@ def select(ds: datasets.Dataset, idx: np.ndarray) -> datasets.Dataset:
     mapping = dataset_indices(ds)
     picked = np.asarray(idx, dtype=np.int64)
     picked = (picked.view(np.uint64) if mapping is None else mapping[picked]).astype(np.uint64, copy=False)
-    fingerprint = hashlib.sha256(dataset_fingerprint(ds).encode() + picked.tobytes()).hexdigest()[:16]
+    digest = hashlib.sha256(dataset_fingerprint(ds).encode())
+    digest.update(np.ascontiguousarray(picked).data)  # the indices' bytes, not a copy of them
+    fingerprint = digest.hexdigest()[:16]
     return datasets.Dataset(ds.data, info=ds.info, split=ds.split, indices_table=pa.table({"indices": picked}),
                             fingerprint=fingerprint)
 

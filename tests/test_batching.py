@@ -265,3 +265,37 @@ def test_an_epoch_is_planned_once_and_a_resume_does_not_replay_it(monkeypatch):
     assert len(resumed) == len(full) - 7 and resumed.steps_per_epoch() == len(full)
     assert list(resumed) == full[7:]
     assert calls == [0]  # one plan of epoch 0: no batch before step 7 was built again, nor the plan re-made
+
+
+def test_a_plan_keeps_a_few_bytes_a_pair():
+    """Issue 15: memory per pair, not per corpus. The sampler keeps its lengths in the narrowest type (1-2 bytes
+    each) and an epoch's order in int32 (with the batch list ~9 bytes a pair here); planning peaks at the packed
+    sort keys and the permutation (~18 bytes a pair), where int64 lengths, a permutation, its inverse and an
+    argsort had taken ~56."""
+    import tracemalloc
+
+    n = 200_000
+    rng = np.random.default_rng(0)
+    cost = rng.integers(3, 200, n).astype(np.int32)
+    ties = np.minimum(cost, rng.integers(2, 200, n)).astype(np.int32)
+    tracemalloc.start()
+    try:
+        sampler = TokenBatchSampler(cost, 4096, ties=ties, seed=3)
+        plan = sampler.plan(0)
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sampler.lengths.dtype == np.uint8 and sampler.ties.dtype == np.uint8
+    assert plan.batches[0].dtype == np.int32
+    assert kept / n < 12 and peak / n < 24, (kept / n, peak / n)  # before: ~25 and ~56
+    assert sorted(np.concatenate(plan.batches).tolist()) == list(range(n))
+
+
+def test_lengths_too_wide_for_the_packed_keys_are_still_sorted():
+    """Keys over 63 bits (or negative) take the lexsort path, which orders ties by the same shuffle."""
+    lengths = np.array([2**40, 5, 2**40, 5, 7] * 20)
+    batches = global_batches(lengths, 2**41, 1, seed=1)
+    order = np.concatenate(batches)
+    assert sorted(order.tolist()) == list(range(100))
+    assert all(np.all(np.diff(lengths[b]) >= 0) for b in batches)
+    assert [b.tolist() for b in batches] == [b.tolist() for b in global_batches(lengths, 2**41, 1, seed=1)]

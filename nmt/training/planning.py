@@ -48,8 +48,8 @@ def open_fields(cfg: TrainConfig) -> list[str]:
 
 
 def corpus_stats(corpus) -> budget.CorpusStats:
-    cost = column(corpus.splits["train"], "cost").astype(np.int64)  # through Arrow, not row by row
-    return budget.CorpusStats(train_pairs=corpus.stats["sizing_pairs"], epoch_cost=int(cost.sum()),
+    cost = column(corpus.splits["train"], "cost")  # through Arrow, not row by row
+    return budget.CorpusStats(train_pairs=corpus.stats["sizing_pairs"], epoch_cost=int(cost.sum(dtype=np.int64)),
                               longest_cost=int(cost.max()))
 
 
@@ -135,7 +135,7 @@ def measure(cfg: TrainConfig, corpus, dims: budget.Dims, device: str | None = No
                             **{k: getattr(dims, k) for k in budget.Dims._fields[1:]}, dropout=0.1,
                             share_embeddings=cfg.model.share_embeddings and tok.joint)
     train = corpus.splits["train"]
-    cost = column(train, "cost").astype(np.int64)  # through Arrow, not a Python list
+    cost = column(train, "cost")  # through Arrow, not a Python list
     plan = TokenBatchSampler(cost, budget.BATCHES[-1], seed=cfg.seed).plan(0)
     columns, per_token = train.select_columns(["src_ids", "tgt_ids"]), []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
