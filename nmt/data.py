@@ -160,7 +160,8 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     if "train" in encoded:
         encoded["train"], clean_stats, long_kept = drop_long(encoded["train"], cfg.max_subwords, clean_stats)
         if kept is not None:
-            origin = np.searchsorted(np.cumsum(split_stats["corpora"]), kept[long_kept], side="right")
+            rows = kept if long_kept is None else kept[long_kept]  # of the raw training rows, those encoded["train"] has
+            origin = np.searchsorted(np.cumsum(split_stats["corpora"]), rows, side="right")
             encoded["train"], split_stats["corpora"] = mix(encoded["train"], origin, cfg)
         del kept, long_kept
         release_free_memory()

@@ -54,13 +54,14 @@ def pair_lengths(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
     return (src, tgt) if mapping is None else (src[mapping], tgt[mapping])
 
 
-def drop_long(train: datasets.Dataset, max_subwords: int, stats: dict) -> tuple[datasets.Dataset, dict, np.ndarray]:
+def drop_long(train: datasets.Dataset, max_subwords: int,
+              stats: dict) -> tuple[datasets.Dataset, dict, np.ndarray | None]:
     """Drop training pairs longer than `max_subwords` subwords on either side, counting them; also returns the
-    indices kept."""
+    indices kept (None: all of them)."""
     cost = column(train, "cost")
+    if len(cost) == 0 or int(cost.max()) <= max_subwords:
+        return train, stats, None
     keep = np.flatnonzero(cost <= max_subwords)
-    if len(keep) == len(cost):
-        return train, stats, keep
     if len(keep) == 0:
         raise NmtError(f"no training pairs left: all are longer than data.max_subwords={max_subwords}")
     dropped = {**stats["dropped"], "too_many_subwords": len(cost) - len(keep)}
