@@ -158,16 +158,23 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
             encoded = {name: encode(raw[name], tokenizer, work / f"{name}.encoded.arrow") for name in splits}
         del raw  # the encoded files hold what training reads; the raw splits' row mappings go
     if "train" in encoded:
-        encoded["train"], clean_stats, long_kept = drop_long(encoded["train"], cfg.max_subwords, clean_stats)
-        if kept is not None:
-            rows = kept if long_kept is None else kept[long_kept]  # of the raw training rows, those encoded["train"] has
-            origin = np.searchsorted(np.cumsum(split_stats["corpora"]), rows, side="right")
-            encoded["train"], split_stats["corpora"] = mix(encoded["train"], origin, cfg)
-        del kept, long_kept
-        release_free_memory()
+        encoded["train"], clean_stats = _trained_on(encoded["train"], cfg, clean_stats, kept, split_stats)
     stats = {**split_stats, "clean": clean_stats, "cache": str(work), "sizing_pairs": sizing_pairs,
              "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
     return Corpus(encoded, tokenizer, stats)
+
+
+def _trained_on(train: datasets.Dataset, cfg: DataConfig, clean_stats: dict, kept: np.ndarray | None,
+                split_stats: dict) -> tuple[datasets.Dataset, dict]:
+    """The encoded training pairs training reads: too long ones dropped, several corpora mixed by their weights
+    (`kept`: the raw training rows that cleaning kept, given for several corpora only)."""
+    train, clean_stats, long_kept = drop_long(train, cfg.max_subwords, clean_stats)
+    if kept is not None:
+        rows = kept if long_kept is None else kept[long_kept]  # of the raw training rows, those `train` holds
+        origin = np.searchsorted(np.cumsum(split_stats["corpora"]), rows, side="right")
+        train, split_stats["corpora"] = mix(train, origin, cfg)
+    release_free_memory()
+    return train, clean_stats
 
 
 @contextmanager
