@@ -216,8 +216,9 @@ def make_plan(stats: CorpusStats, budget: Budget, speed: Speed | None, model: Di
     every = max(1, steps // VALIDATIONS)
     average = average_for(steps, every)
     sentences = TIMED_VALID_SENTENCES if timed else None
-    reasons.append(f"validate and save every {every:,} steps (~{VALIDATIONS} per run), BLEU on "
-                   f"{f'the first {sentences} validation pairs' if sentences else 'all validation pairs'}; "
+    scored = f"the first {sentences} validation pairs after the warmup (the loss only before)" if sentences else \
+        "all validation pairs"
+    reasons.append(f"validate and save every {every:,} steps (~{VALIDATIONS} per run), BLEU on {scored}; "
                    f"average_last {average}")
     return Plan(model.name, d, model.n_heads, model.n_encoder_layers, model.n_decoder_layers, model.d_ff, dropout,
                 max_tokens, steps, epochs, lr, warmup, every, every,

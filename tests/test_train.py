@@ -36,6 +36,16 @@ def test_train_writes_everything_and_translates(tiny_cfg):
     assert summary["step"] in (6, 12) and "bleu" in summary["metrics"]
 
 
+def test_under_a_time_budget_validations_during_warmup_score_the_loss_only(tiny_cfg, monkeypatch):
+    """Issue 14, cheap validations early: no decoding while the learning rate warms up (step <= warmup_steps)."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # fp32 on any CPU: the precision is not under test
+    tiny_cfg.max_minutes, tiny_cfg.eval_every, tiny_cfg.save_every = 30.0, 3, 3  # warmup_steps 10, max_steps 12
+    train(tiny_cfg)
+    rows = [json.loads(line) for line in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in rows if "valid_nll" in r]
+    assert [(r["step"], "bleu" in r) for r in valid] == [(3, False), (6, False), (9, False), (12, True)]
+
+
 def test_resume_continues_at_the_saved_step(tiny_cfg):
     tiny_cfg.max_steps = 6
     train(tiny_cfg)

@@ -33,8 +33,17 @@ def validate(run: Run) -> dict | None:
     every process alike) when a stop signal arrived meanwhile: it stops between batches, not after all of them."""
     run.objective.eval()
     metrics = valid_loss(run)
-    bleu = valid_bleu(run) if metrics is not None else None
-    return None if metrics is None or bleu is None else {**metrics, **bleu}
+    if metrics is None or not bleu_due(run.cfg, run.state.step):
+        return metrics
+    bleu = valid_bleu(run)
+    return None if bleu is None else {**metrics, **bleu}
+
+
+def bleu_due(cfg, step: int) -> bool:
+    """Whether a validation at `step` also decodes (BLEU/chrF): always, except under a time budget while the
+    learning rate still warms up. Those early validations score the loss only: an untrained model's greedy
+    hypotheses run to the length limit, the slowest decodes of the run and the least informative."""
+    return cfg.max_minutes is None or step > (cfg.optim.warmup_steps or 0)
 
 
 def valid_loss(run: Run) -> dict | None:
