@@ -90,6 +90,9 @@ NOT_RUN = {
     "srun bash -c '...'": "a fragment of the SLURM script, which runs under fake srun (run_slurm)",
     "pip install deepspeed": "DeepSpeed is not installed here and does not run on CPU",
     "python benchmarks/decode_speed.py": BENCHMARK,
+    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 --subset 10000 --subset-only "
+    "--systems budget,tuned-fp32": BENCHMARK,
+    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 25 --systems budget,tuned-fp32": BENCHMARK,
     "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 25 --systems budget,tuned,baseline":
         BENCHMARK,
     "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 --subset 10000 --subset-only "
