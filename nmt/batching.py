@@ -53,7 +53,8 @@ def narrow(values) -> np.ndarray:
     return values.astype(np.min_scalar_type(int(values.max())), copy=False)
 
 
-def _index_type(n: int) -> type:
+def index_type(n: int) -> type:
+    """The integer type for indices into n elements: int32 while it holds them (half of int64's bytes)."""
     return np.int32 if n < 2**31 else np.int64
 
 
@@ -65,7 +66,7 @@ def _sorted_order(lengths: np.ndarray, ties: np.ndarray | None, rng: np.random.G
     perm[k]: about 0.1 s and 12 bytes a pair (the packed values, the permutation) for 3M pairs.
     """
     n = len(lengths)
-    perm = np.arange(n, dtype=_index_type(n))
+    perm = np.arange(n, dtype=index_type(n))
     if rng is not None:
         rng.shuffle(perm)  # the same draws, so the same order, as rng.permutation(n)
     keys = [lengths, *([] if ties is None else [ties])]
@@ -91,7 +92,7 @@ def _cuts(sorted_lengths: np.ndarray, budget: int, min_size: int) -> Iterator[tu
     increases: each cut is one binary search (~20k of them for 3M pairs in 4,096-token batches).
     """
     n = len(sorted_lengths)
-    limit = np.maximum(sorted_lengths, 1).astype(_index_type(max(n + 1, budget)))
+    limit = np.maximum(sorted_lengths, 1).astype(index_type(max(n + 1, budget)))
     np.floor_divide(budget, limit, out=limit)
     np.subtract(np.arange(1, n + 1, dtype=limit.dtype), limit, out=limit)
     start, as_limit = 0, limit.dtype.type  # a scalar of the array's type: no conversion of the array per search
@@ -160,9 +161,11 @@ class TokenBatchSampler:
     def _build_plan(self, epoch: int) -> EpochPlan:
         n_chunks = self.world_size * self.accum_steps
         seed = None if self.seed is None else self.seed + epoch
-        lengths, ties = (self.lengths, self.ties) if self.epoch_lengths is None else self.epoch_lengths(epoch)
-        batches = global_batches(narrow(lengths), self.max_tokens * n_chunks, n_chunks, seed,
-                                 None if ties is None else narrow(ties))
+        lengths, ties = self.lengths, self.ties  # narrowed when stored
+        if self.epoch_lengths is not None:
+            lengths, ties = self.epoch_lengths(epoch)
+            lengths, ties = narrow(lengths), None if ties is None else narrow(ties)
+        batches = global_batches(lengths, self.max_tokens * n_chunks, n_chunks, seed, ties)
         return EpochPlan(batches, self.rank, self.world_size, self.accum_steps)
 
     def steps_per_epoch(self, epoch: int | None = None) -> int:

@@ -34,7 +34,7 @@ from nmt.training import planning
 from nmt.training import step as training_step
 from nmt.training.finetune import pretrained, tokenizer_fit
 from nmt.training.sizing import sized_config
-from nmt.training.step import OneDevice, make_optim, run_precision
+from nmt.training.step import OneDevice, default_device, make_optim, run_precision
 from nmt.validate import check_run
 
 MIN_VALID_PAIRS = 100  # fewer validation pairs make BLEU differences between checkpoints noise
@@ -62,7 +62,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     check_run(cfg)  # ranges and paths, as training checks them first
     cfg, tokenizer = pretrained(cfg)  # init_from: the model directory's tokenizer and sizes, as training uses them
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer)
-    precision = run_precision(cfg, probe_device(device).type)  # what training will use
+    precision = run_precision(cfg, default_device(device).type)  # what training will use
     cfg, plan_lines = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe", precision)
     cfg, chosen = sized_config(cfg, corpus)  # what training will choose
     epoch = _epoch_zero(cfg, corpus, num_processes)
@@ -196,7 +196,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Ep
     Seconds per epoch = (median over the timed steps of seconds per padded token) x this process's padded
     tokens of an epoch, so a probe that happened to draw short or long batches does not skew the estimate.
     """
-    device = probe_device(device)
+    device = default_device(device)
     objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
     # the schedule's shape does not change a step's time (and a linear one may have no horizon in a check)
     steady = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, schedule="inverse_sqrt"))
@@ -223,11 +223,6 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Ep
     report.probe_device, report.probe_steps, report.precision = str(device), len(per_token), precision
     if device.type == "cuda":
         report.measured_peak = int(torch.cuda.max_memory_allocated(device))
-
-
-def probe_device(device: str | None) -> torch.device:
-    """`device`, by default the first GPU, else the CPU."""
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _batch(columns, chunk: np.ndarray, collate: Collator, device: torch.device) -> dict:

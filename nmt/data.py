@@ -24,6 +24,7 @@ import datasets
 import numpy as np
 
 from nmt import clean as columns
+from nmt.batching import index_type
 from nmt.compat import dataset_fingerprint, release_free_memory
 from nmt.config import DataConfig, TokenizerConfig, auto_sizes
 from nmt.encoding import drop_long, encode
@@ -247,7 +248,7 @@ def _carve(train: datasets.Dataset, name: str, ratio: float, seed: int,
     if not 0 < held < len(train):
         raise NmtError(f"config key 'data.{name}': {len(train)} training pair(s) left are too few to carve a {name} set "
                        f"of data.{name}_ratio={ratio} from; give data.{name} (a separate file) or more pairs")
-    order = np.arange(len(train), dtype=np.int32 if len(train) < 2**31 else np.int64)
+    order = np.arange(len(train), dtype=index_type(len(train)))
     np.random.default_rng(seed).shuffle(order)  # rng.permutation's draws in 4 bytes a pair
     stays = np.ones(len(train), dtype=bool)
     stays[order[:held]] = False

@@ -23,7 +23,7 @@ from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
 from nmt.training import step as training_step
-from nmt.training.step import OneDevice, make_optim
+from nmt.training.step import OneDevice, default_device, make_optim
 
 PLAN_FILE = "plan.json"
 PROBE_STEPS = 3  # timed steps after one untimed warm-up
@@ -129,7 +129,7 @@ def measure(cfg: TrainConfig, corpus, dims: budget.Dims, device: str | None = No
     mixed `precision`:
     the median of `steps` timed `train_step`s on real batches of budget.BATCHES[-1] tokens after a warm-up.
     The caller's random state is left as it was."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = default_device(device)
     tok = corpus.tokenizer
     model_cfg = ModelConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
                             **{k: getattr(dims, k) for k in budget.Dims._fields[1:]}, dropout=0.1,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import os
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from nmt.tables import column
 from nmt.tokenizer import PairTokenizer
 from nmt.training.finetune import check_same_tokenizer
 from nmt.training.sizing import sized_config
-from nmt.training.step import make_optim, run_precision
+from nmt.training.step import default_device, launched_precision, make_optim, run_precision
 
 log = get_logger(__name__)
 
@@ -50,11 +49,11 @@ def check_trackers(names: list) -> None:
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
     """The run's Accelerator; its mixed precision the launcher's, else chosen for the budget (`run_precision`)."""
-    cpu = not torch.cuda.is_available()
-    precision = run_precision(cfg, "cpu" if cpu else "cuda")
+    device_type = default_device().type
+    precision = run_precision(cfg, device_type)
     accelerator = Accelerator(
         # without a GPU, processes started by torchrun (accelerate launch) must still join one gloo group
-        cpu=cpu,
+        cpu=device_type == "cpu",
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.accum_steps,
         log_with=cfg.log_with or None,
@@ -63,8 +62,8 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(split_batches=True),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(minutes=cfg.dist_timeout_minutes))],
     )
-    if precision == "bf16" and not os.environ.get("ACCELERATE_MIXED_PRECISION") and accelerator.is_main_process:
-        print(f"nmt: mixed precision bf16, chosen for the time budget: this {'CPU' if cpu else 'GPU'} multiplies bf16 "
+    if precision == "bf16" and launched_precision() is None and accelerator.is_main_process:
+        print(f"nmt: mixed precision bf16, chosen for the time budget: this {device_type.upper()} multiplies bf16 "
               "in hardware (ACCELERATE_MIXED_PRECISION=no trains in fp32)", flush=True)
     return accelerator
 

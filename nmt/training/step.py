@@ -112,6 +112,11 @@ def make_optim(model: torch.nn.Module, cfg: TrainConfig) -> Optim:
     return Optim(optimizer, scheduler, cfg.optim.clip_norm)
 
 
+def default_device(device: str | None = None) -> torch.device:
+    """`device`, by default the first GPU, else the CPU: where the plan's timing and `nmt check`'s probe run."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def native_bf16(device_type: str) -> bool:
     """Whether `device_type` multiplies bf16 in hardware: a GPU that supports it, or a CPU with oneDNN's bf16
     kernels (AVX512-BF16 or AMX)."""
@@ -125,10 +130,16 @@ def run_precision(cfg: TrainConfig, device_type: str) -> str:
     ACCELERATE_MIXED_PRECISION); else, under a time budget (max_minutes), bf16 where the device multiplies it in
     hardware: more steps in the same minutes (1.55x on a 2-core AVX512-BF16 CPU, benchmarks/train_speed.py),
     which validated better (README "Results"); else fp32 ("no")."""
-    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
-    if launched:
-        return launched.lower()
+    launched = launched_precision()
+    if launched is not None:
+        return launched
     return "bf16" if cfg.max_minutes is not None and native_bf16(device_type) else "no"
+
+
+def launched_precision() -> str | None:
+    """The mixed precision the launcher chose (`accelerate launch`, a profile, ACCELERATE_MIXED_PRECISION); None:
+    none chosen, nmt chooses (`run_precision`)."""
+    return os.environ.get("ACCELERATE_MIXED_PRECISION", "").lower() or None
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
