@@ -113,6 +113,28 @@ def release_free_memory() -> None:
         trim(0)
 
 
+@contextlib.contextmanager
+def prompt_memory_pool():
+    """Arrow allocates inside the block from a pool that hands freed pages back at once: its own jemalloc with no
+    decay where pyarrow has it, else the C library's malloc (trimmed by `release_free_memory`); then from the
+    default pool again. The default (mimalloc) keeps much of what a data phase frees, even after `release_unused`,
+    and glibc keeps freed blocks under its moving mmap threshold. Buffers remember their pool: arrays made inside
+    stay valid after the block."""
+    import pyarrow as pa
+
+    before = pa.default_memory_pool()
+    try:
+        pool = pa.jemalloc_memory_pool()
+        pa.jemalloc_set_decay_ms(0)
+    except NotImplementedError:  # a pyarrow built without jemalloc (e.g. Windows)
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(before)
+
+
 @functools.cache
 def _malloc_trim():
     try:

@@ -22,17 +22,17 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
 
 from nmt import clean as columns
 from nmt.batching import index_type
-from nmt.compat import dataset_fingerprint, release_free_memory
+from nmt.compat import dataset_fingerprint, prompt_memory_pool, release_free_memory
 from nmt.config import DataConfig, TokenizerConfig, auto_sizes
 from nmt.encoding import drop_long, encode
 from nmt.errors import NmtError
 from nmt.readers import load_split
 from nmt.strict import to_dict
-from nmt.tables import arrow_batches, open_arrow, rows, select
-from nmt.textfiles import write_arrow
+from nmt.tables import arrow_batches, open_arrow, rows, select, write_rows
 from nmt.tokenizer import PairTokenizer, bulk_threads, train_pair_tokenizer
 
 SPLITS = ("train", "valid", "test")
@@ -64,52 +64,59 @@ def drop_reason(src: str, tgt: str, cfg: DataConfig) -> str | None:
     return None
 
 
-def clean(ds: datasets.Dataset, cfg: DataConfig,
-          evals: dict[str, datasets.Dataset] | None = None) -> tuple[np.ndarray, dict]:
-    """Indices of the pairs to keep (bad pairs and exact duplicates dropped), and counts per reason.
+def clean(ds: datasets.Dataset, cfg: DataConfig, evals: dict[str, datasets.Dataset] | None = None,
+          among: np.ndarray | None = None, spill_dir: Path | None = None) -> tuple[np.ndarray, dict]:
+    """(N,) bool: the pairs to keep (bad pairs and exact duplicates dropped), and counts per reason. `among` ((N,)
+    bool): the rows that are training pairs (the others were carved off for validation or test; None: all). The
+    dedupe's hashes lie in a temporary folder in `spill_dir` (default: the system's) while it runs.
 
     Whole columns at a time (`nmt.clean`). With `evals` (validation, test), stats["overlap"] counts their
     pairs that also occur in `ds` after normalisation (`nmt.clean.normalise`); `cfg.dedupe_eval` drops those
     training pairs ("in_valid_or_test").
     """
-    eval_hashes = np.concatenate([np.zeros(0, np.uint64),
-                                  *(columns.normalised_hashes(arrow_batches(ev)) for ev in (evals or {}).values())])
-    codes, exact, near = columns.scan(arrow_batches(ds, 10_000), cfg, len(ds), eval_hashes)
+    evals = {name: (ev, columns.normalised_hashes(arrow_batches(ev))) for name, ev in (evals or {}).items()}
+    with tempfile.TemporaryDirectory(dir=spill_dir, prefix=".hashes-") as folder:
+        spill = columns.HashSpill(Path(folder)) if cfg.dedupe else None
+        other = np.concatenate([np.zeros(0, np.uint64), *(hashes for _, hashes in evals.values())])
+        codes, near = columns.scan(arrow_batches(ds, 10_000), cfg, len(ds), other, spill)
+        if spill is not None:  # over every pair: equal pairs share a drop code, so a repeat of a dropped one is dropped
+            repeated = columns.repeats(spill.parts(), len(ds), lambda idx: rows(ds, idx), among)
+    if among is not None:
+        codes[~among] = -1  # not a training pair: neither kept nor counted
     reasons, counts = np.unique(codes[codes > 0], return_counts=True)
     dropped = Counter({columns.REASONS[r - 1]: int(n) for r, n in zip(reasons, counts)})
+    stats = {"read": int(np.count_nonzero(codes >= 0))}
     kept = codes == 0
     del codes
-    if cfg.dedupe:  # over every pair: equal pairs share a drop code, so a repeat of a dropped pair is dropped anyway
-        repeated = columns.repeats(exact, lambda idx: rows(ds, idx))
+    if cfg.dedupe:
         repeated &= kept
-        dropped["duplicate"] = int(repeated.sum())
+        dropped["duplicate"] = int(np.count_nonzero(repeated))
         kept &= ~repeated
         del repeated
-    del exact
-    keep = np.flatnonzero(kept)
-    stats = {"read": len(ds)}
+    near &= kept
     if evals:
-        in_eval, stats["overlap"] = _eval_overlap(ds, keep, near[keep], evals)
+        in_eval, stats["overlap"] = _eval_overlap(ds, np.flatnonzero(near), evals)
         if cfg.dedupe_eval:
-            dropped["in_valid_or_test"] = int(in_eval.sum())
-            keep = keep[~in_eval]
-    stats.update(kept=len(keep), dropped={k: n for k, n in dropped.items() if n})
-    return keep.astype(np.int64, copy=False), stats
+            dropped["in_valid_or_test"] = len(in_eval)
+            kept[in_eval] = False
+    stats.update(kept=int(np.count_nonzero(kept)), dropped={k: n for k, n in dropped.items() if n})
+    return kept, stats
 
 
-def _eval_overlap(ds: datasets.Dataset, keep: np.ndarray, near: np.ndarray,
-                  evals: dict[str, datasets.Dataset]) -> tuple[np.ndarray, dict]:
-    """(len(keep),) bool: kept training pairs that equal an eval pair after normalisation (`near`: those whose
-    hash says they may); and per eval split, how many of its pairs occur in training."""
-    eval_texts = {name: rows(ev, np.arange(len(ev)), normalised=True) for name, ev in evals.items()}
-    every = set().union(*eval_texts.values())
-    candidates = np.flatnonzero(near)
-    found = rows(ds, keep[candidates], normalised=True)  # one read of the training file
-    in_eval = np.zeros(len(keep), dtype=bool)
-    in_eval[candidates] = [text in every for text in found]
+def _eval_overlap(ds: datasets.Dataset, candidates: np.ndarray,
+                  evals: dict[str, tuple[datasets.Dataset, np.ndarray]]) -> tuple[np.ndarray, dict]:
+    """The kept training rows that equal an eval pair after normalisation (`candidates`: those whose hash says
+    they may); and per eval split (its pairs, their `nmt.clean.normalised_hashes`), how many of its pairs occur in
+    training. Texts are read for the candidates and the eval pairs that share their hashes only."""
+    found = rows(ds, candidates, normalised=True)  # one read of the training file
+    hashes = np.sort(columns.pair_hashes(*(pa.array(side, pa.string()) for side in zip(*found))) if found else
+                     np.zeros(0, np.uint64))
+    texts = {name: rows(ev, np.flatnonzero(columns.is_in(ev_hashes, hashes)), normalised=True)
+             for name, (ev, ev_hashes) in evals.items()}
+    every = set().union(*texts.values())
+    in_eval = candidates[np.fromiter((text in every for text in found), bool, len(found))]
     seen = {text for text in found if text in every}
-    overlap = {name: sum(text in seen for text in texts) for name, texts in eval_texts.items()}
-    return in_eval, overlap
+    return in_eval, {name: sum(text in seen for text in pairs) for name, pairs in texts.items()}
 
 
 def overlap_line(stats: dict) -> str | None:
@@ -140,16 +147,15 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     cache_root = Path(os.path.expanduser(cfg.cache_dir))
     cache_root.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
-    with (main_first or nullcontext)():
+    with (main_first or nullcontext)(), prompt_memory_pool():
         with _timed(seconds, "read"):
-            raw, split_stats = _read_splits(cfg, cache_root)
+            raw, split_stats, among = _read_splits(cfg, cache_root)
         key = _content_key(raw, cfg, tok_cfg, tokenizer)
         work = cache_root / "prepared" / key
         work.mkdir(parents=True, exist_ok=True)
         with _timed(seconds, "clean"):
-            raw["train"], clean_stats, kept = _cached_clean(raw, cfg, work)
-            if len(split_stats["corpora"]) == 1:
-                kept = None  # only several corpora need it (their mixing weights), and it costs 8 bytes a pair
+            raw["train"], clean_stats, kept = _cached_clean(raw, cfg, work, among, split_stats["corpora"])
+            del among
         sizing_pairs = len(raw["train"])
         if tok_cfg.vocab_size is None:
             tok_cfg = dataclasses.replace(tok_cfg, vocab_size=auto_sizes(sizing_pairs).vocab_size)
@@ -165,15 +171,14 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     return Corpus(encoded, tokenizer, stats)
 
 
-def _trained_on(train: datasets.Dataset, cfg: DataConfig, clean_stats: dict, kept: np.ndarray | None,
+def _trained_on(train: datasets.Dataset, cfg: DataConfig, clean_stats: dict, kept: list[int],
                 split_stats: dict) -> tuple[datasets.Dataset, dict]:
     """The encoded training pairs training reads: too long ones dropped, several corpora mixed by their weights
-    (`kept`: the raw training rows that cleaning kept, given for several corpora only)."""
+    (`kept`: how many pairs of each corpus cleaning kept, in order)."""
     train, clean_stats, long_kept = drop_long(train, cfg.max_subwords, clean_stats)
-    if kept is not None:
-        rows = kept if long_kept is None else kept[long_kept]  # of the raw training rows, those `train` holds
-        origin = np.searchsorted(np.cumsum(split_stats["corpora"]), rows, side="right")
-        train, split_stats["corpora"] = mix(train, origin, cfg)
+    if len(kept) > 1:
+        origin = np.repeat(np.arange(len(kept), dtype=np.min_scalar_type(len(kept))), kept)
+        train, split_stats["corpora"] = mix(train, origin if long_kept is None else origin[long_kept], cfg)
     release_free_memory()
     return train, clean_stats
 
@@ -206,27 +211,29 @@ def mix(train: datasets.Dataset, origin: np.ndarray, cfg: DataConfig) -> tuple[d
     return select(train, np.concatenate(parts)), corpora
 
 
-def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Dataset], dict]:
-    """train, valid and test: from their own specs, from the first train corpus's named splits, or carved off it.
-    Further training corpora are appended to train; stats["corpora"] holds each one's pairs."""
+def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Dataset], dict, np.ndarray | None]:
+    """train, valid and test: from their own specs, from the first train corpus's named splits, or carved off it;
+    and (N,) bool, the rows of train that stay training pairs when some were carved off (else None). Further
+    training corpora are appended to train; stats["corpora"] holds each one's training pairs."""
     specs = train_specs(cfg)
     parts = [_read_train(spec, cfg, cache) for spec in specs]
-    splits, carved = {"train": parts[0]}, []
+    splits, carved, stays = {"train": parts[0]}, [], np.ones(len(parts[0]), dtype=bool)
     for name, spec, ratio in (("valid", cfg.valid, cfg.valid_ratio), ("test", cfg.test, cfg.test_ratio)):
         ds = load_split(spec, cfg, name, cache) if spec else load_split(specs[0], cfg, name, cache, whole_ok=False)
         if ds is None:
             if ratio <= 0:
                 raise NmtError(f"config key 'data.{name}': no {name} set given and data.{name}_ratio is 0")
-            splits["train"], ds = _carve(splits["train"], name, ratio, cfg.split_seed + len(carved), cache)
+            ds = _carve(parts[0], stays, name, ratio, seed=cfg.split_seed + len(carved), cache=cache)
             carved.append(name)
         splits[name] = ds
+    sizes = [int(np.count_nonzero(stays))] + [len(p) for p in parts[1:]]
     for name, ds in splits.items():
-        if len(ds) == 0:
+        if (sizes[0] if name == "train" else len(ds)) == 0:
             raise NmtError(f"the {name} split is empty (from {getattr(cfg, name) or specs[0]!r})")
-    sizes = [len(splits["train"])] + [len(p) for p in parts[1:]]
     if len(parts) > 1:
-        splits["train"] = datasets.concatenate_datasets([splits["train"], *parts[1:]])
-    return splits, {"carved_from_train": carved, "corpora": sizes}
+        splits["train"] = datasets.concatenate_datasets(parts)
+    among = None if not carved else np.concatenate([stays, np.ones(sum(sizes[1:]), dtype=bool)])
+    return splits, {"carved_from_train": carved, "corpora": sizes}, among
 
 
 def _read_train(spec: str, cfg: DataConfig, cache: Path) -> datasets.Dataset:
@@ -238,28 +245,29 @@ def _read_train(spec: str, cfg: DataConfig, cache: Path) -> datasets.Dataset:
     return train
 
 
-def _carve(train: datasets.Dataset, name: str, ratio: float, seed: int,
-          cache: Path) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(train, the `name` split): a share `ratio` of train (rounded up), drawn with `seed`, carved off; refused when
-    either side would be empty. Train keeps the file's order, so a pass over it reads its file front to back
-    (nmt.tables.arrow_batches); the held-out pairs get a small file of their own, so reading them never touches
-    the pages of the whole corpus."""
-    held = math.ceil(ratio * len(train))
-    if not 0 < held < len(train):
-        raise NmtError(f"config key 'data.{name}': {len(train)} training pair(s) left are too few to carve a {name} set "
+def _carve(train: datasets.Dataset, stays: np.ndarray, name: str, ratio: float, *, seed: int,
+          cache: Path) -> datasets.Dataset:
+    """The `name` split: a share `ratio` (rounded up) of the training pairs left (`stays`, (N,) bool, updated in
+    place), drawn with `seed`, carved off; refused when either side would be empty. Train stays its file (cleaning
+    writes the pairs it keeps to a file of their own); the held-out pairs get a small file of their own, so reading
+    them never touches the pages of the whole corpus."""
+    left = int(np.count_nonzero(stays))
+    held = math.ceil(ratio * left)
+    if not 0 < held < left:
+        raise NmtError(f"config key 'data.{name}': {left} training pair(s) left are too few to carve a {name} set "
                        f"of data.{name}_ratio={ratio} from; give data.{name} (a separate file) or more pairs")
-    order = np.arange(len(train), dtype=index_type(len(train)))
+    key = f"{dataset_fingerprint(train)}:{ratio}:{seed}:{hashlib.sha256(np.packbits(stays).data).hexdigest()}"
+    order = np.arange(len(stays), dtype=index_type(len(stays)))[stays]
     np.random.default_rng(seed).shuffle(order)  # rng.permutation's draws in 4 bytes a pair
-    stays = np.ones(len(train), dtype=bool)
-    stays[order[:held]] = False
+    picked = np.zeros(len(stays), dtype=bool)
+    picked[order[:held]] = True
     del order
-    key = f"{dataset_fingerprint(train)}:{len(train)}:{ratio}:{seed}"
+    stays &= ~picked
     out = cache / "read" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.arrow"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        picked = select(train, np.flatnonzero(~stays))
-        write_arrow((b for t in arrow_batches(picked) for b in t.select(["src", "tgt"]).to_batches()), out)
-    return select(train, np.flatnonzero(stays)), open_arrow(out, f"nmt-{out.stem}")
+        return write_rows(train, picked, out)
+    return open_arrow(out, f"nmt-{out.parent.name}-{out.stem}")
 
 
 def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: TokenizerConfig,
@@ -277,24 +285,29 @@ def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: Tok
     return h.hexdigest()[:16]
 
 
-def _cached_clean(raw: dict[str, datasets.Dataset], cfg: DataConfig,
-                  work: Path) -> tuple[datasets.Dataset, dict, np.ndarray]:
-    """The cleaned training split, the cleaning stats and the kept indices (into raw["train"])."""
-    train, keep_file, stats_file = raw["train"], work / "train.keep.npy", work / "clean.json"
-    if keep_file.is_file() and stats_file.is_file():
-        keep, stats = np.load(keep_file), json.loads(stats_file.read_text())
-    else:
-        keep, stats = clean(train, cfg, {name: raw[name] for name in ("valid", "test")})
+def _cached_clean(raw: dict[str, datasets.Dataset], cfg: DataConfig, work: Path, among: np.ndarray | None,
+                  corpora: list[int]) -> tuple[datasets.Dataset, dict, list[int]]:
+    """The cleaned training split (its own Arrow file unless cleaning kept every row), the cleaning stats and how
+    many pairs of each corpus it kept (`corpora`: each one's training pairs, in order; `among`: see `clean`)."""
+    train, clean_file, stats_file = raw["train"], work / "train.clean.arrow", work / "clean.json"
+    saved = json.loads(stats_file.read_text()) if stats_file.is_file() else None
+    if saved is None or not (saved["whole"] or clean_file.is_file()):
+        kept, stats = clean(train, cfg, {name: raw[name] for name in ("valid", "test")}, among, spill_dir=work)
         if stats["kept"] == 0:
             raise NmtError(f"no training pairs left after cleaning ({stats['read']} read; dropped: "
                            f"{stats['dropped']}); check the files or relax data.max_words / data.max_ratio")
-        # temporary names of our own: two runs may fill the same cache at once (the last rename wins)
-        tmp = work / f".train.keep.{os.getpid()}.npy"
-        np.save(tmp, keep)
-        os.replace(tmp, keep_file)  # written before the stats, which mark the pair complete
-        (work / f".clean.{os.getpid()}").write_text(json.dumps(stats))
+        ends = np.cumsum([len(kept) - sum(corpora[1:]), *corpora[1:]])
+        saved = {"stats": stats, "whole": bool(kept.all()),
+                 "per_corpus": [int(np.count_nonzero(kept[end - n: end])) for end, n in zip(ends, np.diff(ends, prepend=0))]}
+        if not saved["whole"]:
+            write_rows(train, kept, clean_file)  # written before the stats, which mark the pair complete
+        del kept
+        # a temporary name of our own: two runs may fill the same cache at once (the last rename wins)
+        (work / f".clean.{os.getpid()}").write_text(json.dumps(saved))
         os.replace(work / f".clean.{os.getpid()}", stats_file)
-    return (select(train, keep) if len(keep) < len(train) else train), stats, keep
+    if not saved["whole"]:
+        train = open_arrow(clean_file, f"nmt-{work.name}-{clean_file.stem}")
+    return train, saved["stats"], saved["per_corpus"]
 
 
 def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: Path) -> PairTokenizer:

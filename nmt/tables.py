@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from nmt import clean as columns
 from nmt.compat import dataset_fingerprint, dataset_indices, memory_mapped_rows
+from nmt.textfiles import write_arrow
 
 datasets.disable_progress_bars()
 datasets.logging.set_verbosity_error()
@@ -132,6 +133,20 @@ def select(ds: datasets.Dataset, idx: np.ndarray) -> datasets.Dataset:
     fingerprint = digest.hexdigest()[:16]
     return datasets.Dataset(ds.data, info=ds.info, split=ds.split, indices_table=pa.table({"indices": picked}),
                             fingerprint=fingerprint)
+
+
+def write_rows(ds: datasets.Dataset, keep: np.ndarray, out: Path) -> datasets.Dataset:
+    """The rows of `ds` where `keep` ((N,) bool) is True, columns src and tgt, written batch by batch to the Arrow
+    file `out` and opened memory-mapped: unlike a selection, nothing of 8 bytes a row stays in memory."""
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        start = 0
+        for table in arrow_batches(ds):
+            part, start = table.filter(pa.array(keep[start: start + len(table)])), start + len(table)
+            yield from part.select(["src", "tgt"]).to_batches()
+
+    write_arrow(batches(), out)
+    return open_arrow(out, f"nmt-{out.parent.name}-{out.stem}")
 
 
 def column(ds: datasets.Dataset, name: str) -> np.ndarray:

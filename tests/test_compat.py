@@ -100,3 +100,17 @@ def test_release_free_memory_finds_malloc_trim_on_glibc():
     compat.release_free_memory()  # never raises, whatever the platform
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert compat._malloc_trim() is not None
+
+
+def test_preparation_allocates_from_a_pool_that_hands_memory_back():
+    """Issue 15: inside the block Arrow allocates from jemalloc without decay (or malloc); the default after it,
+    and what was made inside stays readable."""
+    import pyarrow as pa
+
+    before = pa.default_memory_pool()
+    with compat.prompt_memory_pool():
+        inside = pa.default_memory_pool().backend_name
+        made = pa.array(range(1000), pa.int64())
+    assert inside in ("jemalloc", "system")
+    assert pa.default_memory_pool().backend_name == before.backend_name
+    assert made.to_numpy().sum() == 499_500

@@ -513,3 +513,90 @@ def test_select_is_datasets_select_without_its_python_list(first, second):
     assert fingerprint(first) == dataset_fingerprint(ours)
     if first != first[::-1]:
         assert fingerprint(first[::-1]) != fingerprint(first)
+
+
+def test_several_corpora_with_carved_splits_and_dropped_pairs_keep_their_mixing(tmp_path):
+    """Cleaning writes the pairs it keeps to a file of its own; each corpus's share of it (its mixing weight)
+    follows the pairs carved off and dropped from the first one."""
+    real = PAIRS[:40] + [PAIRS[5], PAIRS[6], PAIRS[5]]
+    synthetic = [(f"synthetic {i} .", f"synthétique {i} .") for i in range(10)]
+    write_pairs(tmp_path / "real", real, "en", "fr")
+    write_pairs(tmp_path / "synthetic", synthetic, "en", "fr")
+    cfg = dataclasses.replace(cfg_for(tmp_path, tmp_path / "real", valid_ratio=0.1, test_ratio=0.1),
+                              train=[str(tmp_path / "real"), str(tmp_path / "synthetic")], weights=[1, 2])
+    for _ in range(2):  # cold, then from the cache
+        corpus = prepare(cfg, TOK)
+        held = {(s, t) for name in ("valid", "test") for s, t in zip(corpus.splits[name]["src"], corpus.splits[name]["tgt"])}
+        seen = Counter(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"]))
+        assert len(corpus.splits["valid"]) + len(corpus.splits["test"]) == 5 + 4  # 10% of 43, then of 38, rounded up
+        assert {p: seen[p] for p in synthetic} == {p: 2 for p in synthetic}
+        assert all(seen[p] == 1 for p in PAIRS[:40] if p not in held)
+        assert [c["per_epoch"] for c in corpus.stats["corpora"]] == [len(set(PAIRS[:40]) - held), 20]
+
+
+def test_the_cleaned_training_split_is_a_file_not_a_selection(tmp_path):
+    """Issue 15: no array of 8 bytes a pair (a datasets selection) stays behind cleaning and carving, and the
+    dedupe's hashes on disk are gone when it ends."""
+    from nmt.compat import dataset_indices
+
+    write_pairs(tmp_path / "train", PAIRS[:50] + PAIRS[:5], "en", "fr")
+    corpus = read_all(tmp_path, tmp_path / "train")
+    assert corpus.stats["clean"]["dropped"]["duplicate"] >= 1
+    assert dataset_indices(corpus.splits["train"]) is None
+    work = Path(corpus.stats["cache"])
+    assert (work / "train.clean.arrow").is_file() and not list(work.glob(".hashes-*"))
+
+
+def test_cleaning_holds_a_few_bytes_a_pair(tmp_path, monkeypatch):
+    """Issue 15: cleaning and dedupe grow by a few bytes a pair (drop codes, flags), not by the pair hashes or
+    indices (8 bytes each; ~10 bytes a pair traced before the hashes went to disk, ~2 now). One scanning thread,
+    so the batches' temporaries do not peak at random."""
+    import tracemalloc
+
+    from nmt import clean as columns
+    from nmt.data import clean
+    from nmt.readers import load_split
+
+    monkeypatch.setattr(columns.os, "cpu_count", lambda: 1)
+
+    cfg = DataConfig(src_lang="en", tgt_lang="fr")
+    peaks = {}
+    for n in (20_000, 100_000):
+        write_pairs(tmp_path / f"c{n}", [(f"w{i} x{i % 7} .", f"m{i % 1000} y{i} .") for i in range(n)], "en", "fr")
+        ds = load_split(str(tmp_path / f"c{n}"), cfg, "train", tmp_path / "cache")
+        clean(ds, cfg, spill_dir=tmp_path)  # once, so fixed-size buffers (hash tables) exist in both counts
+        tracemalloc.start()
+        try:
+            kept, stats = clean(ds, cfg, spill_dir=tmp_path)
+            peaks[n] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert stats["kept"] == n and kept.all()
+    per_pair = (peaks[100_000] - peaks[20_000]) / 80_000
+    assert per_pair < 5, per_pair
+
+
+def test_string_hashes_do_not_depend_on_how_much_text_is_hashed_at_once(monkeypatch):
+    import pyarrow as pa
+
+    from nmt import clean
+
+    texts = pa.array([f"{'ab' * (i % 13)} {i}" for i in range(500)] + ["x" * 300, ""])
+    whole = clean.string_hashes(texts, 1)
+    monkeypatch.setattr(clean, "SPAN", 37)  # runs of a few strings, and strings longer than a run
+    assert (clean.string_hashes(texts, 1) == whole).all()
+
+
+def test_repeats_count_only_the_rows_among_the_training_pairs(tmp_path):
+    import numpy as np
+
+    from nmt.clean import HashSpill, repeats
+
+    values = np.array([5, 7, 5, 5, 9, 7], dtype=np.uint64) << np.uint64(58)  # across parts of the spill
+    spill = HashSpill(tmp_path)
+    spill.add(values[:4])
+    spill.add(values[4:])
+    texts = lambda idx: [int(values[i]) for i in idx]
+    assert repeats(spill.parts(), 6, texts).tolist() == [False, False, True, True, False, True]
+    among = np.array([False, True, True, True, True, False])
+    assert repeats(spill.parts(), 6, texts, among).tolist() == [False, False, False, True, False, False]
