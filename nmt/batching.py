@@ -48,9 +48,14 @@ def narrow(values) -> np.ndarray:
     values = np.asarray(values)
     if values.dtype.kind not in "iu":
         values = values.astype(np.int64)
-    if len(values) == 0 or values.min() < 0:
+    if len(values) == 0:
         return values.astype(np.int64, copy=False)
-    return values.astype(np.min_scalar_type(int(values.max())), copy=False)
+    return values.astype(narrow_type(int(values.min()), int(values.max())), copy=False)
+
+
+def narrow_type(low: int, high: int) -> np.dtype:
+    """The type `narrow` gives integers from `low` to `high`: unsigned and as small as it can be, else int64."""
+    return np.dtype(np.int64) if low < 0 else np.min_scalar_type(high)
 
 
 def index_type(n: int) -> type:

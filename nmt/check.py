@@ -90,8 +90,8 @@ def _epoch_zero(cfg: TrainConfig, corpus, num_processes: int) -> Epoch:
     dropout = bpe_dropout(cfg, corpus)
     # under BPE-dropout, epoch 0's segmentation as training will see it (later epochs differ by a few steps)
     train = dropout.encoded(0) if dropout else corpus.splits["train"]
-    src_len, tgt_len = pair_lengths(train)
-    cost = dropout.lengths(0)[0] if dropout else column(train, "cost")
+    src_len, tgt_len = pair_lengths(train, narrow=True)  # 1-2 bytes a pair: sums and maxima below go through int
+    cost = dropout.lengths(0)[0] if dropout else column(train, "cost", narrow=True)
     sampler = TokenBatchSampler(cost, cfg.max_tokens, world_size=num_processes, accum_steps=cfg.accum_steps,
                                 seed=cfg.seed, ties=src_len)
     return Epoch(train, sampler.plan(0), src_len, tgt_len)
@@ -164,7 +164,7 @@ def padding_share(plan, src_len: np.ndarray, tgt_len: np.ndarray) -> float:
         for chunk in deal(batch, n_chunks):
             if len(chunk):
                 real += int(src_len[chunk].sum() + tgt_len[chunk].sum())
-                padded += len(chunk) * int(src_len[chunk].max() + tgt_len[chunk].max())
+                padded += len(chunk) * (int(src_len[chunk].max()) + int(tgt_len[chunk].max()))
     return 1 - real / max(padded, 1)
 
 
@@ -230,7 +230,7 @@ def _batch(columns, chunk: np.ndarray, collate: Collator, device: torch.device) 
 
 
 def _padded(chunk: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray) -> int:
-    return len(chunk) * int(src_len[chunk].max() + tgt_len[chunk].max()) if len(chunk) else 0
+    return len(chunk) * (int(src_len[chunk].max()) + int(tgt_len[chunk].max())) if len(chunk) else 0
 
 
 def _timed_step(one: OneDevice, objective: Seq2SeqLoss, optim, window: list[dict]) -> float:

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nmt import batching
 from nmt.errors import NmtError
 from nmt.tables import arrow_batches, column, open_arrow, select, table_and_mapping
 from nmt.textfiles import write_arrow
@@ -44,14 +45,16 @@ def encode(ds: datasets.Dataset, tokenizer: PairTokenizer, cache_file: Path) -> 
     return open_arrow(cache_file, f"nmt-{cache_file.parent.name}-{cache_file.stem}")
 
 
-def pair_lengths(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>), int32."""
+def pair_lengths(ds: datasets.Dataset, narrow: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>), int32; with
+    `narrow`, in the smallest type that holds them (`nmt.tables.column`): for a sampler, not for arithmetic."""
     if "src_len" in ds.column_names and "tgt_len" in ds.column_names:
-        return column(ds, "src_len"), column(ds, "tgt_len")  # int32, as stored
+        return column(ds, "src_len", narrow), column(ds, "tgt_len", narrow)
     table, mapping = table_and_mapping(ds)
     side = lambda name: pc.list_value_length(table.column(name)).to_numpy()
     src, tgt = side("src_ids"), side("tgt_ids") + 1
-    return (src, tgt) if mapping is None else (src[mapping], tgt[mapping])
+    src, tgt = (src, tgt) if mapping is None else (src[mapping], tgt[mapping])
+    return (batching.narrow(src), batching.narrow(tgt)) if narrow else (src, tgt)
 
 
 def drop_long(train: datasets.Dataset, max_subwords: int,

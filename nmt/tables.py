@@ -13,8 +13,10 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from nmt import clean as columns
+from nmt.batching import narrow_type
 from nmt.compat import dataset_fingerprint, dataset_indices, memory_mapped_rows
 from nmt.textfiles import write_arrow
 
@@ -149,8 +151,19 @@ def write_rows(ds: datasets.Dataset, keep: np.ndarray, out: Path) -> datasets.Da
     return open_arrow(out, f"nmt-{out.parent.name}-{out.stem}")
 
 
-def column(ds: datasets.Dataset, name: str) -> np.ndarray:
-    """(N,) a numeric column as NumPy, read through Arrow (never row by row)."""
+def column(ds: datasets.Dataset, name: str, narrow: bool = False) -> np.ndarray:
+    """(N,) a numeric column as NumPy, read through Arrow (never row by row). `narrow`: an integer column in the
+    smallest type that holds its values (`nmt.batching.narrow`; lengths: 1-2 bytes a pair), filled chunk by chunk,
+    never copied whole in its stored type (int32 lengths: 4 bytes a pair besides the file's pages)."""
     table, mapping = table_and_mapping(ds)
-    values = table.column(name).to_numpy()
+    values = table.column(name)
+    if narrow and pa.types.is_integer(values.type) and len(values):
+        out = np.empty(len(values), dtype=narrow_type(pc.min(values).as_py(), pc.max(values).as_py()))
+        start = 0
+        for chunk in values.chunks:
+            out[start: start + len(chunk)] = chunk.to_numpy()
+            start += len(chunk)
+        values = out
+    else:
+        values = values.to_numpy()
     return values if mapping is None else values[mapping]

@@ -600,3 +600,18 @@ def test_repeats_count_only_the_rows_among_the_training_pairs(tmp_path):
     assert repeats(spill.parts(), 6, texts).tolist() == [False, False, True, True, False, True]
     among = np.array([False, True, True, True, True, False])
     assert repeats(spill.parts(), 6, texts, among).tolist() == [False, False, False, True, False, False]
+
+
+def test_a_narrow_column_holds_the_same_values_in_the_smallest_type(tmp_path):
+    """Issue 15: the sampler's lengths are read chunk by chunk into 1-2 bytes a pair, never as a whole int32 copy."""
+    import numpy as np
+
+    from nmt.encoding import pair_lengths
+    from nmt.tables import column, select
+
+    write_pairs(tmp_path / "train", PAIRS + [(" ".join(["w"] * 300), " ".join(["x"] * 300))], "en", "fr")
+    train = read_all(tmp_path, tmp_path / "train", max_subwords=1000, max_words=1000).splits["train"]
+    for ds in (train, select(train, np.arange(len(train))[::-2])):
+        wide, small = column(ds, "cost"), column(ds, "cost", narrow=True)
+        assert wide.dtype == np.int32 and small.dtype == np.uint16 and (small == wide).all()
+        assert [a.tolist() for a in pair_lengths(ds, narrow=True)] == [a.tolist() for a in pair_lengths(ds)]
