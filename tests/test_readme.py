@@ -98,6 +98,8 @@ NOT_RUN = {
     "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 --subset 10000 --subset-only "
     "--systems budget,fixed,tuned": BENCHMARK,
     "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 --subset 10000 --subset-only "
+    "--systems budget": BENCHMARK,
+    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 --subset 10000 --subset-only "
     "--systems budget,tuned": BENCHMARK,
     "python benchmarks/train_speed.py --data ../shared/data/tatoeba-en-de --mode both --systems nmt": BENCHMARK,
     "python benchmarks/decode_speed.py --profile": BENCHMARK,
