@@ -296,17 +296,17 @@ def _cached_clean(raw: dict[str, datasets.Dataset], cfg: DataConfig, work: Path,
         if stats["kept"] == 0:
             raise NmtError(f"no training pairs left after cleaning ({stats['read']} read; dropped: "
                            f"{stats['dropped']}); check the files or relax data.max_words / data.max_ratio")
-        ends = np.cumsum([len(kept) - sum(corpora[1:]), *corpora[1:]])
+        rows = [len(kept) - sum(corpora[1:]), *corpora[1:]]  # each corpus's rows in the file (the first's before carving)
         saved = {"stats": stats, "whole": bool(kept.all()),
-                 "per_corpus": [int(np.count_nonzero(kept[end - n: end])) for end, n in zip(ends, np.diff(ends, prepend=0))]}
+                 "per_corpus": [int(np.count_nonzero(part)) for part in np.split(kept, np.cumsum(rows)[:-1])]}
         if not saved["whole"]:
-            write_rows(train, kept, clean_file)  # written before the stats, which mark the pair complete
+            train = write_rows(train, kept, clean_file)  # written before the stats, which mark the pair complete
         del kept
         # a temporary name of our own: two runs may fill the same cache at once (the last rename wins)
         (work / f".clean.{os.getpid()}").write_text(json.dumps(saved))
         os.replace(work / f".clean.{os.getpid()}", stats_file)
-    if not saved["whole"]:
-        train = open_arrow(clean_file, f"nmt-{work.name}-{clean_file.stem}")
+    elif not saved["whole"]:
+        train = open_arrow(clean_file, f"nmt-{work.name}-{clean_file.stem}")  # as write_rows opens it
     return train, saved["stats"], saved["per_corpus"]
 
 
