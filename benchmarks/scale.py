@@ -73,14 +73,14 @@ def child_prepare(args: argparse.Namespace) -> dict:
     from nmt.batching import TokenBatchSampler
     from nmt.config import load_config
     from nmt.data import prepare
-    from nmt.encoding import pair_lengths
+    from nmt.encoding import source_lengths
     from nmt.tables import column
 
     cfg = load_config(None, overrides(Path(args.prefix), Path(args.cache), args.vocab))
     corpus = prepare(cfg.data, cfg.tokenizer)
     start = time.perf_counter()
     train = corpus.splits["train"]
-    TokenBatchSampler(column(train, "cost", narrow=True), cfg.max_tokens, ties=pair_lengths(train, narrow=True)[0]).plan(0)
+    TokenBatchSampler(column(train, "cost", narrow=True), cfg.max_tokens, ties=source_lengths(train, narrow=True)).plan(0)
     return {**corpus.stats["seconds"], "plan": time.perf_counter() - start, "pairs": corpus.stats["pairs"]["train"]}
 
 

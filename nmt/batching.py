@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+CHUNK = 1 << 16  # pairs per pass of the plan's element-wise work: temporaries of 0.5 MiB, not of the corpus
+
 
 def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | None,
                    ties: np.ndarray | None = None) -> list[np.ndarray]:
@@ -34,7 +36,7 @@ def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | 
     rng = np.random.default_rng(seed) if seed is not None else None
     lengths = np.asarray(lengths)
     order = _sorted_order(lengths, None if ties is None else np.asarray(ties), rng)
-    batches = [order[start:end] for start, end in _cuts(lengths[order], budget, min_size)]
+    batches = [order[start:end] for start, end in _cuts(lengths, order, budget, min_size)]
     if len(batches) > 1 and len(batches[-1]) < min_size:  # a short tail joins its neighbour
         batches[-2:] = [np.concatenate(batches[-2:])]
     if rng is not None:
@@ -63,12 +65,23 @@ def index_type(n: int) -> type:
     return np.int32 if n < 2**31 else np.int64
 
 
+def true_indices(mask: np.ndarray) -> np.ndarray:
+    """np.flatnonzero(mask) in `index_type`, found chunk by chunk: 4 bytes a True, no int64 or whole-range copy."""
+    out, at = np.empty(int(np.count_nonzero(mask)), dtype=index_type(len(mask))), 0
+    for start in range(0, len(mask), CHUNK):
+        found = np.flatnonzero(mask[start: start + CHUNK]) + start
+        out[at: at + len(found)] = found
+        at += len(found)
+    return out
+
+
 def _sorted_order(lengths: np.ndarray, ties: np.ndarray | None, rng: np.random.Generator | None) -> np.ndarray:
     """Indices by length, then ties, then a random order.
 
     perm[k] is the example at place k of the random order. When the keys fit in 63 bits, place k's keys and k
-    itself are packed into one integer; sorting those values (not an argsort) and reading k back gives
-    perm[k]: about 0.1 s and 12 bytes a pair (the packed values, the permutation) for 3M pairs.
+    itself are packed into one integer (chunk by chunk); sorting those values (not an argsort) and reading k back
+    gives perm[k], written over the sorted values' own memory: about 0.1 s for 3M pairs, and at the peak 12 bytes
+    a pair (the packed values, the permutation), 4 kept (the order).
     """
     n = len(lengths)
     perm = np.arange(n, dtype=index_type(n))
@@ -78,28 +91,50 @@ def _sorted_order(lengths: np.ndarray, ties: np.ndarray | None, rng: np.random.G
     bits = [max(int(k.max(initial=0)), 1).bit_length() for k in keys] + [max(n - 1, 1).bit_length()]
     if n == 0 or min(int(k.min()) for k in keys) < 0 or sum(bits) > 63:
         return perm[np.lexsort([k[perm] for k in keys[::-1]])]  # stable, so equal keys keep place order
-    packed = np.zeros(n, dtype=np.int64)
-    for key, width in zip(keys, bits):  # in place: 8 bytes per pair, no temporaries but the gathered key
-        np.left_shift(packed, width, out=packed)
-        np.bitwise_or(packed, key[perm], out=packed, casting="unsafe")
-    np.left_shift(packed, bits[-1], out=packed)
-    np.bitwise_or(packed, np.arange(n, dtype=perm.dtype), out=packed, casting="unsafe")
+    packed = np.empty(n, dtype=np.int64)
+    for start in range(0, n, CHUNK):  # temporaries of a chunk, not of the corpus
+        at = perm[start: start + CHUNK]
+        values = np.zeros(len(at), dtype=np.int64)
+        for key, width in zip(keys, bits):
+            np.left_shift(values, width, out=values)
+            np.bitwise_or(values, key[at], out=values, casting="unsafe")
+        np.left_shift(values, bits[-1], out=values)
+        packed[start: start + len(at)] = values | np.arange(start, start + len(at), dtype=np.int64)
     packed.sort()
-    np.bitwise_and(packed, (1 << bits[-1]) - 1, out=packed)
-    return perm[packed]
+    return _read_back(perm, packed, (1 << bits[-1]) - 1)
 
 
-def _cuts(sorted_lengths: np.ndarray, budget: int, min_size: int) -> Iterator[tuple[int, int]]:
-    """(start, end) of each batch, greedily: the largest end with (end - start) * sorted_lengths[end - 1] <= budget,
-    at least min_size examples.
+def _read_back(perm: np.ndarray, packed: np.ndarray, mask: int) -> np.ndarray:
+    """perm[packed & mask]: int32 indices written chunk by chunk into the first half of `packed`'s memory (chunk
+    [s, e) lands in bytes [4s, 4e), inside the values [0, e) already read), whose second half is then handed back."""
+    n = len(packed)
+    if perm.dtype != np.int32:
+        np.bitwise_and(packed, mask, out=packed)
+        return perm[packed]
+    slots = packed.view(np.int32)
+    for start in range(0, n, CHUNK):
+        end = min(n, start + CHUNK)
+        slots[start: end] = perm[packed[start: end] & mask]
+    del slots
+    packed.resize((n + 1) // 2, refcheck=False)  # no view of it is left: `slots` is gone
+    return packed.view(np.int32)[:n]
+
+
+def _cuts(lengths: np.ndarray, order: np.ndarray, budget: int, min_size: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each batch over the sorted lengths lengths[order], greedily: the largest end with
+    (end - start) * lengths[order[end - 1]] <= budget, at least min_size examples.
 
     Lengths ascend, so a batch [s, j] fits exactly when g(j) = j + 1 - budget // length[j] <= s, and g strictly
-    increases: each cut is one binary search (~20k of them for 3M pairs in 4,096-token batches).
+    increases: each cut is one binary search (~20k of them for 3M pairs in 4,096-token batches). g is built chunk
+    by chunk (4 bytes a pair, no sorted copy of the lengths).
     """
-    n = len(sorted_lengths)
-    limit = np.maximum(sorted_lengths, 1).astype(index_type(max(n + 1, budget)))
-    np.floor_divide(budget, limit, out=limit)
-    np.subtract(np.arange(1, n + 1, dtype=limit.dtype), limit, out=limit)
+    n = len(order)
+    limit = np.empty(n, dtype=index_type(max(n + 1, budget)))
+    for start in range(0, n, CHUNK):
+        end = min(n, start + CHUNK)
+        part = np.maximum(lengths[order[start: end]], 1).astype(limit.dtype)
+        np.floor_divide(budget, part, out=part)
+        np.subtract(np.arange(start + 1, end + 1, dtype=limit.dtype), part, out=limit[start: end])
     start, as_limit = 0, limit.dtype.type  # a scalar of the array's type: no conversion of the array per search
     while start < n:
         end = min(max(int(np.searchsorted(limit, as_limit(start), side="right")), start + min_size), n)

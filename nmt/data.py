@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from nmt import clean as columns
-from nmt.batching import index_type
+from nmt.batching import true_indices
 from nmt.compat import dataset_fingerprint, prompt_memory_pool, release_free_memory
 from nmt.config import DataConfig, TokenizerConfig, auto_sizes
 from nmt.encoding import drop_long, encode
@@ -257,7 +257,7 @@ def _carve(train: datasets.Dataset, stays: np.ndarray, name: str, ratio: float, 
         raise NmtError(f"config key 'data.{name}': {left} training pair(s) left are too few to carve a {name} set "
                        f"of data.{name}_ratio={ratio} from; give data.{name} (a separate file) or more pairs")
     key = f"{dataset_fingerprint(train)}:{ratio}:{seed}:{hashlib.sha256(np.packbits(stays).data).hexdigest()}"
-    order = np.arange(len(stays), dtype=index_type(len(stays)))[stays]
+    order = true_indices(stays)
     np.random.default_rng(seed).shuffle(order)  # rng.permutation's draws in 4 bytes a pair
     picked = np.zeros(len(stays), dtype=bool)
     picked[order[:held]] = True

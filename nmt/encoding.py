@@ -57,11 +57,16 @@ def pair_lengths(ds: datasets.Dataset, narrow: bool = False) -> tuple[np.ndarray
     return (batching.narrow(src), batching.narrow(tgt)) if narrow else (src, tgt)
 
 
+def source_lengths(ds: datasets.Dataset, narrow: bool = False) -> np.ndarray:
+    """(N,) source lengths alone (a sampler's ties), as `pair_lengths` gives them: one column read, not both."""
+    return column(ds, "src_len", narrow) if "src_len" in ds.column_names else pair_lengths(ds, narrow)[0]
+
+
 def drop_long(train: datasets.Dataset, max_subwords: int,
               stats: dict) -> tuple[datasets.Dataset, dict, np.ndarray | None]:
     """Drop training pairs longer than `max_subwords` subwords on either side, counting them; also returns the
     indices kept (None: all of them)."""
-    cost = column(train, "cost")
+    cost = column(train, "cost", narrow=True)  # 1-2 bytes a pair, and no file pages left in memory
     if len(cost) == 0 or int(cost.max()) <= max_subwords:
         return train, stats, None
     keep = np.flatnonzero(cost <= max_subwords)

@@ -7,6 +7,7 @@ Imported by every module of the data layer before it uses `datasets`, so dataset
 from __future__ import annotations
 
 import hashlib
+import mmap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,11 +15,14 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from datasets.table import MemoryMappedTable  # datasets 5.2.0: a table over a memory-mapped file, by its path
 
 from nmt import clean as columns
 from nmt.batching import narrow_type
 from nmt.compat import dataset_fingerprint, dataset_indices, memory_mapped_rows
 from nmt.textfiles import write_arrow
+
+FAULT_AROUND = 1 << 16  # bytes: Linux maps up to this much of cached file pages around a read fault
 
 datasets.disable_progress_bars()
 datasets.logging.set_verbosity_error()
@@ -26,10 +30,34 @@ datasets.logging.set_verbosity_error()
 
 def open_arrow(path: Path, fingerprint: str) -> datasets.Dataset:
     """The Arrow file at `path`, memory-mapped. `fingerprint` names its content wherever the cache lies (datasets
-    would derive one from the path), so the content key of a preparation does not depend on data.cache_dir."""
-    from datasets.arrow_reader import ArrowReader
+    would derive one from the path), so the content key of a preparation does not depend on data.cache_dir.
+    Opening reads every batch's header and offsets (~7 bytes a pair of pages): they are handed back as it goes."""
+    pages = _map(path)
+    table = pa.Table.from_batches(list(_mapped_batches(pages)), _stream_schema(pages))
+    return datasets.Dataset(MemoryMappedTable(table, str(path)), fingerprint=fingerprint)  # re-opened by path when pickled
 
-    return datasets.Dataset(ArrowReader.read_table(str(path)), fingerprint=fingerprint)
+
+def _map(path: Path | str) -> mmap.mmap:
+    """The file at `path`, memory-mapped read-only; unmapped when the last Arrow buffer over it goes."""
+    with open(path, "rb") as file:
+        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _stream_schema(pages: mmap.mmap) -> pa.Schema:
+    return pa.ipc.open_stream(pa.BufferReader(pa.py_buffer(pages))).schema
+
+
+def _mapped_batches(pages: mmap.mmap) -> Iterator[pa.RecordBatch]:
+    """The record batches of the Arrow stream in `pages`, zero-copy. The pages read up to a batch's end leave this
+    process's memory when the next batch is asked for: they stay in the page cache and map again when read again
+    (Linux's MADV_DONTNEED; elsewhere they stay). Each range handed back starts FAULT_AROUND before the last one
+    ended: a read fault maps the cached pages around it too, some of them already handed back."""
+    source, done = pa.BufferReader(pa.py_buffer(pages)), 0
+    for batch in pa.ipc.open_stream(source):
+        yield batch
+        if hasattr(mmap, "MADV_DONTNEED") and source.tell() > done:
+            pages.madvise(mmap.MADV_DONTNEED, done, source.tell() - done)
+            done = max(source.tell() - FAULT_AROUND, 0) // mmap.PAGESIZE * mmap.PAGESIZE
 
 
 def arrow_batches(ds: datasets.Dataset, batch_size: int = 50_000) -> Iterator[pa.Table]:
@@ -154,16 +182,33 @@ def write_rows(ds: datasets.Dataset, keep: np.ndarray, out: Path) -> datasets.Da
 def column(ds: datasets.Dataset, name: str, narrow: bool = False) -> np.ndarray:
     """(N,) a numeric column as NumPy, read through Arrow (never row by row). `narrow`: an integer column in the
     smallest type that holds its values (`nmt.batching.narrow`; lengths: 1-2 bytes a pair), filled chunk by chunk,
-    never copied whole in its stored type (int32 lengths: 4 bytes a pair besides the file's pages)."""
+    never copied whole in its stored type (int32 lengths: 4 bytes a pair); from an Arrow file of ours, through a
+    memory map of its own that is closed after, so the file's pages read do not stay in this process's memory."""
     table, mapping = table_and_mapping(ds)
     values = table.column(name)
     if narrow and pa.types.is_integer(values.type) and len(values):
-        out = np.empty(len(values), dtype=narrow_type(pc.min(values).as_py(), pc.max(values).as_py()))
-        start = 0
-        for chunk in values.chunks:
+        source = memory_mapped_rows(ds)
+        chunks = (lambda: values.chunks) if source is None else (lambda: _file_chunks(*source, len(table), name))
+        low_high = [pc.min_max(chunk).values() for chunk in chunks()]
+        low, high = min(lo.as_py() for lo, _ in low_high), max(hi.as_py() for _, hi in low_high)
+        out, start = np.empty(len(values), dtype=narrow_type(low, high)), 0
+        for chunk in chunks():
             out[start: start + len(chunk)] = chunk.to_numpy()
             start += len(chunk)
         values = out
     else:
         values = values.to_numpy()
     return values if mapping is None else values[mapping]
+
+
+def _file_chunks(path: str, first: int, rows: int, name: str) -> Iterator[pa.Array]:
+    """Column `name` of file rows `first` to `first + rows` of the Arrow stream at `path`, batch by batch, from a
+    memory map opened here (`_mapped_batches`); the map goes with the last chunk the caller drops."""
+    end = 0
+    for batch in _mapped_batches(_map(path)):
+        start, end = end, end + batch.num_rows
+        lo, hi = max(first - start, 0), min(first + rows, end) - start
+        if hi > lo:
+            yield batch.column(name).slice(lo, hi - lo)
+        if end >= first + rows:
+            return

@@ -615,3 +615,42 @@ def test_a_narrow_column_holds_the_same_values_in_the_smallest_type(tmp_path):
         wide, small = column(ds, "cost"), column(ds, "cost", narrow=True)
         assert wide.dtype == np.int32 and small.dtype == np.uint16 and (small == wide).all()
         assert [a.tolist() for a in pair_lengths(ds, narrow=True)] == [a.tolist() for a in pair_lengths(ds)]
+
+
+def resident_kib(path: Path) -> int:
+    """KiB of `path`'s pages mapped into this process (Linux: the Rss of its mappings in /proc/self/smaps)."""
+    total, ours = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line: range, perms, offset, dev, inode, path
+            ours = line.endswith(str(path))
+        elif ours and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="needs Linux's /proc/self/smaps")
+def test_opening_a_file_and_reading_a_column_leave_none_of_its_pages_in_memory(tmp_path):
+    """Issue 15: memory does not grow with the corpus. Opening an Arrow file reads each batch's header and offsets,
+    a narrow column reads its values: those pages go back (they stay in the page cache); through datasets' own
+    memory map they stayed in the process's RSS (~7 and 4 bytes a pair). Pickling re-opens the file by its path."""
+    import pickle
+
+    import numpy as np
+    import pyarrow as pa
+
+    from nmt.tables import column, open_arrow
+    from nmt.textfiles import write_arrow
+
+    n, path = 600_000, tmp_path / "lengths.arrow"
+    values = np.random.default_rng(0).integers(1, 300, n).astype(np.int32)
+    schema = pa.schema([("cost", pa.int32())])
+    write_arrow((pa.record_batch([pa.array(values[i: i + 10_000])], schema=schema) for i in range(0, n, 10_000)),
+                path, schema)
+    ds = open_arrow(path, "lengths")
+    later = ds.select(range(1000, n))  # contiguous: a slice of the file, read from its row 1000
+    got = column(later, "cost", narrow=True)
+    assert got.dtype == np.uint16 and (got == values[1000:]).all()
+    assert resident_kib(path) < 200, resident_kib(path)  # the column alone is 2,340 KiB
+    again = pickle.loads(pickle.dumps(later))
+    assert (column(again, "cost") == values[1000:]).all()

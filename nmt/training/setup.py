@@ -19,7 +19,7 @@ from nmt.compat import is_fsdp
 from nmt.config import TrainConfig, pin_sizes, read_yaml
 from nmt.data import Corpus
 from nmt.dropout_epochs import bpe_dropout
-from nmt.encoding import pair_lengths
+from nmt.encoding import source_lengths
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
@@ -127,7 +127,7 @@ def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, pad_
     dropout = bpe_dropout(cfg, corpus)
     sampler = TokenBatchSampler(column(train, "cost", narrow=True), cfg.max_tokens, rank=accelerator.process_index,
                                 world_size=accelerator.num_processes, accum_steps=cfg.accum_steps, seed=cfg.seed,
-                                ties=pair_lengths(train, narrow=True)[0],  # source lengths: less padding
+                                ties=source_lengths(train, narrow=True),  # source lengths: less padding
                                 epoch_lengths=dropout.lengths if dropout else None)
     plain = train.select_columns(["src_ids", "tgt_ids"])
     # no worker processes: the BPE-dropout view reads sampler.epoch when a batch is fetched
