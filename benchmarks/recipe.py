@@ -42,7 +42,7 @@ from nmt.metrics import corpus_scores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = ["optim.lr=5e-4", "optim.warmup_steps=1000", "max_tokens=4096", "eval_every=500", "save_every=500",
-         "keep_last=2", "average_last=0"]  # TrainConfig's defaults before the budget plan
+         "keep_last=2", "average_last=0", "tokenizer.dropout=0"]  # TrainConfig's defaults before the budget plan
 SYSTEMS = ("budget", "fixed", "tuned", "baseline", "budget-fp32", "fixed-fp32", "tuned-fp32")
 
 

@@ -41,6 +41,11 @@ MIN_EPOCHS = 20.0
 # under this many training pairs no rung wider than this: on Tatoeba's first 10,000 pairs in 10 minutes d192
 # validated better than small, which the epoch rule alone picks there (benchmarks/recipe.py --subset 10000)
 SMALL_CORPUS = (20_000, "d192")
+# from this many planned epochs over a corpus under SMALL_CORPUS's size, training segments each epoch anew with
+# BPE-dropout: on Tatoeba's first 10,000 pairs in 75 minutes (~300 epochs), where the defaults stop gaining by
+# mid-run, BPE-dropout 0.1 validated higher (benchmarks/recipe.py; README "Levers tried")
+MANY_EPOCHS = 100.0
+BPE_DROPOUT = 0.1  # Provilkov et al. 2020's p
 TARGET_STEPS = 4000  # 4,096-token batches only when the budget still allows this many updates with them
 BATCHES = (4096, 2048)
 FILL = 0.95  # share of max_tokens a batch fills (length buckets pad ~4%)
@@ -99,6 +104,7 @@ class Plan:
     average_last: int
     eval_max_sentences: int | None = None  # None: the whole validation set
     decay_steps: int | None = None  # where optim.schedule linear ends: the planned steps under a time budget
+    bpe_dropout: float | None = None  # tokenizer.dropout: BPE-dropout for many epochs over a small corpus, else None
     seconds_per_token: float | None = None
     reasons: list[str] = field(default_factory=list)
 
@@ -188,6 +194,14 @@ def dropout_for(train_pairs: int, epochs: float) -> tuple[float, str]:
     return 0.1, "20k training pairs or more"
 
 
+def bpe_dropout_for(train_pairs: int, epochs: float) -> tuple[float | None, str]:
+    """BPE_DROPOUT for MANY_EPOCHS or more over 1k to SMALL_CORPUS pairs, else None (off); and why."""
+    small = f"under {SMALL_CORPUS[0] // 1000}k training pairs"
+    if 1_000 <= train_pairs < SMALL_CORPUS[0] and epochs >= MANY_EPOCHS:
+        return BPE_DROPOUT, f"~{epochs:.0f} epochs over {small}: each epoch segmented anew"
+    return None, f"on only for {MANY_EPOCHS:g} epochs or more over {small}"
+
+
 def average_for(steps: int, save_every: int) -> int:
     """AVERAGE_LAST when the run saves at least twice that many checkpoints, else 0 (no averaging)."""
     return AVERAGE_LAST if steps // save_every >= 2 * AVERAGE_LAST else 0
@@ -209,6 +223,8 @@ def make_plan(stats: CorpusStats, budget: Budget, speed: Speed | None, model: Di
     d = model.d_model
     dropout, why = dropout_for(stats.train_pairs, epochs)
     reasons.append(f"dropout {dropout:g}: {why}")
+    bpe, why = bpe_dropout_for(stats.train_pairs, epochs)
+    reasons.append(f"BPE-dropout {'off' if bpe is None else f'{bpe:g}'} (tokenizer.dropout): {why}")
     lr = float(f"{LR_AT_192 * math.sqrt(192 / d):.2g}")
     warmup = max(1, min(MAX_WARMUP, round(WARMUP_SHARE * steps)))
     reasons.append(f"lr {lr:g} for d_model {d} (1.1e-3 x sqrt(192/d)); warmup {warmup:,} ({WARMUP_SHARE:.0%} of steps)")
@@ -223,5 +239,5 @@ def make_plan(stats: CorpusStats, budget: Budget, speed: Speed | None, model: Di
     return Plan(model.name, d, model.n_heads, model.n_encoder_layers, model.n_decoder_layers, model.d_ff, dropout,
                 max_tokens, steps, epochs, lr, warmup, every, every,
                 keep_last=max(average, 2), average_last=average, eval_max_sentences=sentences,
-                decay_steps=steps if timed else None,
+                decay_steps=steps if timed else None, bpe_dropout=bpe,
                 seconds_per_token=speed.seconds_per_token if speed else None, reasons=reasons)

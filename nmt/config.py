@@ -56,7 +56,7 @@ class TokenizerConfig:
     vocab_size: int | None = ranged(None, "[16, 1e7]")  # vocabulary per tokenizer (null: from the corpus size, auto_sizes)
     joint: bool = True  # one vocabulary for both languages (enables shared embeddings)
     min_frequency: int = ranged(2, "[0, 1e9]")  # BPE: merges need at least this many occurrences
-    dropout: float | None = ranged(None, "(0, 1)")  # BPE-dropout: skip merges with this probability, re-segmented each epoch
+    dropout: float | None = ranged(None, "[0, 1)")  # BPE-dropout p, re-segmented each epoch (null: the budget plan's, 0 off)
     train_sample: int | None = ranged(None, "[1, 1e12]")  # train the tokenizer on N random training pairs (all encoded)
     reserved: list[str] = field(default_factory=list)  # tokens kept whole, ids 4 on, e.g. ["<bt>"] (back-translation tag)
 
@@ -66,7 +66,7 @@ class TokenizerConfig:
                "tokenizer.reserved", "must be tokens without spaces, e.g. [\"<bt>\"]")
         _check(not {"<pad>", "<unk>", "<s>", "</s>"} & set(self.reserved), "tokenizer.reserved",
                "cannot repeat <pad> <unk> <s> </s>")
-        _check(self.dropout is None or self.kind == "bpe", "tokenizer.dropout", "is BPE-dropout: needs kind bpe")
+        _check(not self.dropout or self.kind == "bpe", "tokenizer.dropout", "is BPE-dropout: needs kind bpe")
 
 
 @dataclass

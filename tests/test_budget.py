@@ -20,7 +20,8 @@ def test_tatoeba_25_minutes_on_a_fast_cpu_gives_the_hand_tuned_recipe():
     assert plan.max_tokens == 2048 and plan.steps == 4800 and plan.lr == pytest.approx(1.1e-3)
     assert 500 <= plan.warmup_steps <= 700 and 250 <= plan.eval_every <= 350 and plan.save_every == plan.eval_every
     assert plan.average_last == 3 and plan.keep_last >= 3 and plan.dropout == 0.1
-    assert len(plan.reasons) == 6 and plan.reasons[0].startswith("model d192")
+    assert len(plan.reasons) == 7 and plan.reasons[0].startswith("model d192")
+    assert plan.bpe_dropout is None  # ~27 epochs over 48k pairs
     assert plan.decay_steps == plan.steps  # where optim.schedule linear would end: the budget fixes the steps
 
 
@@ -48,6 +49,38 @@ def test_corpus_size_caps_the_model_and_sets_dropout():
     assert larger.model == "small" and larger.dropout == 0.1
 
 
+def test_many_epochs_over_a_small_corpus_turn_on_bpe_dropout():
+    """Tatoeba's first 10,000 pairs in 75 minutes (~300 epochs): the defaults stopped gaining by mid-run, BPE-dropout
+    0.1 validated higher (README "Levers tried"); at ~15 epochs, or over 30k pairs, or a smoke corpus: off."""
+    small = CorpusStats(10_000, 200_000, 40)
+    many = make_plan(small, Budget(60, None, None), speed_for(20_000, 60))
+    assert many.epochs >= 100 and many.bpe_dropout == 0.1 and "BPE-dropout 0.1" in many.reasons[4]
+    few = make_plan(small, Budget(10, None, None), speed_for(1500, 10))
+    assert few.epochs < 100 and few.bpe_dropout is None and "BPE-dropout off" in few.reasons[4]
+    assert make_plan(CorpusStats(30_000, 600_000, 40), Budget(600, None, None), speed_for(200_000, 600)).bpe_dropout is None
+    assert make_plan(CorpusStats(600, 6_000, 20), Budget(60, None, None), speed_for(10**6, 60)).bpe_dropout is None
+
+
+def test_the_plan_chooses_bpe_dropout_only_where_the_config_leaves_it_null():
+    from nmt.config import TokenizerConfig, TrainConfig
+    from nmt.training.planning import apply_plan, open_fields
+
+    on = make_plan(CorpusStats(10_000, 200_000, 40), Budget(60, None, None), speed_for(20_000, 60))
+    off = make_plan(TATOEBA, Budget(25, None, None), speed_for(4800, 25))
+    cfg = TrainConfig(max_minutes=60)
+    assert "tokenizer.dropout" in open_fields(cfg)
+    assert apply_plan(cfg, on).tokenizer.dropout == 0.1 and apply_plan(cfg, off).tokenizer.dropout == 0.0  # chosen off
+    assert open_fields(apply_plan(cfg, off)) == []
+    for given in (0.0, 0.3):
+        explicit = TrainConfig(tokenizer=TokenizerConfig(dropout=given))
+        assert "tokenizer.dropout" not in open_fields(explicit) and apply_plan(explicit, on).tokenizer.dropout == given
+    unigram = TrainConfig(tokenizer=TokenizerConfig(kind="unigram"))
+    assert apply_plan(unigram, on).tokenizer.dropout is None  # BPE-dropout needs BPE merges
+    everything = apply_plan(cfg, off)
+    nulled = TrainConfig(**{**everything.__dict__, "tokenizer": TokenizerConfig()})
+    assert open_fields(nulled) == []  # all else given: no plan is made for BPE-dropout alone
+
+
 def test_step_bounds_without_a_time_budget():
     plan = make_plan(TATOEBA, Budget(None, 3000, None), None)
     assert plan.steps == 3000 and plan.warmup_steps == 360 and plan.max_tokens == 4096 and plan.model == "small"
@@ -64,8 +97,9 @@ def test_max_tokens_never_below_the_longest_pair():
 def test_plan_round_trips_through_a_dict():
     plan = make_plan(TATOEBA, Budget(25, None, None), speed_for(4800, 25))
     assert Plan.from_dict(plan.to_dict()) == plan
-    old = {k: v for k, v in plan.to_dict().items() if k != "decay_steps"}
+    old = {k: v for k, v in plan.to_dict().items() if k not in ("decay_steps", "bpe_dropout")}
     assert Plan.from_dict(old).decay_steps is None  # a plan.json saved before decay_steps was planned
+    assert Plan.from_dict(old).bpe_dropout is None  # or before BPE-dropout was: a resumed run keeps it off
 
 
 def test_averaging_follows_the_checkpoints_the_run_will_save():

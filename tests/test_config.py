@@ -190,7 +190,7 @@ def test_resumed_run_keeps_the_sizes_it_started_with():
     ({"tune_alpha": [], "eval_beam": 4}, "at least one alpha"),
     ({"tune_alpha": [-1.0], "eval_beam": 4}, r"'tune_alpha': \[-1.0\] is outside the allowed range \[0, 10\]"),
     ({"tokenizer": {"kind": "unigram", "dropout": 0.1}}, "needs kind bpe"),
-    ({"tokenizer": {"dropout": 1.0}}, r"allowed range \(0, 1\)"),
+    ({"tokenizer": {"dropout": 1.0}}, r"allowed range \[0, 1\)"),
 ])
 def test_tune_alpha_and_dropout_are_checked(data, message):
     with pytest.raises(NmtError, match=message):

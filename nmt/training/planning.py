@@ -44,7 +44,15 @@ def open_fields(cfg: TrainConfig) -> list[str]:
     keys = [k for k in TOP if getattr(cfg, k) is None] + [f"optim.{k}" for k in OPTIM if getattr(cfg.optim, k) is None]
     if decay_open(cfg):
         keys.append("optim.decay_steps")
-    return keys + [f"model.{k}" for k in MODEL if getattr(cfg.model, k) is None]
+    keys += [f"model.{k}" for k in MODEL if getattr(cfg.model, k) is None]
+    if keys and bpe_open(cfg):  # chosen along with the rest: a config that gives all of that is taken as it is
+        keys.append("tokenizer.dropout")
+    return keys
+
+
+def bpe_open(cfg: TrainConfig) -> bool:
+    """BPE-dropout left to the plan: tokenizer.dropout null with a BPE tokenizer (0 turns it off)."""
+    return cfg.tokenizer.dropout is None and cfg.tokenizer.kind == "bpe"
 
 
 def corpus_stats(corpus) -> budget.CorpusStats:
@@ -96,8 +104,10 @@ def apply_plan(cfg: TrainConfig, plan: budget.Plan) -> TrainConfig:
         top["average_last"] = budget.average_for(plan.steps, cfg.save_every)
     if top.get("keep_last") is not None:
         top["keep_last"] = max(top["keep_last"], top.get("average_last", cfg.average_last) or 0)
+    tokenizer = {"dropout": plan.bpe_dropout or 0.0} if bpe_open(cfg) else {}  # 0: chosen off
     return dataclasses.replace(cfg, **top, optim=dataclasses.replace(cfg.optim, **optim),
-                               model=dataclasses.replace(cfg.model, **model))
+                               model=dataclasses.replace(cfg.model, **model),
+                               tokenizer=dataclasses.replace(cfg.tokenizer, **tokenizer))
 
 
 def describe(plan: budget.Plan | None, keys: list[str]) -> list[str]:
