@@ -183,13 +183,13 @@ def column(ds: datasets.Dataset, name: str, narrow: bool = False) -> np.ndarray:
     """(N,) a numeric column as NumPy, read through Arrow (never row by row). `narrow`: an integer column in the
     smallest type that holds its values (`nmt.batching.narrow`; lengths: 1-2 bytes a pair), filled chunk by chunk,
     never copied whole in its stored type (int32 lengths: 4 bytes a pair); from an Arrow file of ours, through a
-    memory map of its own that is closed after, so the file's pages read do not stay in this process's memory."""
+    memory map of its own whose pages are handed back as it reads (`_mapped_batches`): none stay in this process."""
     table, mapping = table_and_mapping(ds)
     values = table.column(name)
     if narrow and pa.types.is_integer(values.type) and len(values):
         source = memory_mapped_rows(ds)
         chunks = (lambda: values.chunks) if source is None else (lambda: _file_chunks(*source, len(table), name))
-        low_high = [pc.min_max(chunk).values() for chunk in chunks()]
+        low_high = [pc.min_max(chunk).values() for chunk in chunks() if len(chunk)]
         low, high = min(lo.as_py() for lo, _ in low_high), max(hi.as_py() for _, hi in low_high)
         out, start = np.empty(len(values), dtype=narrow_type(low, high)), 0
         for chunk in chunks():

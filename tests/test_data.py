@@ -615,6 +615,10 @@ def test_a_narrow_column_holds_the_same_values_in_the_smallest_type(tmp_path):
         wide, small = column(ds, "cost"), column(ds, "cost", narrow=True)
         assert wide.dtype == np.int32 and small.dtype == np.uint16 and (small == wide).all()
         assert [a.tolist() for a in pair_lengths(ds, narrow=True)] == [a.tolist() for a in pair_lengths(ds)]
+    import pyarrow as pa  # a table in memory, one of its chunks empty
+
+    chunked = pa.Table.from_batches([pa.record_batch({"cost": pa.array(v, pa.int32())}) for v in ([], [3, 900])])
+    assert column(datasets.Dataset(datasets.table.InMemoryTable(chunked)), "cost", narrow=True).tolist() == [3, 900]
 
 
 def resident_kib(path: Path) -> int:
