@@ -65,11 +65,16 @@ def index_type(n: int) -> type:
     return np.int32 if n < 2**31 else np.int64
 
 
+def _spans(n: int) -> Iterator[tuple[int, int]]:
+    """[start, end) of each CHUNK of range(n): the element-wise passes' temporaries are a chunk's, not the corpus's."""
+    return ((start, min(n, start + CHUNK)) for start in range(0, n, CHUNK))
+
+
 def true_indices(mask: np.ndarray) -> np.ndarray:
     """np.flatnonzero(mask) in `index_type`, found chunk by chunk: 4 bytes a True, no int64 or whole-range copy."""
     out, at = np.empty(int(np.count_nonzero(mask)), dtype=index_type(len(mask))), 0
-    for start in range(0, len(mask), CHUNK):
-        found = np.flatnonzero(mask[start: start + CHUNK]) + start
+    for start, end in _spans(len(mask)):
+        found = np.flatnonzero(mask[start: end]) + start
         out[at: at + len(found)] = found
         at += len(found)
     return out
@@ -92,14 +97,14 @@ def _sorted_order(lengths: np.ndarray, ties: np.ndarray | None, rng: np.random.G
     if n == 0 or min(int(k.min()) for k in keys) < 0 or sum(bits) > 63:
         return perm[np.lexsort([k[perm] for k in keys[::-1]])]  # stable, so equal keys keep place order
     packed = np.empty(n, dtype=np.int64)
-    for start in range(0, n, CHUNK):  # temporaries of a chunk, not of the corpus
-        at = perm[start: start + CHUNK]
+    for start, end in _spans(n):
+        at = perm[start: end]
         values = np.zeros(len(at), dtype=np.int64)
         for key, width in zip(keys, bits):
             np.left_shift(values, width, out=values)
             np.bitwise_or(values, key[at], out=values, casting="unsafe")
         np.left_shift(values, bits[-1], out=values)
-        packed[start: start + len(at)] = values | np.arange(start, start + len(at), dtype=np.int64)
+        packed[start: end] = values | np.arange(start, end, dtype=np.int64)
     packed.sort()
     return _read_back(perm, packed, (1 << bits[-1]) - 1)
 
@@ -112,8 +117,7 @@ def _read_back(perm: np.ndarray, packed: np.ndarray, mask: int) -> np.ndarray:
         np.bitwise_and(packed, mask, out=packed)
         return perm[packed]
     slots = packed.view(np.int32)
-    for start in range(0, n, CHUNK):
-        end = min(n, start + CHUNK)
+    for start, end in _spans(n):
         slots[start: end] = perm[packed[start: end] & mask]
     del slots
     packed.resize((n + 1) // 2, refcheck=False)  # no view of it is left: `slots` is gone
@@ -130,8 +134,7 @@ def _cuts(lengths: np.ndarray, order: np.ndarray, budget: int, min_size: int) ->
     """
     n = len(order)
     limit = np.empty(n, dtype=index_type(max(n + 1, budget)))
-    for start in range(0, n, CHUNK):
-        end = min(n, start + CHUNK)
+    for start, end in _spans(n):
         part = np.maximum(lengths[order[start: end]], 1).astype(limit.dtype)
         np.floor_divide(budget, part, out=part)
         np.subtract(np.arange(start + 1, end + 1, dtype=limit.dtype), part, out=limit[start: end])

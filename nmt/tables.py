@@ -188,7 +188,10 @@ def column(ds: datasets.Dataset, name: str, narrow: bool = False) -> np.ndarray:
     values = table.column(name)
     if narrow and pa.types.is_integer(values.type) and len(values):
         source = memory_mapped_rows(ds)
-        chunks = (lambda: values.chunks) if source is None else (lambda: _file_chunks(*source, len(table), name))
+
+        def chunks():  # read twice (range, then values); from the file, each read through a memory map of its own
+            return values.chunks if source is None else _file_chunks(*source, len(table), name)
+
         low_high = [pc.min_max(chunk).values() for chunk in chunks() if len(chunk)]
         low, high = min(lo.as_py() for lo, _ in low_high), max(hi.as_py() for _, hi in low_high)
         out, start = np.empty(len(values), dtype=narrow_type(low, high)), 0
