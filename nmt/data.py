@@ -27,9 +27,10 @@ import pyarrow as pa
 from nmt import clean as columns
 from nmt.batching import true_indices
 from nmt.compat import dataset_fingerprint, prompt_memory_pool, release_free_memory
-from nmt.config import DataConfig, TokenizerConfig, auto_sizes
+from nmt.config import DataConfig, TokenizerConfig
 from nmt.encoding import drop_long, encode
 from nmt.errors import NmtError
+from nmt.plan import vocab_size_for
 from nmt.readers import load_split
 from nmt.strict import to_dict
 from nmt.tables import arrow_batches, open_arrow, rows, select, write_rows
@@ -139,7 +140,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     """Read, carve, clean, train the tokenizer (unless given) and encode, all cached by content.
 
     `main_first` (e.g. nmt.launch.main_process_first) lets the main process fill the cache while the
-    others wait and then read it. A null `tok_cfg.vocab_size` is chosen by `auto_sizes` from the number of
+    others wait and then read it. A null `tok_cfg.vocab_size` is the plan's (`nmt.plan.vocab_size_for`) for the number of
     training pairs left after cleaning, recorded as stats["sizing_pairs"]. stats["seconds"] times each phase.
     """
     from contextlib import nullcontext
@@ -158,7 +159,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
             del among
         sizing_pairs = len(raw["train"])
         if tok_cfg.vocab_size is None:
-            tok_cfg = dataclasses.replace(tok_cfg, vocab_size=auto_sizes(sizing_pairs).vocab_size)
+            tok_cfg = dataclasses.replace(tok_cfg, vocab_size=vocab_size_for(sizing_pairs))
         with _timed(seconds, "tokenizer"):
             tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
         with _timed(seconds, "encode"):

@@ -30,7 +30,7 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | No
     pairs only, by `DropoutSegmenter`, never by the saved tokenizer.
     """
     if cfg.vocab_size is None:
-        raise NmtError("tokenizer.vocab_size is null: resolve it first (nmt.config.resolve_sizes)")
+        raise NmtError("tokenizer.vocab_size is null: resolve the config first (nmt.plan.resolve)")
     if cfg.kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token="<unk>"))
         trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,

@@ -7,17 +7,12 @@ import pytest
 import yaml
 
 from nmt.config import (
-    AUTO_SIZES,
     MODEL_PRESETS,
     SIZE_FIELDS,
     ModelConfig,
-    TokenizerConfig,
     TrainConfig,
-    auto_sizes,
     load_config,
     parse_override,
-    pin_sizes,
-    resolve_sizes,
     set_path,
 )
 from nmt.config_reference import config_fields
@@ -122,40 +117,6 @@ def test_readme_config_reference_is_in_sync():
     assert block == reference_markdown(), hint
 
 
-@pytest.mark.parametrize("pairs, vocab, size", [
-    (0, 1_000, "tiny"), (999, 1_000, "tiny"), (1_000, 2_000, "small"), (19_999, 2_000, "small"),
-    (20_000, 4_000, "small"), (48_000, 4_000, "small"), (100_000, 8_000, "small"), (300_000, 8_000, "base"),
-    (1_000_000, 16_000, "base"), (4_500_000, 16_000, "base"), (5_000_000, 32_000, "base"), (10**9, 32_000, "base"),
-])
-def test_auto_sizes_table(pairs, vocab, size):
-    auto = auto_sizes(pairs)
-    assert (auto.train_pairs, auto.vocab_size, auto.model_size) == (pairs, vocab, size)
-
-
-def test_auto_sizes_grow_with_the_corpus_and_the_docstring_shows_every_row():
-    rows = [auto_sizes(n) for n in range(0, 10_000_000, 1_000)]
-    order = list(MODEL_PRESETS)
-    assert all(a.vocab_size <= b.vocab_size for a, b in zip(rows, rows[1:]))
-    assert all(order.index(a.model_size) <= order.index(b.model_size) for a, b in zip(rows, rows[1:]))
-    assert "big" not in {r.model_size for r in rows}  # only on request
-    for _, vocab, size in AUTO_SIZES:
-        assert f"| {vocab:,}" in auto_sizes.__doc__ and size in auto_sizes.__doc__
-
-
-def test_sizes_left_null_are_chosen_and_explicit_ones_win():
-    cfg, chosen = resolve_sizes(TrainConfig(), 48_000)
-    assert cfg.tokenizer.vocab_size == 4_000 and cfg.model.size == "small"
-    assert [getattr(cfg.model, f) for f in SIZE_FIELDS] == list(MODEL_PRESETS["small"].values())
-    assert chosen[0] == "tokenizer.vocab_size 4,000" and chosen[1].startswith("model.size small (d_model 256")
-    partial = TrainConfig(tokenizer=TokenizerConfig(vocab_size=3_000), model=ModelConfig(d_model=128, dropout=0.3))
-    cfg, chosen = resolve_sizes(partial, 2_000_000)  # auto would say 16k and base
-    assert cfg.tokenizer.vocab_size == 3_000 and (cfg.model.d_model, cfg.model.dropout) == (128, 0.3)
-    assert (cfg.model.n_heads, cfg.model.n_encoder_layers, cfg.model.d_ff) == (8, 6, 2048)  # the rest from base
-    assert chosen == ["model.size base (n_heads 8, n_encoder_layers 6, n_decoder_layers 6, d_ff 2048)"]
-    given = load_config(Path(__file__).parent.parent / "configs" / "default.yaml")
-    assert resolve_sizes(given, 40_000) == (given, [])  # everything given: nothing chosen
-
-
 def test_shipped_configs_keep_their_sizes():
     root = Path(__file__).parent.parent / "configs"
     default, base = load_config(root / "default.yaml"), load_config(root / "base-gpu.yaml")
@@ -173,16 +134,6 @@ def test_size_and_its_older_name_preset():
         from_dict(TrainConfig, {"model": {"preset": "tiny", "size": "base"}})
     with pytest.raises(NmtError, match="model.size"):
         from_dict(TrainConfig, {"model": {"size": "huge"}})
-
-
-def test_resumed_run_keeps_the_sizes_it_started_with():
-    started, _ = resolve_sizes(TrainConfig(), 600)  # tiny, 1,000 subwords
-    pinned = pin_sizes(TrainConfig(), to_dict(started))
-    assert pinned.tokenizer.vocab_size == 1_000 and pinned.model.unresolved() == []
-    assert resolve_sizes(pinned, 5_000_000)[0].model.d_model == 32  # the corpus size no longer matters
-    explicit = TrainConfig(tokenizer=TokenizerConfig(vocab_size=500), model=ModelConfig(d_model=64, n_heads=2))
-    kept = pin_sizes(explicit, to_dict(started))
-    assert kept.tokenizer.vocab_size == 500 and (kept.model.d_model, kept.model.n_heads, kept.model.d_ff) == (64, 2, 64)
 
 
 @pytest.mark.parametrize("data, message", [

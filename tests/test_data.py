@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt.config import AutoSizes, DataConfig, TokenizerConfig
+from nmt.config import DataConfig, TokenizerConfig
 from nmt.data import drop_reason, prepare
 from nmt.dropout_epochs import DropoutEpochs
 from nmt.errors import NmtError
@@ -218,7 +218,7 @@ def test_vocab_size_left_null_is_chosen_from_the_cleaned_pairs(corpus_dir, tmp_p
     from nmt import data
 
     asked = []
-    monkeypatch.setattr(data, "auto_sizes", lambda n: asked.append(n) or AutoSizes(n, 100, "tiny"))
+    monkeypatch.setattr(data, "vocab_size_for", lambda n: asked.append(n) or 100)
     corpus = prepare(synthetic_cfg(corpus_dir, tmp_path), TokenizerConfig(vocab_size=None))
     assert asked == [600] and corpus.stats["sizing_pairs"] == 600
     assert corpus.tokenizer.src_vocab_size == 100  # the rule's answer, not a default

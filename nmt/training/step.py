@@ -112,6 +112,12 @@ def make_optim(model: torch.nn.Module, cfg: TrainConfig) -> Optim:
     return Optim(optimizer, scheduler, cfg.optim.clip_norm)
 
 
+def set_schedule(optim: Optim, cfg: TrainConfig) -> None:
+    """Step the lr by `cfg`'s schedule from now on (a re-planned warmup or end); the step count stays."""
+    scheduler = getattr(optim.scheduler, "scheduler", optim.scheduler)  # under Accelerate: the wrapped LambdaLR
+    scheduler.lr_lambdas = [schedule_of(cfg)]
+
+
 def default_device(device: str | None = None) -> torch.device:
     """`device`, by default the first GPU, else the CPU: where the plan's timing and `nmt check`'s probe run."""
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
