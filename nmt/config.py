@@ -77,7 +77,7 @@ class ModelConfig:
 
     src_vocab_size: int = ranged(0, "[0, 1e7]")  # source vocabulary (0: from the tokenizer)
     tgt_vocab_size: int = ranged(0, "[0, 1e7]")  # target vocabulary (0: from the tokenizer)
-    size: Literal["auto", "tiny", "d128", "d192", "small", "base", "big"] = "auto"  # preset of the null fields below; auto: planned
+    size: Literal["auto", "tiny", "d128", "d192", "small", "base", "big"] = "auto"  # named shape (null fields); auto: planned
     d_model: int | None = ranged(None, "[1, 65536]")  # width of the residual stream (null: from size)
     n_heads: int | None = ranged(None, "[1, 1024]")  # attention heads; d_model must divide by it (null: from size)
     n_encoder_layers: int | None = ranged(None, "[1, 1000]")  # encoder depth (null: from size)
