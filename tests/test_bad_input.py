@@ -407,7 +407,7 @@ def test_translate_input_that_is_missing_and_output_that_is_a_folder(model_dir, 
     assert_error(code, capsys.readouterr().err, "nope.txt: No such file or directory")
     (tmp_path / "in.txt").write_text("sentence number 1 is here .\n")
     code = main(["translate", str(model_dir), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
-    assert_error(code, capsys.readouterr().err, f"{tmp_path}: Is a directory")
+    assert_error(code, capsys.readouterr().err, f"--output {tmp_path}: is a folder")
 
 
 def test_a_bad_search_setting_fails_once_not_on_every_line(model_dir):
