@@ -144,7 +144,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     """
     from contextlib import nullcontext
 
-    cache_root = Path(os.path.expanduser(cfg.cache_dir))
+    cache_root = Path(cfg.cache_dir)
     cache_root.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     with (main_first or nullcontext)(), prompt_memory_pool():
