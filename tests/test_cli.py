@@ -44,27 +44,6 @@ def test_missing_file(corpus_dir, tmp_path):
     assert not (tmp_path / "run").exists()  # nothing half-written
 
 
-def test_mismatched_line_counts(tmp_path, corpus_dir):
-    (tmp_path / "bad.en").write_text("a\nb\nc\n")
-    (tmp_path / "bad.xx").write_text("a\nb\n")
-    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "bad")
-    assert_user_error(proc, "bad.en has 3 lines", "bad.xx has 2")
-
-
-def test_undecodable_bytes(tmp_path, corpus_dir):
-    (tmp_path / "bad.en").write_bytes(b"fine\nna\xefve caf\xe9\n")
-    (tmp_path / "bad.xx").write_text("a\nb\n")
-    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "bad")
-    assert_user_error(proc, "bad.en:2: not valid UTF-8")
-
-
-def test_empty_after_cleaning(tmp_path, corpus_dir):
-    (tmp_path / "bad.en").write_text("\n\n")
-    (tmp_path / "bad.xx").write_text("x\n\n")
-    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "bad")
-    assert_user_error(proc, "no training pairs left after cleaning")
-
-
 def test_unknown_config_key(tmp_path, corpus_dir):
     proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--model.d_modle", "64")
     assert_user_error(proc, "unknown config key 'model.d_modle'")

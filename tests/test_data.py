@@ -166,36 +166,6 @@ def test_builtin_corpus_has_three_splits(tmp_path):
     assert corpus.stats["pairs"]["train"] <= 500
 
 
-@pytest.mark.parametrize("setup, message", [
-    (lambda d: None, "data file not found"),
-    (lambda d: (Path(f"{d}/train.en").write_text("a\nb\n"), Path(f"{d}/train.fr").write_text("a\n")),
-     r"train\.en has 2 lines but .*train\.fr has 1"),
-    (lambda d: (Path(f"{d}/train.en").write_bytes(b"ok\n\xff\xfe bad\n"), Path(f"{d}/train.fr").write_text("a\nb\n")),
-     r"train\.en:2: not valid UTF-8"),
-    (lambda d: (Path(f"{d}/train.en").write_text("\n \n"), Path(f"{d}/train.fr").write_text("a\n\n")),
-     "no training pairs left after cleaning"),
-])
-def test_bad_inputs_are_named(tmp_path, setup, message):
-    setup(tmp_path)
-    with pytest.raises(NmtError, match=message):
-        prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "train"), test=str(tmp_path / "train")), TOK)
-
-
-def test_tsv_line_with_one_column(tmp_path):
-    (tmp_path / "x.tsv").write_text("a\tb\nonly one\n")
-    with pytest.raises(NmtError, match=r"x\.tsv:2: expected source<TAB>target"):
-        prepare(cfg_for(tmp_path, tmp_path / "x.tsv"), TOK)
-
-
-def test_jsonl_bad_line_and_missing_field(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"en": "a", "fr": "b"}\n{oops\n')
-    with pytest.raises(NmtError, match=r"a\.jsonl:2: not valid JSON"):
-        prepare(cfg_for(tmp_path, tmp_path / "a.jsonl"), TOK)
-    (tmp_path / "b.jsonl").write_text('{"en": "a", "de": "b"}\n')
-    with pytest.raises(NmtError, match=r"b\.jsonl:1: missing field"):
-        prepare(cfg_for(tmp_path, tmp_path / "b.jsonl"), TOK)
-
-
 def test_crlf_and_bom_are_handled(tmp_path):
     (tmp_path / "train.en").write_bytes("\ufeffhello world\r\nsecond line\r\n".encode())
     (tmp_path / "train.fr").write_bytes("bonjour monde\r\ndeuxième ligne\r\n".encode())
