@@ -1,4 +1,4 @@
-"""Plain-text corpora straight to Arrow, and every file nmt writes written all or nothing.
+"""Plain-text corpora straight to Arrow, and files written all or nothing, never over their own inputs.
 
 No `datasets` here: each reader writes an Arrow IPC stream (columns "src", "tgt") that nmt.data opens
 memory-mapped. Lines are decoded a chunk at a time (one `bytes.decode` per chunk, not per line); only a
