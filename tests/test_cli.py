@@ -304,6 +304,7 @@ def same_file_cases(model: Path, d: Path) -> dict:
                                                text, "--input"),
         "translate --output a hard link to it": (["translate", model, "--input", text, "--output", d / "hard.txt"],
                                                  text, "--input"),
+        "translate --output the file on stdin": (["translate", model, "--output", text], text, "stdin"),
         "translate --output a model file": (["translate", model, "--input", text, "--output", model / "config.json"],
                                             model / "config.json", "config.json of MODEL_DIR"),
         "translate --attention a model file": (["translate", model, "--input", text, "--attention",
@@ -316,19 +317,24 @@ def same_file_cases(model: Path, d: Path) -> dict:
 
 
 SAME_FILE_CASES = ["translate --output the input", "translate --output a symlink to it",
-                   "translate --output a hard link to it", "translate --output a model file",
+                   "translate --output a hard link to it", "translate --output the file on stdin",
+                   "translate --output a model file",
                    "translate --attention a model file", "evaluate --output the reference", "score --output the source"]
 
 
 @pytest.mark.parametrize("case", SAME_FILE_CASES)
-def test_an_output_that_is_one_of_the_inputs_is_refused_and_left_alone(random_model, tmp_path, capsys, case):
+def test_an_output_that_is_one_of_the_inputs_is_refused_and_left_alone(random_model, tmp_path, capsys, monkeypatch,
+                                                                       case):
     from nmt.cli import main
 
     (tmp_path / "in.txt").write_text("the dog sleeps .\na cat\n")
     (tmp_path / "ref.txt").write_text("le chien dort .\nun chat\n")
     argv, kept, needle = same_file_cases(random_model, tmp_path)[case]
     before = Path(kept).read_bytes()
-    assert main([str(a) for a in argv]) == 2  # before: the input opened for writing first, left empty, exit 0
+    stdin = open(tmp_path / "in.txt", encoding="utf-8")  # `< in.txt`
+    monkeypatch.setattr(sys, "stdin", stdin)
+    with stdin:
+        assert main([str(a) for a in argv]) == 2  # before: the input opened for writing first, left empty, exit 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "writing it would destroy the input" in err[0] and needle in err[0], err
     assert Path(kept).read_bytes() == before
