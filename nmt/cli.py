@@ -141,7 +141,9 @@ def _add_average(sub) -> None:
     p = sub.add_parser("average", help="average the weights of a run's last N checkpoints into a model directory")
     p.add_argument("run_dir", help="a run directory (output_dir of nmt train)")
     p.add_argument("--last", type=POSITIVE, default=5, help="how many of the newest checkpoints")
-    p.add_argument("-o", "--output", required=True, help="the model directory to write")
+    p.add_argument("-o", "--output", required=True, help="the model directory to write (must be empty or absent "
+                   "unless --force)")
+    p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
     p.set_defaults(fn=cmd_average)
 
 

@@ -77,7 +77,7 @@ class ModelConfig:
 
     src_vocab_size: int = ranged(0, "[0, 1e7]")  # source vocabulary (0: from the tokenizer)
     tgt_vocab_size: int = ranged(0, "[0, 1e7]")  # target vocabulary (0: from the tokenizer)
-    size: Literal["auto", "tiny", "d128", "d192", "small", "base", "big"] = "auto"  # named shape (null fields); auto: planned
+    size: Literal["auto", "tiny", "d128", "d192", "small", "base", "big"] = "auto"  # shape preset (auto: planned)
     d_model: int | None = ranged(None, "[1, 65536]")  # width of the residual stream (null: from size)
     n_heads: int | None = ranged(None, "[1, 1024]")  # attention heads; d_model must divide by it (null: from size)
     n_encoder_layers: int | None = ranged(None, "[1, 1000]")  # encoder depth (null: from size)
@@ -235,7 +235,10 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise NmtError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _load_yaml(path.read_text(encoding="utf-8"))
+    except _DuplicateKey as e:
+        raise NmtError(f"{path}:{e.line}: key {e.key!r} is given twice in one section (first on line {e.first}); "
+                       "YAML would keep only the last silently: delete one") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise NmtError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if data is None:
@@ -253,10 +256,42 @@ def parse_override(item: str) -> tuple[str, Any]:
     import yaml
 
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
+    except _DuplicateKey as e:
+        raise NmtError(f"override {item!r}: key {e.key!r} is given twice; delete one") from None
     except yaml.YAMLError:
         value = raw
     return key.strip().lstrip("-"), value
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, line: int):
+        super().__init__(key)
+        self.key, self.first, self.line = key, first, line
+
+
+def _load_yaml(text: str) -> Any:
+    """`yaml.safe_load`, except that a key given twice in one mapping raises `_DuplicateKey` (PyYAML keeps the last
+    one without a word, so a second `lr:` further down would silently win)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                lines: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: later keys may override it
+                        continue
+                    key, line = self.construct_object(key_node, deep=deep), key_node.start_mark.line + 1
+                    try:
+                        if key in lines:
+                            raise _DuplicateKey(key, lines[key], line)
+                        lines[key] = line
+                    except TypeError:  # an unhashable key: the base class names that error
+                        continue
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=UniqueKeyLoader)
 
 
 def set_path(data: dict, dotted: str, value: Any) -> None:

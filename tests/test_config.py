@@ -241,3 +241,41 @@ def test_a_config_changed_after_construction_is_checked_again():
     cfg.optim.lr = -1.0
     with pytest.raises(NmtError, match=r"'optim\.lr': -1\.0 is outside the allowed range \[0, 1\]"):
         check_config(cfg)
+
+
+def test_a_key_given_twice_in_a_yaml_is_named_with_both_lines(tmp_path, capsys):
+    from nmt.cli import main
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("optim:\n  lr: 0.001\n  warmup_steps: 10\n  lr: 0.1\nmax_steps: 5\n"
+                    f"data:\n  train: {tmp_path / 'none'}\n  cache_dir: {tmp_path / 'cache'}\n")
+    assert main(["check", "--config", str(path)]) == 2  # before: lr 0.1, the first silently dropped
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"nmt check: error: {path}:4: key 'lr' is given twice in one section (first on line 2); YAML "
+                   "would keep only the last silently: delete one"]
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_home_and_environment_variables_in_path_keys_are_expanded_where_the_config_is_read(corpus_dir, tmp_path,
+                                                                                          monkeypatch, capsys):
+    from nmt.cli import main
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("CORPUS", str(corpus_dir))
+    monkeypatch.chdir(cwd)
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  train: $CORPUS/train\n  valid: ${CORPUS}/valid\n  test: $CORPUS/test\n"
+                    "  cache_dir: ~/cache\noutput_dir: ~/runs/x\n")
+    argv = ["train", "--config", str(path), "--model.preset", "tiny", "--tokenizer.vocab_size", "300",
+            "--max_tokens", "400", "--max_steps", "2", "--eval_every", "2", "--eval_max_sentences", "4"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert (home / "runs" / "x" / "model" / "config.json").is_file() and (home / "cache").is_dir()
+    assert not list(cwd.iterdir())  # before: checked expanded, written to ./~/runs/x
+    saved = yaml.safe_load((home / "runs" / "x" / "config.yaml").read_text())
+    assert saved["output_dir"] == str(home / "runs" / "x") and saved["data"]["train"] == str(corpus_dir / "train")
+    assert TrainConfig(output_dir="~/py").output_dir == str(home / "py")  # a config built in Python alike
+    assert main([*argv, "--output_dir", "$NOT_SET_ANYWHERE/run"]) == 2
+    assert "'output_dir': '$NOT_SET_ANYWHERE/run' names the environment variable $NOT_SET_ANYWHERE, which is not " \
+           "set" in capsys.readouterr().err
