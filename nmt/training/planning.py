@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +24,7 @@ from nmt.config import ModelConfig, TrainConfig
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
+from nmt.textfiles import atomic_file
 from nmt.training import step as training_step
 from nmt.training.step import OneDevice, default_device, make_optim
 
@@ -131,9 +131,8 @@ def planned(cfg: TrainConfig, corpus, *, processes: int = 1, device: str | None 
 
 def save_plan(plan: planlib.Plan, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{PLAN_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps(plan.to_dict(), indent=2), encoding="utf-8")
-    os.replace(tmp, out / PLAN_FILE)
+    with atomic_file(out / PLAN_FILE) as f:
+        f.write(json.dumps(plan.to_dict(), indent=2))
 
 
 def load_plan(out: Path) -> planlib.Plan | None:

@@ -68,7 +68,8 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     for_data = tokenizer_for_data(given, previous)
     # the others wait outside any collective (no timeout) while the main process prepares
     corpus = prepare(for_data.data, for_data.tokenizer,
-                     functools.partial(main_process_first, local=not cfg.data.shared_cache), tokenizer=tokenizer)
+                     functools.partial(main_process_first, local=not cfg.data.shared_cache), tokenizer=tokenizer,
+                     max_positions=given.model.max_positions)
     cfg, plan = resolved(accelerator, given, corpus, inherited, previous, started)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))
