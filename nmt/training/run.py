@@ -6,6 +6,7 @@ State lives in Accelerate (`save_state` of the objective, optimizer, scheduler a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -22,6 +23,7 @@ from nmt.launch import main_process_first
 from nmt.model_dir import SUMMARY_FILE
 from nmt.objective import pad_id_of
 from nmt.plan import Plan
+from nmt.textfiles import atomic_file
 from nmt.training.artifacts import publish_final, start_run
 from nmt.training.evaluation import try_average, tune_alpha
 from nmt.training.finetune import pretrained
@@ -123,9 +125,13 @@ def finish(run: Run) -> TrainResult:
     test = score_test(run, final)
     run.accelerator.end_training()
     summary = json.loads((final / SUMMARY_FILE).read_text())
-    return TrainResult(final, run.state.step, {**summary["metrics"], **tuned, "step": summary["step"]},
-                       minutes=minutes, max_minutes=run.cfg.max_minutes,
-                       stop_reason=run.stop_reason, epochs=run.epochs, test=test, commands=commands(run.cfg, final))
+    result = TrainResult(final, run.state.step, {**summary["metrics"], **tuned, "step": summary["step"]},
+                         minutes=minutes, max_minutes=run.cfg.max_minutes, stop_reason=run.stop_reason,
+                         epochs=run.epochs, test=test, commands=commands(run.cfg, final))
+    if run.is_main:  # what the end of the run printed, for scripts
+        with atomic_file(run.out / "summary.json") as f:
+            f.write(json.dumps({**dataclasses.asdict(result), "model_dir": str(final)}, indent=2, default=str))
+    return result
 
 
 def score_test(run: Run, model_dir: Path) -> dict:
