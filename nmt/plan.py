@@ -256,83 +256,95 @@ def resolve(cfg: TrainConfig, facts: Facts, *, speed: Speed | None = None, proce
         minutes_left: the time budget left for training (default cfg.max_minutes).
         previous: the plan of the run being resumed: its choices are kept, nothing is timed again.
     """
-    inherited = inherited or {}
-    keys = open_keys(cfg)
-    minutes = cfg.max_minutes if minutes_left is None else minutes_left
     if previous is not None:
-        kept = {k: previous.chosen[k] for k in keys if k in previous.chosen}
-        plan = dataclasses.replace(previous, chosen=kept, reasons={k: previous.reasons[k] for k in kept})
-        named = "model.size" in kept  # the shape's fields come with its name
-        if any(k not in kept and not (named and k.removeprefix("model.") in DIM_KEYS) for k in keys):
-            # a key the run's plan did not choose then: chosen now, the kept ones as given
-            cfg, fresh = resolve(put(cfg, kept), facts, speed=speed, processes=processes, minutes_left=minutes_left)
-            plan.chosen, plan.reasons = {**kept, **fresh.chosen}, {**plan.reasons, **fresh.reasons}
-        return _finish(cfg, plan, inherited), plan
+        return _kept(cfg, facts, previous, speed, processes, minutes_left, inherited or {})
+    choose = _Chooser(cfg, Plan(minutes=cfg.max_minutes), open_keys(cfg))
+    limits = _limits(choose, minutes_left, speed, processes)
+    choose("tokenizer.vocab_size", vocab_size_for(facts.train_pairs), f"for {facts.train_pairs:,} training pairs")
+    dims, timed = _shape(choose, facts, limits, speed)
+    choose.plan.seconds_per_token = timed[1] if timed else None
 
-    limits = Limits(minutes, cfg.max_steps, cfg.max_epochs, processes, cfg.accum_steps)
-    plan = Plan(minutes=cfg.max_minutes)
-    choose = _Chooser(cfg, plan, keys)
+    def seconds(tokens: int) -> float | None:
+        return step_seconds(timed[1], timed[0], dims, tokens, limits) if timed else None
 
+    _batch_size(choose, facts, limits, seconds)
+    tokens = choose.cfg.max_tokens
+    steps = expected_steps(facts, limits, seconds(tokens), tokens)
+    epochs = steps / steps_per_epoch(facts, tokens, limits) if steps else 0.0
+    choose.plan.steps, choose.plan.epochs = steps, epochs or None
+    choose("model.dropout", *dropout_for(facts.train_pairs, epochs))
+    choose("tokenizer.dropout", *bpe_dropout_for(facts.train_pairs, epochs))
+    d = choose.cfg.model.d_model
+    choose("optim.lr", float(f"{LR_AT_192 * math.sqrt(192 / d):.2g}"), f"for d_model {d} (1.1e-3 x sqrt(192/d))")
+    for key, (value, why) in step_choices(steps or 1, choose.cfg, choose.keys, timed=limits.minutes is not None).items():
+        choose(key, value, why)
+    sentences = TIMED_VALID_SENTENCES if limits.minutes is not None else None
+    choose("eval_max_sentences", sentences, "under a time budget, BLEU on the first validation pairs (the loss only "
+           "during the warmup)" if sentences else "all validation pairs")
+    return _finish(choose.cfg, choose.plan, inherited or {}), choose.plan
+
+
+def _kept(cfg: TrainConfig, facts: Facts, previous: Plan, speed: Speed | None, processes: int,
+          minutes_left: float | None, inherited: dict[str, str]) -> tuple[TrainConfig, Plan]:
+    """A resumed run's resolution: the choices of its plan, for the keys still open."""
+    keys = open_keys(cfg)
+    kept = {k: previous.chosen[k] for k in keys if k in previous.chosen}
+    plan = dataclasses.replace(previous, chosen=kept, reasons={k: previous.reasons[k] for k in kept})
+    named = "model.size" in kept  # the shape's fields come with its name
+    if any(k not in kept and not (named and k.removeprefix("model.") in DIM_KEYS) for k in keys):
+        # a key the run's plan did not choose then: chosen now, the kept ones as given
+        cfg, fresh = resolve(put(cfg, kept), facts, speed=speed, processes=processes, minutes_left=minutes_left)
+        plan.chosen, plan.reasons = {**kept, **fresh.chosen}, {**plan.reasons, **fresh.reasons}
+    return _finish(cfg, plan, inherited), plan
+
+
+def _limits(choose: _Chooser, minutes_left: float | None, speed: Speed | None, processes: int) -> Limits:
+    """What bounds the run. Without an epoch or step limit a time budget ends it, else DEFAULT_EPOCHS do."""
+    cfg = choose.cfg
+    minutes = cfg.max_minutes if minutes_left is None else minutes_left
+    limits = Limits(minutes if speed is not None else None, cfg.max_steps, cfg.max_epochs, processes, cfg.accum_steps)
     if cfg.max_epochs is None and cfg.max_steps is None:
         if cfg.max_minutes is not None:
             choose("max_epochs", None, f"the {cfg.max_minutes:g}-minute budget ends the run")
         else:
             choose("max_epochs", DEFAULT_EPOCHS, "no time budget, step or epoch limit given")
-            limits = dataclasses.replace(limits, max_epochs=DEFAULT_EPOCHS)
-    if minutes is not None and speed is None:
-        limits = dataclasses.replace(limits, minutes=None)  # not timed (nmt check --probe-steps 0)
-        if not (limits.max_steps or limits.max_epochs):
-            limits = dataclasses.replace(limits, max_epochs=DEFAULT_EPOCHS)
-    choose("tokenizer.vocab_size", vocab_size_for(facts.train_pairs), f"for {facts.train_pairs:,} training pairs")
+    if not (limits.minutes or limits.max_steps or limits.max_epochs):  # no budget, or one not timed (nmt check)
+        limits = dataclasses.replace(limits, max_epochs=DEFAULT_EPOCHS)
+    return limits
 
-    given = [getattr(cfg.model, k) for k in DIM_KEYS]
-    timed: tuple[Dims, float] | None = None
-    if None not in given:
-        model, why = Dims("given", *given), ""
-    else:
+
+def _shape(choose: _Chooser, facts: Facts, limits: Limits, speed: Speed | None) -> tuple[Dims, tuple[Dims, float] | None]:
+    """The model's shape (given, or the widest allowed that sees MIN_EPOCHS in the budget), and its timing (the
+    shape, seconds per token) when a time budget needs one."""
+    keys, timed = choose.keys, None
+    if any(getattr(choose.cfg.model, k) is None for k in DIM_KEYS):
         model, why, timed = _choose_model(facts, limits, speed)
-    if None not in given and speed is not None and limits.minutes is not None:
-        timed = (model, speed(model))
-    shape = f"d_model {model.d_model}, {model.n_heads} heads, {model.n_encoder_layers}+{model.n_decoder_layers} layers, " \
-        f"d_ff {model.d_ff}"
-    if all(f"model.{k}" in keys for k in DIM_KEYS):  # a named size: the config says which, the line says its shape
-        choose("model.size", model.name, f"{shape}; {why}")
-        choose.cfg = put(choose.cfg, {f"model.{k}": getattr(model, k) for k in DIM_KEYS})
-    else:
-        for k in DIM_KEYS:
-            choose(f"model.{k}", getattr(model, k), f"the rest of model {model.name} ({shape})")
-    dims = Dims(model.name, *(get(choose.cfg, f"model.{k}") for k in DIM_KEYS))
-    if timed is not None and timed[0] != dims:  # time the shape that will train: small models run below their FLOP share
-        timed = (dims, speed(dims))
-    plan.seconds_per_token = timed[1] if timed else None
+        shape = (f"d_model {model.d_model}, {model.n_heads} heads, {model.n_encoder_layers}+{model.n_decoder_layers} "
+                 f"layers, d_ff {model.d_ff}")
+        if all(f"model.{k}" in keys for k in DIM_KEYS):  # a named size: the config says which, the line its shape
+            choose("model.size", model.name, f"{shape}; {why}")
+            choose.cfg = put(choose.cfg, {f"model.{k}": getattr(model, k) for k in DIM_KEYS})
+        else:
+            for k in DIM_KEYS:
+                choose(f"model.{k}", getattr(model, k), f"the rest of model {model.name} ({shape})")
+    name = choose.cfg.model.size if choose.cfg.model.size != "auto" else "given"
+    dims = Dims(name, *(get(choose.cfg, f"model.{k}") for k in DIM_KEYS))
+    if speed is not None and limits.minutes is not None and (timed is None or timed[0][1:] != dims[1:]):
+        timed = (dims, speed(dims))  # the shape that trains: small models run below their FLOP share
+    return dims, timed
 
-    def seconds(tokens: int) -> float | None:
-        return step_seconds(timed[1], timed[0], dims, tokens, limits) if timed else None
 
+def _batch_size(choose: _Chooser, facts: Facts, limits: Limits, seconds: Callable[[int], float | None]) -> None:
+    """4,096-token batches when the budget still allows TARGET_STEPS updates with them, else 2,048 (more, smaller
+    updates learned more on Tatoeba in 25 minutes); never below the costliest pair."""
     tokens, why = BATCHES[0], "no time budget"
-    if timed and limits.minutes is not None:
+    if limits.minutes is not None and seconds(BATCHES[0]) is not None:
         steps = expected_steps(facts, limits, seconds(BATCHES[0]), BATCHES[0])
         tokens = BATCHES[0] if steps >= TARGET_STEPS else BATCHES[-1]
         why = f"{steps:,} steps with {BATCHES[0]:,}-token batches {'>=' if steps >= TARGET_STEPS else '<'} {TARGET_STEPS:,}"
     if tokens < facts.longest_cost:
         tokens, why = facts.longest_cost, f"the longest training pair costs {facts.longest_cost:,} tokens"
     choose("max_tokens", tokens, why)
-    tokens = choose.cfg.max_tokens
-
-    steps = expected_steps(facts, limits, seconds(tokens), tokens)
-    plan.steps = steps
-    plan.epochs = steps / steps_per_epoch(facts, tokens, limits) if steps else None
-    epochs = plan.epochs or 0.0
-    choose("model.dropout", *dropout_for(facts.train_pairs, epochs))
-    choose("tokenizer.dropout", *bpe_dropout_for(facts.train_pairs, epochs))
-    d = choose.cfg.model.d_model
-    choose("optim.lr", float(f"{LR_AT_192 * math.sqrt(192 / d):.2g}"), f"for d_model {d} (1.1e-3 x sqrt(192/d))")
-    for key, (value, why) in step_choices(steps or 1, choose.cfg, keys, timed=limits.minutes is not None).items():
-        choose(key, value, why)
-    sentences = TIMED_VALID_SENTENCES if limits.minutes is not None else None
-    choose("eval_max_sentences", sentences, "under a time budget, BLEU on the first validation pairs (the loss only "
-           "during the warmup)" if sentences else "all validation pairs")
-    return _finish(cfg, plan, inherited), plan
 
 
 def step_choices(steps: int, cfg: TrainConfig, keys: list[str], timed: bool) -> dict[str, tuple[Any, str]]:

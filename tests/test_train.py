@@ -467,7 +467,11 @@ def test_a_budget_alone_trains_until_it_is_spent_and_says_what_the_user_has(corp
     assert main(["train", "--data.train", f"{d}/train", "--data.valid", f"{d}/valid", "--data.test", f"{d}/test",
                  "--data.src_lang", "en", "--data.tgt_lang", "xx", "--max_minutes", "0.25", "--output_dir", str(run),
                  "--data.cache_dir", str(tmp_path / "cache")]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    printed = plan_lines(out + captured.err)
+    assert {"max_epochs", "model.size", "optim.lr", "max_tokens", "eval_every"} <= set(printed)
+    assert printed == trained_values(run, printed)  # every value printed is the value trained with
     head = next(line for line in out.splitlines() if line.startswith("nmt: trained "))
     used, budget = (float(x) for x in head.split(" in ")[1].split(" minutes")[0].split(" of "))
     assert budget == 0.25 and used >= 0.9 * budget, head

@@ -159,13 +159,13 @@ class Loop:
         from accelerate.utils import broadcast_object_list
 
         run = self.run
-        box = [self.session.seconds_per_step()]
+        box = [(self.session.seconds_per_step(), run.elapsed())]
         if run.accelerator.num_processes > 1:
-            broadcast_object_list(box)
+            broadcast_object_list(box)  # every process then plans the same cadence
         planned_s = None
         if run.plan.steps and run.plan.minutes:
             planned_s = 60 * run.plan.minutes * TRAIN_SHARE / run.plan.steps
-        run.cfg, run.plan = retime(run.cfg, run.plan, run.state.step, box[0], run.elapsed())
+        run.cfg, run.plan = retime(run.cfg, run.plan, run.state.step, *box[0])
         step.set_schedule(self.optim, run.cfg)
         self.total, self.limit = step_limit(run, self.sampler)
         bar.total = self.expected
