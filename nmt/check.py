@@ -101,7 +101,6 @@ def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, n
     return Report(
         num_processes=num_processes, pairs=corpus.stats["pairs"], read=clean["read"], dropped=clean["dropped"],
         carved=corpus.stats.get("carved_from_train", []), src_len=percentiles(src_len), tgt_len=percentiles(tgt_len),
-        over_max_positions={name: _count_over(ds, model_cfg.max_positions) for name, ds in corpus.splits.items()},
         joint_vocab=tokenizer.joint, src_vocab_size=tokenizer.src_vocab_size,
         tgt_vocab_size=tokenizer.tgt_vocab_size, unk_rate=unknown_rates(corpus.splits["valid"]),
         tokens_per_epoch={"src": int(src_len.sum()), "tgt": int(tgt_len.sum())},
@@ -123,11 +122,6 @@ def _build(model_cfg: ModelConfig, seed: int) -> Seq2SeqTransformer:
 def percentiles(lengths: np.ndarray) -> dict[str, int]:
     out = {f"p{q}": int(np.percentile(lengths, q, method="higher")) for q in PERCENTILES}
     return {**out, "max": int(lengths.max())}
-
-
-def _count_over(ds, limit: int) -> int:
-    src, tgt = pair_lengths(ds)
-    return int(np.sum(np.maximum(src, tgt) > limit))
 
 
 def unknown_rates(ds) -> dict[str, float]:
@@ -214,13 +208,6 @@ def find_problems(r: Report, cfg: TrainConfig, model_cfg: ModelConfig, longest_c
         top = max(r.dropped, key=r.dropped.get)
         problems.append(f"cleaning dropped {n_dropped:,} of {r.read:,} training pairs ({n_dropped / r.read:.0%}), "
                         f"most as {top!r} ({r.dropped[top]:,}): {_drop_advice(top)}")
-    over = {k: v for k, v in r.over_max_positions.items() if v}
-    if over:
-        longest = max(r.src_len["max"], r.tgt_len["max"])
-        problems.append(f"pairs longer than model.max_positions={model_cfg.max_positions} tokens "
-                        f"({', '.join(f'{k} {v:,}' for k, v in over.items())}; the longest training pair has "
-                        f"{longest:,}): training or validation would fail on them; raise model.max_positions or "
-                        "lower data.max_words")
     for side, name in (("src", "source"), ("tgt", "target")):
         if r.unk_rate[side] > MAX_UNK_RATE:
             size = r.src_vocab_size if side == "src" else r.tgt_vocab_size
@@ -240,6 +227,7 @@ def _drop_advice(reason: str) -> str:
         "empty": "many empty sides: are the source and target files/columns the right ones?",
         "nul_byte": "NUL bytes: is the file binary or in UTF-16? convert it to UTF-8",
         "too_long": "raise data.max_words, or check that lines are sentences rather than documents",
+        "too_many_subwords": "raise data.max_subwords or model.max_positions, or check that lines are sentences",
         "length_ratio": "are the files aligned line by line? if so, raise data.max_ratio",
         "duplicate": "the corpus repeats itself; set data.dedupe: false to keep repeats on purpose",
     }.get(reason, "check the files")

@@ -19,7 +19,6 @@ class Report:
     carved: list[str]  # splits carved off train (valid_ratio / test_ratio)
     src_len: dict[str, int]  # training source length percentiles ("p50", "p90", "p99", "max"), subwords + </s>
     tgt_len: dict[str, int]  # the same for targets as the decoder sees them (subwords + </s>)
-    over_max_positions: dict[str, int]  # pairs per split with a side longer than model.max_positions
     joint_vocab: bool
     src_vocab_size: int
     tgt_vocab_size: int
