@@ -47,9 +47,9 @@ def facts(cfg: TrainConfig, corpus, processes: int = 1) -> planlib.Facts:
 
 def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[dict]], steps: int,
                device: torch.device, precision: str = "no", budget_s: float = PROBE_BUDGET_S) -> list[tuple[float, list]]:
-    """(seconds, window) of `steps` optimizer steps taken exactly as training takes them (`train_step`: the
-    objective's loss, AdamW as training builds it, clipping, the schedule), after one untimed warm-up step;
-    stops early once `budget_s` has passed. The caller's random state is left as it was."""
+    """(seconds, window) of `steps` optimizer steps taken exactly as training takes them (the batch collated,
+    then `train_step`: the objective's loss, AdamW as training builds it, clipping, the schedule), after one
+    untimed warm-up step; stops early once `budget_s` has passed. The caller's random state is left as it was."""
     objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
     # the schedule's shape does not change a step's time (and a linear one may have no horizon yet)
     steady = dataclasses.replace(cfg, optim=dataclasses.replace(
@@ -58,9 +58,13 @@ def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[
     timed, started = [], time.perf_counter()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.seed)
-        for i, window in enumerate(windows):
+        batches = iter(windows)
+        for i in range(steps + 1):
             _sync(device)
             start = time.perf_counter()
+            window = next(batches, None)  # collated inside the timing, as the training loop's loader does
+            if window is None:
+                break
             training_step.train_step(one, objective, optim, window)  # through the module: a test spies on it
             _sync(device)
             if i > 0:  # step 0 warms up allocator and kernels
