@@ -2,13 +2,14 @@
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
 from nmt.synthetic import generate_pairs
-from nmt.tokenizer import DropoutSegmenter, PairTokenizer, train_tokenizer
+from nmt.tokenizer import DropoutSegmenter, PairTokenizer, train_pair_tokenizer, train_tokenizer
 
 PAIRS = generate_pairs(400, seed=11)
 TEXTS = [s for pair in PAIRS for s in pair] + ["Ünïcödé ﬁ  doubled  spaces", "", "  ", "x"]
@@ -68,3 +69,47 @@ def test_unknown_rate_counts_unk_among_subwords_but_not_the_final_eos():
 
     assert unknown_rate([[UNK, 5, EOS], [6, UNK, UNK, 7]]) == 3 / 6
     assert unknown_rate(iter([[5, EOS]])) == 0.0 and unknown_rate([]) == 0.0
+
+
+# --- only the pipeline nmt writes is loaded ----------------------------------------------------------------
+
+def _edited(tok, tmp_path, edit) -> Path:
+    data = json.loads(tok.to_str())
+    edit(data)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    return tmp_path
+
+
+REDOS = {"type": "Replace", "pattern": {"Regex": "(a+)+$"}, "content": ""}  # catastrophic backtracking
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d.update(normalizer={"type": "Sequence", "normalizers": [d["normalizer"], REDOS]}),
+     'unexpected normalizer {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Replace"'),
+    (lambda d: d.update(normalizer=REDOS), 'unexpected normalizer {"type": "Replace", "pattern": {"Regex": "(a+)+$"}'),
+    (lambda d: d.update(pre_tokenizer={"type": "Split", "pattern": {"Regex": "(x+x+)+y"}, "behavior": "Isolated",
+                                       "invert": False}), 'unexpected pre_tokenizer {"type": "Split"'),
+    (lambda d: d.update(post_processor={"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A",
+                        "type_id": 0}}], "pair": [], "special_tokens": {}}), "unexpected post_processor"),
+    (lambda d: d.update(decoder={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                                 "use_regex": True}), "unexpected decoder"),
+    (lambda d: d["model"].update(fuse_unk=True), "unexpected model options"),
+    (lambda d: d["model"].update(continuing_subword_prefix="##"), "not a readable tokenizer file"),  # a Rust panic
+    (lambda d: d["added_tokens"][3].update(normalized=True, lstrip=True), "unexpected added token 3"),
+])
+def test_a_tokenizer_with_a_pipeline_nmt_does_not_write_is_refused(tok, tmp_path, edit, needle):
+    directory = _edited(tok, tmp_path, edit)
+    with pytest.raises(NmtError) as refused:
+        PairTokenizer.load(directory)
+    message = str(refused.value)
+    assert message.startswith(f"{directory / 'tokenizer.json'}: ") and needle in message, message
+
+
+def test_every_tokenizer_nmt_trains_loads(tmp_path):
+    for i, cfg in enumerate([TokenizerConfig(vocab_size=200, reserved=["<bt>", "<2de>"]),
+                             TokenizerConfig(kind="unigram", vocab_size=200, joint=False)]):
+        pair = train_pair_tokenizer(lambda: (s for s, _ in PAIRS), lambda: (t for _, t in PAIRS), cfg)
+        pair.save(tmp_path / str(i))
+        loaded = PairTokenizer.load(tmp_path / str(i))
+        assert loaded.encode_src(TEXTS[:20]) == pair.encode_src(TEXTS[:20])
+        assert loaded.encode_tgt(TEXTS[:20]) == pair.encode_tgt(TEXTS[:20])
