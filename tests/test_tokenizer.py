@@ -5,6 +5,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
@@ -113,3 +115,60 @@ def test_every_tokenizer_nmt_trains_loads(tmp_path):
         loaded = PairTokenizer.load(tmp_path / str(i))
         assert loaded.encode_src(TEXTS[:20]) == pair.encode_src(TEXTS[:20])
         assert loaded.encode_tgt(TEXTS[:20]) == pair.encode_tgt(TEXTS[:20])
+
+
+# --- the dropout segmenter's algorithm: the same draws as the textbook loop, in n log n ----------------------
+
+def textbook_merge(seg: DropoutSegmenter, symbols: list[str], draw) -> list[str]:
+    """BPE-dropout as written in the paper: each round sorts the applicable merges (rank, then position) and
+    makes the first one not skipped; quadratic in the word length."""
+    while len(symbols) > 1:
+        candidates = sorted((rank, i) for i, pair in enumerate(zip(symbols, symbols[1:]))
+                            if (rank := seg.ranks.get(pair)) is not None)
+        for _, i in candidates:
+            if draw() >= seg.p:
+                symbols[i: i + 2] = [symbols[i] + symbols[i + 1]]
+                break
+        else:
+            break
+    return symbols
+
+
+ALPHABET = sorted({c for text in TEXTS for c in text if not c.isspace()}) + ["☃"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(word=st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=40).map("".join),
+       p=st.sampled_from([0.0, 0.1, 0.5, 0.9]), seed=st.integers(0, 2**32))
+def test_segmenter_makes_the_textbook_draws(tok, word, p, seed):
+    seg = DropoutSegmenter(tok, p)
+    ours, textbook = random.Random(seed), random.Random(seed)
+    assert seg._merge(list(word), ours.random) == textbook_merge(seg, list(word), textbook.random)
+    assert ours.random() == textbook.random()  # the same number of draws: later words see the same stream
+    if p == 0:
+        assert seg.encode(word, random.Random(0)) == tok.encode(word, add_special_tokens=False).ids
+
+
+def test_long_words_are_segmented_in_n_log_n(tok):
+    import gc
+    import time
+
+    letters = "".join(c for pair in PAIRS for text in pair for c in text if not c.isspace())
+    seg = DropoutSegmenter(tok, 0.1)
+
+    def seconds(n: int) -> float:  # the best of five without the collector: the least disturbed by other work
+        runs = []
+        gc.disable()
+        try:
+            for seed in range(5):
+                start = time.perf_counter()
+                seg.encode(letters[:n], random.Random(seed))
+                runs.append(time.perf_counter() - start)
+        finally:
+            gc.enable()
+        return min(runs)
+
+    assert len(letters) >= 10_000
+    short, long = seconds(5_000), seconds(10_000)
+    assert short < 0.5  # the textbook loop takes seconds here
+    assert long < 3 * short  # n log n: 2.2x; quadratic: 4x
