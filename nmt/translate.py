@@ -144,13 +144,7 @@ class Translator:
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         beams = beam_size if sampling is None else max(beam_size, nbest)  # nbest samples need no beams
         search = SearchConfig(beam_size=beams, nbest=nbest, **search_kwargs)
-        pieces, owner = [], []  # model inputs, and the sentence each belongs to
-        for i, (text, ids) in enumerate(zip(texts, self.tokenizer.encode_src(texts))):
-            if not text.strip() or len(ids) == 1:  # nothing but </s>: the model would only make something up
-                continue
-            for piece in fit_length(ids, limit, long_inputs):
-                pieces.append(piece)
-                owner.append(i)
+        pieces, owner = self._pieces(texts, limit, long_inputs)
         found: dict = {}
         if pieces and self.backend == "torch":
             with torch.inference_mode():
@@ -162,6 +156,17 @@ class Translator:
         decoded = [[(flat[j * nbest + k], hyps[j][k].score) for k in range(nbest)] for j in range(len(pieces))]
         joined = _join_pieces(decoded, owner, len(texts), nbest)
         return [hs[0][0] for hs in joined] if nbest == 1 else joined
+
+    def _pieces(self, texts: list[str], limit: int, long_inputs: str) -> tuple[list[list[int]], list[int]]:
+        """The model inputs (source ids fitted to `limit`) and the sentence each belongs to; a blank sentence, or
+        one the tokenizer keeps nothing of, has none: the model would only make something up for it."""
+        pieces, owner = [], []
+        for i, (text, ids) in enumerate(zip(texts, self.tokenizer.encode_src(texts))):
+            if text.strip() and len(ids) > 1:
+                for piece in fit_length(ids, limit, long_inputs):
+                    pieces.append(piece)
+                    owner.append(i)
+        return pieces, owner
 
     def score(self, sources: list[str], targets: list[str], batch_tokens: int = 4096) -> list[Score]:
         """The log-probability (nats) of each target given its source, per token with </s>, in input order.
