@@ -255,7 +255,7 @@ def _load_file(path: Path) -> Tokenizer:
         tok = Tokenizer.from_file(str(path))
     except (KeyboardInterrupt, SystemExit):
         raise
-    except BaseException as e:  # noqa: BLE001 - a bare Exception for unreadable JSON; a Rust panic (a BaseException) for some inconsistent models
+    except BaseException as e:  # noqa: BLE001 - a bare Exception for bad JSON; a Rust panic for some bad models
         raise NmtError(f"{path}: not a readable tokenizer file ({str(e).splitlines()[0]})") from None
     if [tok.token_to_id(s) for s in SPECIALS] != [PAD, UNK, BOS, EOS]:
         raise NmtError(f"{path}: special tokens {SPECIALS} must have ids 0-3; it was not made by nmt")
