@@ -59,7 +59,6 @@ STEPS = 3
 # --max_minutes wins, so the budget plan runs as it does for 25 minutes, on a budget of 6 seconds.
 TINY_BUDGET = ["--max_minutes", "0.1"]
 LINKED = ["configs", "accelerate_configs", "run.py", "run.sh", "tests", "pyproject.toml"]
-PNG = b"\x89PNG\r\n\x1a\n"
 
 
 # --- README: each command of its fenced blocks runs ---------------------------------------------------------------
@@ -69,7 +68,7 @@ def runner_for(cmd: Cmd) -> str | None:
     """How a fenced command of README runs; None: no rule knows it (test_every_readme_command_runs fails)."""
     if cmd.kind == "python":
         return "python"
-    env, argv = split_env(cmd.text)
+    _, argv = split_env(cmd.text)
     if argv[:3] == ["bash", "run.sh", "test"]:
         return "run.sh test"
     if argv[:2] == ["bash", "run.sh"]:
@@ -109,7 +108,7 @@ class Readme:
     """README's scratch directory and each command's outcome (every command runs once, earlier ones first)."""
 
     def __init__(self, tmp: Path, corpus: Path):
-        self.tmp, self.corpus, self.dir = tmp, corpus, tmp / "readme"
+        self.dir = tmp / "readme"
         self.fast = [a.format(corpus=corpus) for a in FAST]
         self.done: dict[Cmd, BaseException | None] = {}
         self.memo: dict[Cmd, subprocess.CompletedProcess] = {}
