@@ -39,7 +39,7 @@ CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (n
 
 class _ConfigKeysHelp(argparse.RawDescriptionHelpFormatter):
     """`nmt train --help` / `nmt check --help`: after the flags, every config key with its type, default, allowed
-    values and meaning, from the source of README's table; computed only when the help is shown."""
+    values and meaning, from the source of docs/configuration.md's table; computed only when the help is shown."""
 
     def add_text(self, text: str | None) -> None:
         if text == CONFIG_KEYS:

@@ -1,6 +1,6 @@
-"""Every script in benchmarks/ runs end to end, in a tiny setting, so the commands README shows cannot rot.
+"""Every script in benchmarks/ runs end to end, in a tiny setting, so the commands the docs show cannot rot.
 
-The figures themselves are measured by running the scripts alone on a quiet machine (README, "Performance");
+The figures themselves are measured by running the scripts alone on a quiet machine (docs/results.md);
 here only that each script works on this checkout and prints the lines its figures come from. The HF and
 CTranslate2 systems need the `bench` extra; the scripts skip them when it is not installed.
 """

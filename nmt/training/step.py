@@ -135,7 +135,7 @@ def run_precision(cfg: TrainConfig, device_type: str) -> str:
     """The mixed precision a run trains in: the launcher's when it chose one (`accelerate launch`, a profile,
     ACCELERATE_MIXED_PRECISION); else, under a time budget (max_minutes), bf16 where the device multiplies it in
     hardware: more steps in the same minutes (1.55x on a 2-core AVX512-BF16 CPU, benchmarks/train_speed.py),
-    which validated better (README "Results"); else fp32 ("no")."""
+    which validated better (docs/results.md); else fp32 ("no")."""
     launched = launched_precision()
     if launched is not None:
         return launched
