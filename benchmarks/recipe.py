@@ -17,8 +17,8 @@ the precision a run takes by default (nmt.training.step.run_precision: bf16 unde
 multiplies bf16 in hardware).
 key=value overrides apply to the fixed and tuned systems (a tiny setting for a smoke test), never to budget.
 Choices are made on validation (nmt: best validation BLEU, greedy; baseline: best validation loss); the test set
-is read once per system, at the end, with beam 4. Prints one table per corpus and budget: steps, target tokens/s, validation and test
-BLEU/chrF.
+is read once per system, at the end, with beam 4. Prints one table per corpus and budget: steps, target
+tokens/s, validation and test BLEU/chrF.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The import graph: cheap things stay cheap (`import nmt`, `nmt --help`, `nmt info`, the config), and imports
-point one way, as docs/development.md's layering says (config <- tokenizer <- data; model <- search <- translate; ... <- training
-<- cli), read from the source of every module."""
+point one way, as docs/development.md's layering says (config <- plan <- tokenizer <- data; model <- search <-
+translate; ... <- training <- cli), read from the source of every module."""
 
 from __future__ import annotations
 
