@@ -70,7 +70,7 @@ def trained_model(corpus_dir, tmp_path_factory) -> Path:
     proc = run_nmt("train", *tiny_args(corpus_dir, tmp), "--max_steps", "6", "--eval_every", "6",
                    "--eval_max_sentences", "8")
     assert proc.returncode == 0, proc.stderr
-    assert "model saved to" in proc.stdout
+    assert "nmt: trained 6 steps" in proc.stdout and "  model: " in proc.stdout
     return tmp / "run" / "model"
 
 

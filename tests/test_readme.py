@@ -201,7 +201,8 @@ def run_own_corpus(readme: Readme, cmd: Cmd, monkeypatch) -> None:
     assert proc.returncode == 0, tail(proc)
     cfg = readme.load(None, [*argv[2:], *TINY_BUDGET])
     out = readme.dir / cfg.output_dir
-    assert f"model saved to {cfg.output_dir}/model" in proc.stdout, tail(proc)
+    assert f"  model: {cfg.output_dir}/model" in proc.stdout and "stopped: the time budget is spent" in proc.stdout, \
+        tail(proc)
     assert "nmt: plan: chosen for the " in proc.stdout + proc.stderr, tail(proc)
     assert (out / "plan.json").is_file() and (out / "model" / "model.safetensors").is_file()
 
@@ -224,7 +225,8 @@ def run_training(readme: Readme, cmd: Cmd, monkeypatch) -> None:
     if "run.py" in argv:
         processes = yaml.safe_load((ROOT / argv[argv.index("--config_file") + 1]).read_text())["num_processes"]
     steps = 2 * STEPS if resume else STEPS
-    assert f"model saved to {cfg.output_dir}/model after {steps} steps" in proc.stdout, tail(proc)
+    assert f"nmt: trained {steps} steps" in proc.stdout and f"  model: {cfg.output_dir}/model" in proc.stdout, \
+        tail(proc)
     assert summary(out)["num_processes"] == processes
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, steps + 1))  # each step once: one run
