@@ -64,7 +64,8 @@ DEFAULT_EPOCHS = 10  # without a time budget or a step limit
 TARGET_STEPS = 4000  # 4,096-token batches only when the budget still allows this many updates with them
 BATCHES = (4096, 2048)
 FILL = 0.95  # share of max_tokens a batch fills (length buckets pad ~4%)
-TRAIN_SHARE = 0.9  # of the time left; the rest goes to validation and checkpoints
+TRAIN_SHARE = 0.9  # of the time left, until a validation is timed; the rest goes to validation and checkpoints
+VALID_SHARE = 0.15  # at most this share of the time left goes to validations, once one is timed
 WARMUP_SHARE = 0.12  # of the planned steps (600 of ~4,800 on Tatoeba)
 MAX_WARMUP = 4000
 LR_AT_192 = 1.1e-3  # peak lr for d_model 192; scaled by 1/sqrt(d_model), as Vaswani et al.'s schedule does
@@ -347,16 +348,19 @@ def _batch_size(choose: _Chooser, facts: Facts, limits: Limits, seconds: Callabl
     choose("max_tokens", tokens, why)
 
 
-def step_choices(steps: int, cfg: TrainConfig, keys: list[str], timed: bool) -> dict[str, tuple[Any, str]]:
+def step_choices(steps: int, cfg: TrainConfig, keys: list[str], timed: bool,
+                 every: int | None = None) -> dict[str, tuple[Any, str]]:
     """The values that follow the number of steps (warmup, validation cadence, averaging, a linear schedule's
-    end), for the keys among `keys`; `cfg` holds the values given or chosen before."""
+    end), for the keys among `keys`; `cfg` holds the values given or chosen before. `every`: the validation
+    cadence when the time validations take is known (`retime`), else ~VALIDATIONS in the run."""
     out: dict[str, tuple[Any, str]] = {}
     warmup = max(1, min(MAX_WARMUP, round(WARMUP_SHARE * steps)))
     out["optim.warmup_steps"] = warmup, f"{WARMUP_SHARE:.0%} of ~{steps:,} steps"
     out["optim.decay_steps"] = steps, ("the linear schedule ends with the budget's steps" if timed else
                                        "the linear schedule ends with the run's last step")
-    every = max(1, steps // VALIDATIONS)
-    out["eval_every"] = every, f"~{VALIDATIONS} validations in ~{steps:,} steps"
+    why = f"~{VALIDATIONS} validations in ~{steps:,} steps" if every is None else "the validations that fit the time left"
+    every = every or max(1, steps // VALIDATIONS)
+    out["eval_every"] = every, why
     out["save_every"] = (cfg.eval_every if "eval_every" not in keys else every), "with each validation"
     save_every = cfg.save_every if "save_every" not in keys else out["save_every"][0]
     average = AVERAGE_LAST if steps // save_every >= 2 * AVERAGE_LAST else 0
@@ -426,20 +430,30 @@ def _finish(cfg: TrainConfig, plan: Plan, inherited: dict[str, str]) -> TrainCon
 # --- re-planning once the real run's speed is known ----------------------------------------------------------
 
 
-def retime(cfg: TrainConfig, plan: Plan, step: int, seconds_per_step: float, elapsed_s: float) -> tuple[TrainConfig, Plan]:
-    """The plan again for the steps the time left allows at the real run's measured `seconds_per_step` (data
-    loading and Python overhead included, which the timed probe misses): the keys that follow the number of
-    steps and that nmt chose are re-planned; a warmup already passed stays. Deterministic given its inputs,
-    which the caller saves, so a resumed run continues the same plan."""
+def retime(cfg: TrainConfig, plan: Plan, step: int, seconds_per_step: float, elapsed_s: float,
+           validation_s: float | None = None) -> tuple[TrainConfig, Plan]:
+    """The plan again for the time left, at the real run's measured `seconds_per_step` (data loading and Python
+    overhead included, which the timed probe misses) and, once one has decoded, `validation_s` a validation:
+    then as many of the validations left as fit in VALID_SHARE of the time left, and the steps in the rest. The
+    keys that follow the number of steps and that nmt chose are re-planned; a warmup already passed stays.
+    Deterministic given its inputs, which the caller saves, so a resumed run continues the same plan."""
     left_s = max(60 * plan.minutes - elapsed_s, 0.0)
-    steps = max(step + 1, step + int(left_s * TRAIN_SHARE / seconds_per_step))
+    every = None
+    if validation_s:
+        done = step // cfg.eval_every if cfg.eval_every else 0
+        validations = max(1, min(VALIDATIONS - done, int(VALID_SHARE * left_s / validation_s)))
+        steps_left = int(max(left_s - validations * validation_s, 0.0) / seconds_per_step)
+        every = max(1, steps_left // validations)
+    else:
+        steps_left = int(left_s * TRAIN_SHARE / seconds_per_step)
+    steps = step + max(1, steps_left)
     keys = [k for k in STEP_KEYS if k in plan.chosen]
     if cfg.optim.warmup_steps is not None and cfg.optim.warmup_steps <= step and "optim.warmup_steps" in keys:
         keys.remove("optim.warmup_steps")  # the lr has already reached its peak
-    values = {k: v for k, (v, _) in step_choices(steps, cfg, keys, timed=True).items()}
+    values = {k: v for k, (v, _) in step_choices(steps, cfg, keys, timed=True, every=every).items()}
     new = dataclasses.replace(plan, chosen={**plan.chosen, **values}, steps=steps, retimed={
-        "at_step": step, "seconds_per_step": seconds_per_step, "elapsed_s": elapsed_s, "steps": steps,
-        "values": values})
+        "at_step": step, "seconds_per_step": seconds_per_step, "validation_s": validation_s, "elapsed_s": elapsed_s,
+        "steps": steps, "values": values})
     if plan.epochs and plan.steps:
         new.epochs = plan.epochs * steps / plan.steps
     return put(cfg, values), new
@@ -448,6 +462,7 @@ def retime(cfg: TrainConfig, plan: Plan, step: int, seconds_per_step: float, ela
 def retime_line(plan: Plan, planned_step_s: float | None) -> str:
     r = plan.retimed
     was = f" (the probe said {planned_step_s:.3g})" if planned_step_s else ""
+    valid = f", {r['validation_s']:.3g} s a validation" if r.get("validation_s") else ""
     values = ", ".join(f"{k} {show(v)}" for k, v in r["values"].items())
-    return (f"nmt: re-timed after {r['at_step']:,} steps: {r['seconds_per_step']:.3g} s a step{was}, so ~{r['steps']:,} "
-            f"steps in the budget" + (f"; {values}" if values else ""))
+    return (f"nmt: re-timed at step {r['at_step']:,}: {r['seconds_per_step']:.3g} s a step{was}{valid}, so ~"
+            f"{r['steps']:,} steps in the budget" + (f"; {values}" if values else ""))

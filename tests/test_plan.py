@@ -180,6 +180,17 @@ def test_retiming_replans_the_steps_left_and_keeps_a_passed_warmup():
     assert retime(mine, plan2, 50, 1.0, 60)[0].eval_every == 7  # a given value is never re-planned
 
 
+def test_retiming_with_a_timed_validation_fits_the_validations_in_their_share_of_the_time_left():
+    cfg, plan = resolve(budget(25), TATOEBA, speed=speed_for(4800, 25))
+    step_s = 60 * 25 * TRAIN_SHARE / 4800
+    cheap, cheap_plan = retime(cfg, plan, step=700, seconds_per_step=step_s, elapsed_s=300, validation_s=1.0)
+    dear, dear_plan = retime(cfg, plan, step=700, seconds_per_step=step_s, elapsed_s=300, validation_s=60.0)
+    assert dear.eval_every > cheap.eval_every and dear_plan.steps < cheap_plan.steps  # fewer validations, fewer steps
+    left = 60 * 25 - 300
+    validations = (dear_plan.steps - 700) // dear.eval_every
+    assert validations * 60.0 <= 0.15 * left + 60.0 and dear_plan.retimed["validation_s"] == 60.0
+
+
 def test_keys_cover_every_field_the_plan_fills():
     assert len(KEYS) == len(set(KEYS))
     for key in KEYS:

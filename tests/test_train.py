@@ -408,7 +408,7 @@ def plan_lines(out: str) -> dict[str, str]:
         key, _, rest = line.strip().partition(" ")
         if line.startswith("  ") and key in KEYS:
             values[key] = rest.split(":", 1)[0]
-        if line.startswith("nmt: re-timed after") and "; " in line:
+        if line.startswith("nmt: re-timed at step") and "; " in line:
             for item in line.split("; ", 1)[1].split(", "):
                 key, _, value = item.partition(" ")
                 values[key] = value

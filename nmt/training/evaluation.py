@@ -28,12 +28,13 @@ log = get_logger(__name__)
 
 
 @torch.no_grad()
-def validate(run: Run) -> dict | None:
-    """Validation loss/perplexity and BLEU/chrF over exactly the validation set, on all processes; None (on
-    every process alike) when a stop signal arrived meanwhile: it stops between batches, not after all of them."""
+def validate(run: Run, decode: bool = True) -> dict | None:
+    """Validation loss/perplexity and BLEU/chrF (if `decode`) over exactly the validation set, on all processes;
+    None (on every process alike) when a stop signal arrived meanwhile: it stops between batches, not after all
+    of them."""
     run.objective.eval()
     metrics = valid_loss(run)
-    if metrics is None or not bleu_due(run.cfg, run.state.step):
+    if metrics is None or not decode:
         return metrics
     bleu = valid_bleu(run)
     return None if bleu is None else {**metrics, **bleu}
@@ -113,11 +114,11 @@ def _shown(metrics: dict) -> str:
     return " ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
 
 
-def evaluate_and_keep_best(run: Run) -> bool:
-    """Validate; a better score than before replaces best/. Logged, and one line on the terminal.
-    False (on every process) when a stop signal cut the validation short: nothing is scored or kept."""
+def evaluate_and_keep_best(run: Run, decode: bool = True) -> bool:
+    """Validate (BLEU/chrF too if `decode`); a better score than before replaces best/. Logged, and one line on
+    the terminal. False (on every process) when a stop signal cut the validation short: nothing is scored or kept."""
     state = run.state
-    metrics = validate(run)
+    metrics = validate(run, decode)
     if metrics is None:
         return False
     score = metrics.get("bleu", -metrics["valid_nll"])

@@ -17,7 +17,7 @@ from nmt.errors import NmtError
 from nmt.plan import TRAIN_SHARE, retime, retime_line
 from nmt.training import step
 from nmt.training.artifacts import log_metrics, save_checkpoint
-from nmt.training.evaluation import evaluate_and_keep_best
+from nmt.training.evaluation import bleu_due, evaluate_and_keep_best
 from nmt.training.planning import save_plan
 from nmt.training.progress import Progress, TokenRate
 from nmt.training.state import Run
@@ -159,7 +159,7 @@ class Loop:
         from accelerate.utils import broadcast_object_list
 
         run = self.run
-        box = [(self.session.seconds_per_step(), run.elapsed())]
+        box = [(self.session.seconds_per_step(), run.elapsed(), self.session.validation_s)]
         if run.accelerator.num_processes > 1:
             broadcast_object_list(box)  # every process then plans the same cadence
         planned_s = None
@@ -205,7 +205,11 @@ class Loop:
             log_metrics(run, {**self.meter.flush(), "lr": self.lr, "epoch": self.sampler.epoch,
                               "skipped_steps": state.skipped_steps})
         if (state.step % cfg.eval_every == 0 or last) and self.stopped_by in (None, "time"):
-            if not evaluate_and_keep_best(run):  # a signal came during validation: save now, on every process
+            started, decodes = time.perf_counter(), bleu_due(cfg, state.step) or last  # the last one always scores
+            kept = evaluate_and_keep_best(run, decodes)
+            if decodes:
+                self.session.validated(time.perf_counter() - started)
+            if not kept:  # a signal came during validation: save now, on every process
                 self.stopped_by = signals.received or "SIGTERM"
             elif cfg.patience is not None and state.evals_since_best >= cfg.patience and not last:
                 self.stopped_by = "patience"  # no better validation score for `patience` evaluations
@@ -223,6 +227,11 @@ class Session:
 
     def __init__(self):
         self.seconds, self.steps = 0.0, 0
+        self.validation_s: float | None = None  # the first validation that decoded
+
+    def validated(self, seconds: float) -> None:
+        if self.validation_s is None:
+            self.validation_s = seconds
 
     def stepped(self, seconds: float) -> None:
         self.steps += 1
@@ -233,12 +242,14 @@ class Session:
         return self.seconds / max(self.steps - 1, 1)
 
     def due(self, step: int, run: Run) -> bool:
-        """Re-time now: a time budget, a plan never re-timed, and enough steps timed."""
+        """Re-time now: under a time budget, once enough steps are timed, and again once a validation that decoded
+        is (each at most once in a run, a resumed one included)."""
         plan = run.plan
-        if run.cfg.max_minutes is None or plan is None or plan.retimed is not None or not plan.minutes:
+        if run.cfg.max_minutes is None or plan is None or not plan.minutes or self.steps < 2:
             return False
-        wanted = max(5, min(self.RETIME_STEPS, (plan.steps or 0) // 20))
-        return self.steps - 1 >= wanted
+        if plan.retimed is None:
+            return self.steps - 1 >= max(5, min(self.RETIME_STEPS, (plan.steps or 0) // 20))
+        return plan.retimed.get("validation_s") is None and self.validation_s is not None
 
 
 def note_finite(run: Run, finite: bool) -> None:
