@@ -148,6 +148,15 @@ class Loop:
         cfg = self.run.cfg
         return None if cfg.max_minutes is None else cfg.max_minutes - self.run.elapsed() / 60
 
+    def out_of_time(self) -> bool:
+        """The time budget is spent, keeping back what the run's last validation (and the average's, when it
+        averages) will take, once a validation has been timed."""
+        cfg = self.run.cfg
+        if cfg.max_minutes is None:
+            return False
+        reserve = (self.session.validation_s or 0.0) * (2 if (cfg.average_last or 0) > 1 else 1)
+        return self.run.elapsed() + reserve > 60 * cfg.max_minutes
+
     def reason(self) -> str:
         return {"time": "the time budget is spent", "patience": f"no better validation in {self.run.cfg.patience} "
                 "validations (patience)", "SIGTERM": "SIGTERM", "SIGINT": "SIGINT"}.get(
@@ -178,7 +187,7 @@ class Loop:
         run, state, cfg = self.run, self.run.state, self.run.cfg
         step_start = time.perf_counter()
         window = [to_device(next(batches), run.accelerator.device) for _ in range(cfg.accum_steps)]
-        out_of_time = cfg.max_minutes is not None and run.elapsed() > 60 * cfg.max_minutes
+        out_of_time = self.out_of_time()
         stop = bool(signals.received) or out_of_time
         stats = step.train_step(run.accelerator, run.objective, self.optim, window, stop=stop)  # as nmt check times it
         state.step += 1
