@@ -398,8 +398,10 @@ def _choose_model(facts: Facts, limits: Limits, speed: Speed | None) -> tuple[Di
         steps = expected_steps(facts, limits, step_seconds(timed[1], timed[0], m, BATCHES[-1], limits), BATCHES[-1])
         epochs = steps / steps_per_epoch(facts, BATCHES[-1], limits)
         if epochs >= MIN_EPOCHS:
-            return m, f"the widest of {names} that sees >= {MIN_EPOCHS:g} epochs in the budget (~{epochs:.1f})", timed
-    return shapes[0], f"the narrowest of {names}: none sees {MIN_EPOCHS:g} epochs (~{epochs:.1f} for it)", timed
+            return m, (f"the widest of {names} that sees >= {MIN_EPOCHS:g} epochs in the budget (~{epochs:.1f} by "
+                       f"timing {timed[0].name})"), timed
+    return shapes[0], (f"the narrowest of {names}: none sees {MIN_EPOCHS:g} epochs (~{epochs:.1f} for it by timing "
+                       f"{timed[0].name})"), timed
 
 
 def dropout_for(train_pairs: int, epochs: float) -> tuple[float, str]:
