@@ -97,7 +97,8 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
 def _number(value, key: str, kind: type, allowed: Range):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         raise BadRequest(400, f"{key!r} must be {'an integer' if kind is int else 'a number'}, got {_short(value)}")
-    if value not in allowed:
+    # nmt.ranges.Range reads a number as a float: an integer past float's range is refused before it gets there
+    if (isinstance(value, int) and abs(value) > 1 << 53) or value not in allowed:
         raise BadRequest(400, f"{key!r} must be in {allowed}, got {_short(value)}")
     return kind(value)
 
@@ -315,11 +316,11 @@ def serve(translator, cfg: ServeConfig, info: dict | None = None) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     app = build_app(translator, cfg, info)
+    if not cfg.api_key and not is_loopback(cfg.host):
+        print(f"nmt serve: warning: --host {cfg.host} is reachable beyond this machine and no API key is set: anyone "
+              f"who reaches it can use it; set ${API_KEY_ENV} (or --api-key)", file=sys.stderr, flush=True)
     sock = bind(cfg.host, cfg.port)
     host, port = sock.getsockname()[:2]
-    if not cfg.api_key and not is_loopback(host):
-        print(f"nmt serve: warning: listening on {host}, beyond this machine, without an API key: anyone who can "
-              f"reach it can use it; set ${API_KEY_ENV} (or --api-key)", file=sys.stderr, flush=True)
     server = _Server(uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="on",
         http=uvicorn_protocol_with_header_deadline(cfg.request_timeout), limit_concurrency=cfg.max_connections,
