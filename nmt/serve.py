@@ -18,6 +18,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -156,6 +157,7 @@ class Api:
                                cfg.batching, max_cost=cfg.batch_cost, max_queued_cost=cfg.max_queued_cost)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.deadline: float | None = None  # loop time when a shutdown gives up on the requests in flight
+        self.abandoned_call = False  # a shutdown left a model call running in its thread
 
     async def translate(self, request: Request) -> JSONResponse:
         try:
@@ -229,6 +231,7 @@ class Api:
         yield
         self.begin_shutdown()  # uvicorn has waited for the open requests, up to its own bound
         if not await self.batcher.close(max(0.0, self.deadline - self.loop.time())):
+            self.abandoned_call = True
             print("nmt serve: the model call in progress is abandoned", file=sys.stderr, flush=True)
         if self.batcher.abandoned:
             print(f"nmt serve: gave up on {self.batcher.abandoned} request(s) after --shutdown-timeout "
@@ -337,3 +340,7 @@ def serve(translator, cfg: ServeConfig, info: dict | None = None) -> None:
             signal.signal(sig, handler)
         sock.close()
     print("nmt serve: stopped", file=sys.stderr, flush=True)
+    if app.state.api.abandoned_call:
+        # the model thread is inside torch: interpreter shutdown under it aborts the process; end it here instead
+        sys.stdout.flush()
+        os._exit(0)
