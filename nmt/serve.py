@@ -28,7 +28,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -166,6 +166,9 @@ class Api:
             return _error(408, f"the body did not arrive within {self.cfg.request_timeout:g} s", close=True)
         except BadRequest as e:
             return _error(e.status, str(e), close=True)
+        except ClientDisconnect:  # it left halfway through its body: nobody reads an answer
+            self.batcher.stats.disconnected += 1
+            return _error(400, "the client closed the connection before its body was complete")
         try:
             sentences, options, timeout = parse_request(body, self.cfg)
             tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(sentences)]
