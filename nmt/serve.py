@@ -106,7 +106,9 @@ def _number(value, key: str, kind: type, allowed: Range):
 
 def _short(value) -> str:
     """A client's value in an error message, cut short (it may be megabytes long)."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else f"an integer of {len(str(abs(value)))} digits"
+    if isinstance(value, int) and abs(value) >= 10 ** 30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

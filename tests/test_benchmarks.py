@@ -145,7 +145,7 @@ def test_serve_load(corpus_dir, tmp_path):
     model_dir = train(tiny_config(corpus_dir, tmp_path, max_steps=6, eval_every=6, save_every=6)).model_dir
     reset_accelerate_state()
     out = run("serve_load.py", str(model_dir), "--clients", "4", "--requests", "3", "--beam", "1", "--threads", "1",
-              "--max-wait-ms", "20", "--hostile", "5")
+              "--max-wait-ms", "20", "--hostile", "6")
     rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("batching o")
             and "/" not in line}
     assert set(rows) == {"on", "off"}, out
