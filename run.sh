@@ -22,7 +22,7 @@ if ! .venv/bin/python -c "import nmt, pytest, hypothesis" 2>/dev/null || [ pypro
   .venv/bin/python -m pip install -q -e ".[dev]"
   touch .venv/.installed
 fi
-# TOKENIZERS_PARALLELISM is left to nmt: its threads while preparing data, off afterwards (README, Data formats)
+# TOKENIZERS_PARALLELISM is left to nmt: its threads while preparing data, off afterwards (docs/data.md)
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 if [ "${1:-}" = "test" ]; then

@@ -6,18 +6,19 @@ config and the HF baseline, on the same corpus and machine, side by side in one 
 
 Corpora: the data folder, and with --subset N also its first N training pairs (same validation and test sets).
 Systems, each trained for the same wall-clock minutes:
-  budget    nmt's defaults: only the data and max_minutes given, the rest planned from the budget (nmt.budget)
+  budget    nmt's defaults: README's own-corpus command, `nmt train` with the data paths and --max_minutes and
+            nothing else (the subset is written to its own files first), the rest planned (nmt.plan)
   fixed     the fixed defaults before the plan (lr 5e-4, warmup 1,000, 4,096-token batches, validation every
             500 steps, no averaging, model and vocabulary by corpus size): what issue 14's table measured
   tuned     the hand-tuned configs/tatoeba-en-de.yaml (--tuned-config)
   baseline  benchmarks/hf_baseline.py's MarianMTModel recipe (needs the bench extra)
 An nmt system named with "-fp32" (budget-fp32, tuned-fp32) trains in fp32 whatever the hardware: the others take
 the precision a run takes by default (nmt.training.step.run_precision: bf16 under a time budget where the device
-multiplies bf16 in hardware, as issue 14's runs did not yet).
-key=value overrides apply to every nmt system (a tiny setting for a smoke test). Choices are made on validation
-(nmt: best validation BLEU, greedy; baseline: best validation loss); the test set is read once per system,
-at the end, with beam 4. Prints one table per corpus and budget: steps, target tokens/s, validation and test
-BLEU/chrF.
+multiplies bf16 in hardware).
+key=value overrides apply to the fixed and tuned systems (a tiny setting for a smoke test), never to budget.
+Choices are made on validation (nmt: best validation BLEU, greedy; baseline: best validation loss); the test set
+is read once per system, at the end, with beam 4. Prints one table per corpus and budget: steps, target
+tokens/s, validation and test BLEU/chrF.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from accelerate.utils import patch_environment  # noqa: E402
+from quality import run_user_command, user_command  # noqa: E402
 
 from nmt import Translator, load_config, train  # noqa: E402
 from nmt.compat import reset_accelerate_state  # noqa: E402
-from nmt.config import TrainConfig, auto_sizes  # noqa: E402
+from nmt.config import TrainConfig  # noqa: E402
 from nmt.data import prepare  # noqa: E402
 from nmt.metrics import corpus_scores  # noqa: E402
+from nmt.plan import size_row  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = ["optim.lr=5e-4", "optim.warmup_steps=1000", "max_tokens=4096", "eval_every=500", "save_every=500",
@@ -51,7 +54,7 @@ def data_overrides(args: argparse.Namespace, subset: int | None, out: Path, minu
     return [f"data.train={data / 'train'}", f"data.valid={data / 'valid'}", f"data.test={data / 'test'}",
             f"data.src_lang={args.src}", f"data.tgt_lang={args.tgt}",
             f"data.max_train_pairs={'null' if subset is None else subset}", f"output_dir={out}",
-            f"max_minutes={minutes}", "max_steps=null", "max_epochs=1000"]
+            f"max_minutes={minutes}"]
 
 
 def nmt_config(system: str, args: argparse.Namespace, base: list[str]) -> TrainConfig:
@@ -59,10 +62,8 @@ def nmt_config(system: str, args: argparse.Namespace, base: list[str]) -> TrainC
     if system == "tuned":
         return load_config(args.tuned_config, [*base, *args.overrides])
     cfg = load_config(None, [*base, *args.overrides])
-    if system == "budget":
-        return cfg
     pairs = prepare(cfg.data, cfg.tokenizer).stats["sizing_pairs"]  # the fixed defaults sized by corpus only
-    size = [] if any(o.startswith("model.") for o in args.overrides) else [f"model.size={auto_sizes(pairs).model_size}"]
+    size = [] if any(o.startswith("model.") for o in args.overrides) else [f"model.size={size_row(pairs)[1]}"]
     return load_config(None, [*FIXED, *size, *base, *args.overrides])
 
 
@@ -80,6 +81,34 @@ def run_nmt(cfg: TrainConfig, beam: int, fp32: bool = False) -> dict:
     return {"steps": result.steps, "tokens_per_s": speeds[len(speeds) // 2] if speeds else 0.0,
             "valid_bleu": result.best.get("bleu"), "valid_chrf": result.best.get("chrf"),
             "valid_nll": result.best.get("valid_nll"), "bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+
+def run_budget(args: argparse.Namespace, subset: int | None, out: Path, minutes: float, fp32: bool = False) -> dict:
+    """README's own-corpus command on the corpus (its first `subset` training pairs written to files of their own)."""
+    data = Path(args.data)
+    if subset is not None:
+        data = write_subset(data, args.src, args.tgt, subset, Path(args.output) / f"data-first-{subset}")
+    # -fp32: as a launcher that chose "no" would (the environment, not a flag: the command stays the user's)
+    r = run_user_command(user_command(data, args.src, args.tgt, minutes, out),
+                         env={"ACCELERATE_MIXED_PRECISION": "no"} if fp32 else None)
+    best = r["best"]
+    return {"steps": r["steps"], "tokens_per_s": r["tokens_per_s"], "valid_bleu": best.get("bleu"),
+            "valid_chrf": best.get("chrf"), "valid_nll": best.get("valid_nll"), "bleu": r["test"]["bleu"],
+            "chrf": r["test"]["chrf"]}
+
+
+def write_subset(data: Path, src: str, tgt: str, n: int, folder: Path) -> Path:
+    """A corpus folder of the first `n` training pairs and the same validation and test files."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for lang in (src, tgt):
+        with open(data / f"train.{lang}", encoding="utf-8") as f, open(folder / f"train.{lang}", "w", encoding="utf-8") as g:
+            for _, line in zip(range(n), f):
+                g.write(line)
+        for split in ("valid", "test"):
+            shutil.copyfile(data / f"{split}.{lang}", folder / f"{split}.{lang}")
+    return folder
 
 
 def run_baseline(cfg: TrainConfig, minutes: float, tiny: bool) -> dict:
@@ -136,6 +165,8 @@ def main() -> None:
                 t = time.perf_counter()
                 if system == "baseline":
                     rows[system] = run_baseline(load_config(None, [*base, *args.overrides]), minutes, args.tiny_baseline)
+                elif system.startswith("budget"):
+                    rows[system] = run_budget(args, subset, out, minutes, fp32=system.endswith("-fp32"))
                 else:
                     name, _, precision = system.partition("-")
                     rows[system] = run_nmt(nmt_config(name, args, base), args.beam, fp32=precision == "fp32")

@@ -6,6 +6,7 @@ BLEU for free. Reads safetensors only.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -55,14 +56,17 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items() if k in own}, strict=True)
 
 
-def average_run(run_dir: str | Path, last: int, out: str | Path) -> Path:
+def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = False) -> Path:
     """Average the last `last` checkpoints of a run into a new model directory `out`.
 
-    The architecture and tokenizer come from the run's model/ (or best/) directory."""
+    The architecture and tokenizer come from the run's model/ (or best/) directory; its search.json is not copied
+    (an alpha tuned for other weights). `out` is written as a sibling temporary directory and renamed into place:
+    an existing non-empty `out` only with `force`, and never one the average is read from."""
     import json
 
-    from nmt.checkpoint import list_checkpoints
+    from nmt.checkpoint import list_checkpoints, publish, temp_dir_for
     from nmt.model import Seq2SeqTransformer
+    from nmt.textfiles import refuse_output_dir
     from nmt.tokenizer import PairTokenizer
 
     run_dir, out = Path(run_dir), Path(out)
@@ -72,9 +76,18 @@ def average_run(run_dir: str | Path, last: int, out: str | Path) -> Path:
     source = next((d for d in (run_dir / "model", run_dir / "best") if d.is_dir()), None)
     if source is None:
         raise NmtError(f"{run_dir}: no model/ or best/ to take the config and tokenizer from")
+    refuse_output_dir(out, [source, *found], force, "-o")
     model = Seq2SeqTransformer.from_pretrained(source)
     load_into(model, average_weights(found))
-    model.save_pretrained(out)
-    PairTokenizer.load(source).save(out)
-    (out / SUMMARY_FILE).write_text(json.dumps({"averaged": [str(d) for d in found], "from": str(source)}, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_dir_for(out)
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an average that was killed
+    try:
+        model.save_pretrained(tmp)
+        PairTokenizer.load(source).save(tmp)
+        summary = {"averaged": [str(d) for d in found], "from": str(source)}
+        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out

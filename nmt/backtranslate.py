@@ -2,7 +2,8 @@
 
 A reverse model (trained tgt -> src) translates each monolingual line; the translation becomes the synthetic
 source, the monolingual line its target. Both files are written line by line, a chunk at a time (memory stays
-flat), as a `data.train` prefix: PREFIX.<src> and PREFIX.<tgt>. A tag (Caswell et al. 2019) marks the
+flat), as a `data.train` prefix: PREFIX.<src> and PREFIX.<tgt>, each under a temporary name renamed into place
+when the input is done (a failed run leaves older files as they were). A tag (Caswell et al. 2019) marks the
 synthetic sources so that a forward model trained on the mix can tell them from real ones.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nmt.errors import NmtError
+from nmt.textfiles import atomic_file, refuse_overwrite
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,8 @@ def output_paths(prefix: str | Path, model_dir: str | Path, src_lang: str | None
     if src_lang == tgt_lang:
         raise NmtError(f"--src-lang and --tgt-lang are both {src_lang!r}: the two files would be one")
     src_path, tgt_path = Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}")
-    if Path(input_path).resolve() in (src_path.resolve(), tgt_path.resolve()):
-        raise NmtError(f"--output {prefix} would overwrite the input {input_path}; choose another prefix")
+    refuse_overwrite([("--output", src_path), ("--output", tgt_path)],
+                     [("--input", input_path), ("MODEL_DIR", model_dir)])
     return src_path, tgt_path
 
 
@@ -99,7 +101,7 @@ def backtranslate(translator, input_path: str | Path, src_path: Path, tgt_path: 
                                           **decode)
     src_path.parent.mkdir(parents=True, exist_ok=True)
     next_failed = 0
-    with open(src_path, "w", encoding="utf-8") as src, open(tgt_path, "w", encoding="utf-8") as tgt:
+    with atomic_file(src_path) as src, atomic_file(tgt_path) as tgt:  # a failure midway replaces neither
         for i, (translation, (n, line)) in enumerate(zip(outputs, to_files), 1):
             while next_failed < len(failed) and failed[next_failed] < i:
                 next_failed += 1

@@ -9,9 +9,7 @@ of the launch would.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,21 +18,17 @@ import torch
 
 from nmt.batching import TokenBatchSampler, deal
 from nmt.check_report import Report
-from nmt.collate import Collator
 from nmt.config import ModelConfig, TrainConfig, read_yaml
 from nmt.data import overlap_line, prepare
 from nmt.dropout_epochs import bpe_dropout
 from nmt.encoding import pair_lengths
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
-from nmt.objective import Seq2SeqLoss
 from nmt.tables import arrow_batches, column
 from nmt.tokenizer import unknown_rate
 from nmt.training import planning
-from nmt.training import step as training_step
 from nmt.training.finetune import pretrained, tokenizer_fit
-from nmt.training.sizing import sized_config
-from nmt.training.step import OneDevice, default_device, make_optim, run_precision
+from nmt.training.step import default_device, run_precision
 from nmt.validate import check_run
 
 MIN_VALID_PAIRS = 100  # fewer validation pairs make BLEU differences between checkpoints noise
@@ -42,7 +36,6 @@ MAX_DROPPED_SHARE = 0.5  # cleaning dropping more than this usually means misali
 MAX_UNK_RATE = 0.01  # more unknown subwords than this on validation: the vocabulary misses characters
 PERCENTILES = (50, 90, 99)
 BYTES_FP32 = 4
-PROBE_BUDGET_S = 30.0  # the probe stops early (after at least one timed step) once it has taken this long
 
 
 # --- the check --------------------------------------------------------------------------------------
@@ -60,15 +53,15 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     if num_processes < 1:
         raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
     check_run(cfg)  # ranges and paths, as training checks them first
-    cfg, tokenizer = pretrained(cfg)  # init_from: the model directory's tokenizer and sizes, as training uses them
-    corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer)
+    cfg, tokenizer, inherited = pretrained(cfg)  # init_from: the model directory's tokenizer and sizes
+    corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer, max_positions=cfg.model.max_positions)
     precision = run_precision(cfg, default_device(device).type)  # what training will use
-    cfg, plan_lines = planned_config(cfg, corpus, num_processes, device if probe_steps > 0 else "no-probe", precision)
-    cfg, chosen = sized_config(cfg, corpus)  # what training will choose
+    cfg, plan = planning.planned(cfg, corpus, processes=num_processes, device=device, precision=precision,
+                                 inherited=inherited, timed=probe_steps > 0)  # the resolution training makes
     epoch = _epoch_zero(cfg, corpus, num_processes)
     model = _build(cfg.model, cfg.seed)
-    report = _report(cfg, corpus, model, epoch, num_processes)
-    report.auto_chosen, report.plan = chosen, plan_lines
+    report = _report(cfg, corpus, model, epoch, num_processes, plan.steps)
+    report.plan = plan.lines()
     if probe_steps > 0:
         probe(report, model, cfg, epoch, steps=probe_steps, device=device, precision=precision)
     longest = int(np.max(column(corpus.splits["train"], "cost")))
@@ -97,7 +90,8 @@ def _epoch_zero(cfg: TrainConfig, corpus, num_processes: int) -> Epoch:
     return Epoch(train, sampler.plan(0), src_len, tgt_len)
 
 
-def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, num_processes: int) -> Report:
+def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, num_processes: int,
+            planned_steps: int | None) -> Report:
     """The report's numbers before the probe and the problems."""
     model_cfg, plan, src_len, tgt_len = cfg.model, epoch.plan, epoch.src_len, epoch.tgt_len
     clean, tokenizer = corpus.stats["clean"], corpus.tokenizer
@@ -107,28 +101,16 @@ def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, n
     return Report(
         num_processes=num_processes, pairs=corpus.stats["pairs"], read=clean["read"], dropped=clean["dropped"],
         carved=corpus.stats.get("carved_from_train", []), src_len=percentiles(src_len), tgt_len=percentiles(tgt_len),
-        over_max_positions={name: _count_over(ds, model_cfg.max_positions) for name, ds in corpus.splits.items()},
         joint_vocab=tokenizer.joint, src_vocab_size=tokenizer.src_vocab_size,
         tgt_vocab_size=tokenizer.tgt_vocab_size, unk_rate=unknown_rates(corpus.splits["valid"]),
         tokens_per_epoch={"src": int(src_len.sum()), "tgt": int(tgt_len.sum())},
         padding_share=padding_share(plan, src_len, tgt_len), steps_per_epoch=len(plan),
         micro_batches_per_epoch=len(plan) * cfg.accum_steps,
-        total_steps=cfg.max_steps or cfg.max_epochs * len(plan), n_params=n_params,
+        total_steps=min([n for n in (cfg.max_steps, cfg.max_epochs and cfg.max_epochs * len(plan)) if n]
+                        or [planned_steps or len(plan)]), n_params=n_params,
         memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
-        sizing_pairs=corpus.stats["sizing_pairs"], overlap=overlap_line(corpus.stats),
+        overlap=overlap_line(corpus.stats),
         fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
-
-
-def planned_config(cfg: TrainConfig, corpus, num_processes: int, device: str | None,
-                   precision: str = "no") -> tuple[TrainConfig, list[str]]:
-    """`cfg` with the budget plan training would make (the fields it leaves null), and the plan's printout.
-    Without the probe (device "no-probe") the time budget is not timed: the plan uses the step bounds only."""
-    keys = planning.open_fields(cfg)
-    if not keys:
-        return cfg, planning.describe(None, keys)
-    timed = cfg if device != "no-probe" else dataclasses.replace(cfg, max_minutes=None)
-    plan = planning.make_plan(timed, corpus, num_processes, None if device == "no-probe" else device, precision)
-    return planning.apply_plan(cfg, plan), planning.describe(plan, keys)
 
 
 def _build(model_cfg: ModelConfig, seed: int) -> Seq2SeqTransformer:
@@ -140,11 +122,6 @@ def _build(model_cfg: ModelConfig, seed: int) -> Seq2SeqTransformer:
 def percentiles(lengths: np.ndarray) -> dict[str, int]:
     out = {f"p{q}": int(np.percentile(lengths, q, method="higher")) for q in PERCENTILES}
     return {**out, "max": int(lengths.max())}
-
-
-def _count_over(ds, limit: int) -> int:
-    src, tgt = pair_lengths(ds)
-    return int(np.sum(np.maximum(src, tgt) > limit))
 
 
 def unknown_rates(ds) -> dict[str, float]:
@@ -191,30 +168,19 @@ def activation_bytes(m: ModelConfig, max_tokens: int, longest: int) -> int:
 def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Epoch, steps: int,
           device: str | None, precision: str = "no") -> None:
     """Time `steps` optimizer steps (forward, backward, AdamW) on this process's real micro-batches of
-    `epoch.train` (the training split as epoch 0 sees it).
+    `epoch.train` (the training split as epoch 0 sees it), with the probe the plan times with.
 
     Seconds per epoch = (median over the timed steps of seconds per padded token) x this process's padded
     tokens of an epoch, so a probe that happened to draw short or long batches does not skew the estimate.
     """
     device = default_device(device)
-    objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
-    # the schedule's shape does not change a step's time (and a linear one may have no horizon in a check)
-    steady = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, schedule="inverse_sqrt"))
-    optim, one = make_optim(objective, steady), OneDevice(device, cfg.accum_steps, precision)
-    plan, columns = epoch.plan, epoch.train.select_columns(["src_ids", "tgt_ids"])
-    collate = Collator(pad_id=objective.pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
+    plan = epoch.plan
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    per_token, started = [], time.perf_counter()  # seconds per padded token of each timed step
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(cfg.seed)
-        for i in range(steps + 1):  # step 0 warms up (allocator, kernels) and is not timed
-            window = [_batch(columns, chunk, collate, device) for chunk in plan.micro_batches(i % len(plan))]
-            seconds = _timed_step(one, objective, optim, window)
-            if i > 0:
-                per_token.append(seconds / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window))
-                if time.perf_counter() - started > PROBE_BUDGET_S:
-                    break  # a slow device: a long probe would not make the estimate much better
+    chunks = (plan.micro_batches(i % len(plan)) for i in range(steps + 1))
+    timed = planning.time_steps(model, cfg, planning.batches(cfg, epoch.train, chunks, device, model.cfg.pad_id),
+                                steps, device, precision)
+    per_token = [s / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window) for s, window in timed]
     epoch_work = sum(_padded(chunk, epoch.src_len, epoch.tgt_len) for step in range(len(plan))
                      for chunk in plan.micro_batches(step))
     # the median step: one step slowed by a busy neighbour or a collection pause does not set the estimate
@@ -225,27 +191,8 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Ep
         report.measured_peak = int(torch.cuda.max_memory_allocated(device))
 
 
-def _batch(columns, chunk: np.ndarray, collate: Collator, device: torch.device) -> dict:
-    return {k: v.to(device) for k, v in collate.columns(columns[chunk.tolist()]).items()}
-
-
 def _padded(chunk: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray) -> int:
     return len(chunk) * (int(src_len[chunk].max()) + int(tgt_len[chunk].max())) if len(chunk) else 0
-
-
-def _timed_step(one: OneDevice, objective: Seq2SeqLoss, optim, window: list[dict]) -> float:
-    """One optimizer step exactly as training takes it (`train_step`: the objective's packed loss, AdamW as
-    training builds it, clipping, the schedule); its seconds."""
-    _sync(one.device)
-    start = time.perf_counter()
-    training_step.train_step(one, objective, optim, window)  # through the module: a test spies on it
-    _sync(one.device)
-    return time.perf_counter() - start
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # --- problems, each with what to change ------------------------------------------------------------------
@@ -261,13 +208,6 @@ def find_problems(r: Report, cfg: TrainConfig, model_cfg: ModelConfig, longest_c
         top = max(r.dropped, key=r.dropped.get)
         problems.append(f"cleaning dropped {n_dropped:,} of {r.read:,} training pairs ({n_dropped / r.read:.0%}), "
                         f"most as {top!r} ({r.dropped[top]:,}): {_drop_advice(top)}")
-    over = {k: v for k, v in r.over_max_positions.items() if v}
-    if over:
-        longest = max(r.src_len["max"], r.tgt_len["max"])
-        problems.append(f"pairs longer than model.max_positions={model_cfg.max_positions} tokens "
-                        f"({', '.join(f'{k} {v:,}' for k, v in over.items())}; the longest training pair has "
-                        f"{longest:,}): training or validation would fail on them; raise model.max_positions or "
-                        "lower data.max_words")
     for side, name in (("src", "source"), ("tgt", "target")):
         if r.unk_rate[side] > MAX_UNK_RATE:
             size = r.src_vocab_size if side == "src" else r.tgt_vocab_size
@@ -287,6 +227,7 @@ def _drop_advice(reason: str) -> str:
         "empty": "many empty sides: are the source and target files/columns the right ones?",
         "nul_byte": "NUL bytes: is the file binary or in UTF-16? convert it to UTF-8",
         "too_long": "raise data.max_words, or check that lines are sentences rather than documents",
+        "too_many_subwords": "raise data.max_subwords or model.max_positions, or check that lines are sentences",
         "length_ratio": "are the files aligned line by line? if so, raise data.max_ratio",
         "duplicate": "the corpus repeats itself; set data.dedupe: false to keep repeats on purpose",
     }.get(reason, "check the files")

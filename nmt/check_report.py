@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nmt.config import TrainConfig, auto_sizes
+from nmt.config import TrainConfig
 
 
 @dataclass
@@ -19,7 +19,6 @@ class Report:
     carved: list[str]  # splits carved off train (valid_ratio / test_ratio)
     src_len: dict[str, int]  # training source length percentiles ("p50", "p90", "p99", "max"), subwords + </s>
     tgt_len: dict[str, int]  # the same for targets as the decoder sees them (subwords + </s>)
-    over_max_positions: dict[str, int]  # pairs per split with a side longer than model.max_positions
     joint_vocab: bool
     src_vocab_size: int
     tgt_vocab_size: int
@@ -37,10 +36,8 @@ class Report:
     precision: str = "no"  # the mixed precision the probe (and training) ran in
     probe_steps: int = 0
     measured_peak: int | None = None  # bytes, CUDA only: torch.cuda.max_memory_allocated during the probe
-    sizing_pairs: int = 0  # training pairs after cleaning: what auto_sizes chooses vocabulary and model size by
-    auto_chosen: list[str] = field(default_factory=list)  # the sizes auto_sizes chose (those the config left null)
     overlap: str | None = None  # validation/test pairs that also occur in train (nmt.data.overlap_line)
-    plan: list[str] = field(default_factory=list)  # the budget plan's printout (nmt.training.planning.describe)
+    plan: list[str] = field(default_factory=list)  # the plan's printout (nmt.plan.Plan.lines): what nmt chose, why
     fit: dict | None = None  # init_from: the old tokenizer on the new training data, and on its own (tokenizer_fit)
     cfg: TrainConfig | None = field(default=None, repr=False)
     problems: list[str] = field(default_factory=list)
@@ -56,13 +53,12 @@ class Report:
                f"vocab     {_vocab(self)}; unknown on validation: source {self.unk_rate['src']:.2%}, "
                f"target {self.unk_rate['tgt']:.2%}",
                *self.plan,
-               f"sizes     {_sizes(self)}",
                f"epoch     {_n(self.tokens_per_epoch['src'])} source + {_n(self.tokens_per_epoch['tgt'])} target tokens; "
                f"{self.steps_per_epoch:,} optimizer steps ({self.micro_batches_per_epoch:,} micro-batches per process: "
                f"max_tokens {cfg.max_tokens:,} x {_processes(self.num_processes)} x {cfg.accum_steps} accum_steps); "
                f"padding {self.padding_share:.0%}{_dropout(cfg)}",
                f"run       {self.total_steps:,} steps = {self.total_steps / self.steps_per_epoch:.1f} epochs "
-               f"({'max_steps' if cfg.max_steps else 'max_epochs'})"]
+               f"({_limit(cfg)})"]
         if self.seconds_per_step is not None:
             out.append(f"time      {self.seconds_per_step:.3g} s/step on {self.probe_device}{_precision(self.precision)} "
                        f"({self.probe_steps} timed "
@@ -136,12 +132,10 @@ def _vocab(r: Report) -> str:
     return f"separate: source {r.src_vocab_size:,}, target {r.tgt_vocab_size:,} subwords"
 
 
-def _sizes(r: Report) -> str:
-    if r.auto_chosen:
-        return f"chosen for {r.sizing_pairs:,} training pairs (auto): {'; '.join(r.auto_chosen)}"
-    auto = auto_sizes(r.sizing_pairs)
-    return (f"all given (for {r.sizing_pairs:,} training pairs auto_sizes would choose tokenizer.vocab_size "
-            f"{auto.vocab_size:,}, model.size {auto.model_size})")
+def _limit(cfg: TrainConfig) -> str:
+    if cfg.max_steps:
+        return "max_steps"
+    return "max_epochs" if cfg.max_epochs else "planned for max_minutes"
 
 
 def _n(x: float) -> str:

@@ -39,7 +39,7 @@ CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (n
 
 class _ConfigKeysHelp(argparse.RawDescriptionHelpFormatter):
     """`nmt train --help` / `nmt check --help`: after the flags, every config key with its type, default, allowed
-    values and meaning, from the source of README's table; computed only when the help is shown."""
+    values and meaning, from the source of docs/configuration.md's table; computed only when the help is shown."""
 
     def add_text(self, text: str | None) -> None:
         if text == CONFIG_KEYS:
@@ -141,7 +141,9 @@ def _add_average(sub) -> None:
     p = sub.add_parser("average", help="average the weights of a run's last N checkpoints into a model directory")
     p.add_argument("run_dir", help="a run directory (output_dir of nmt train)")
     p.add_argument("--last", type=POSITIVE, default=5, help="how many of the newest checkpoints")
-    p.add_argument("-o", "--output", required=True, help="the model directory to write")
+    p.add_argument("-o", "--output", required=True, help="the model directory to write (must be empty or absent "
+                   "unless --force)")
+    p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
     p.set_defaults(fn=cmd_average)
 
 

@@ -4,7 +4,6 @@ GPUs) live in accelerate_configs/, not here."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -53,7 +52,7 @@ class TokenizerConfig:
     """The subword model trained on the training text."""
 
     kind: Literal["bpe", "unigram"] = "bpe"  # subword algorithm
-    vocab_size: int | None = ranged(None, "[16, 1e7]")  # vocabulary per tokenizer (null: from the corpus size, auto_sizes)
+    vocab_size: int | None = ranged(None, "[16, 1e7]")  # vocabulary per tokenizer (null: the plan's, by corpus size)
     joint: bool = True  # one vocabulary for both languages (enables shared embeddings)
     min_frequency: int = ranged(2, "[0, 1e9]")  # BPE: merges need at least this many occurrences
     dropout: float | None = ranged(None, "[0, 1)")  # BPE-dropout p, re-segmented each epoch (null: the budget plan's, 0 off)
@@ -72,13 +71,13 @@ class TokenizerConfig:
 @dataclass
 class ModelConfig:
     """An encoder-decoder Transformer. Vocabulary sizes of 0 are filled in from the tokenizer; the size fields
-    left null come from the preset `size` names, or, for size "auto", from the run's budget plan (`nmt.budget`:
-    the corpus size, the measured speed and the budget).
+    left null come from the preset `size` names, or, for size "auto", from the run's plan (`nmt.plan`: the corpus
+    size, the measured speed and the budget).
     """
 
     src_vocab_size: int = ranged(0, "[0, 1e7]")  # source vocabulary (0: from the tokenizer)
     tgt_vocab_size: int = ranged(0, "[0, 1e7]")  # target vocabulary (0: from the tokenizer)
-    size: Literal["auto", "tiny", "small", "base", "big"] = "auto"  # preset of the null fields below; auto: by budget
+    size: Literal["auto", "tiny", "d128", "d192", "small", "base", "big"] = "auto"  # shape preset (auto: planned)
     d_model: int | None = ranged(None, "[1, 65536]")  # width of the residual stream (null: from size)
     n_heads: int | None = ranged(None, "[1, 1024]")  # attention heads; d_model must divide by it (null: from size)
     n_encoder_layers: int | None = ranged(None, "[1, 1000]")  # encoder depth (null: from size)
@@ -134,6 +133,8 @@ class ModelConfig:
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0),
+    "d128": dict(d_model=128, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=512, dropout=0.1),
+    "d192": dict(d_model=192, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=768, dropout=0.1),
     "small": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1),
     "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1),
     "big": dict(d_model=1024, n_heads=16, n_encoder_layers=6, n_decoder_layers=6, d_ff=4096, dropout=0.3),
@@ -141,58 +142,12 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 SIZE_FIELDS = tuple(MODEL_PRESETS["base"])
 
 
-# (training pairs below, tokenizer.vocab_size, model.size): the rows of auto_sizes' table
-AUTO_SIZES = (
-    (1_000, 1_000, "tiny"),
-    (20_000, 2_000, "small"),
-    (100_000, 4_000, "small"),
-    (300_000, 8_000, "small"),
-    (1_000_000, 8_000, "base"),
-    (5_000_000, 16_000, "base"),
-    (None, 32_000, "base"),
-)
-
-
-@dataclass(frozen=True)
-class AutoSizes:
-    """What `auto_sizes` chooses for a corpus."""
-
-    train_pairs: int
-    vocab_size: int
-    model_size: str
-
-
-def auto_sizes(train_pairs: int) -> AutoSizes:
-    """Vocabulary and model size for a corpus of `train_pairs` training pairs (after cleaning).
-
-    | training pairs   | tokenizer.vocab_size | model.size |
-    |------------------|----------------------|------------|
-    | < 1k             | 1,000                | tiny       |
-    | 1k - 20k         | 2,000                | small      |
-    | 20k - 100k       | 4,000                | small      |
-    | 100k - 300k      | 8,000                | small      |
-    | 300k - 1M        | 8,000                | base       |
-    | 1M - 5M          | 16,000               | base       |
-    | >= 5M            | 32,000               | base       |
-
-    Small corpora want small vocabularies and small models (Sennrich & Zhang 2019, "Revisiting Low-Resource
-    Neural Machine Translation": a few thousand BPE merges rather than the 30k+ of high-resource systems, and
-    models adapted to the data size); 32k joint subwords with Transformer base is the WMT-scale setting of
-    Vaswani et al. 2017. Under 1k pairs nothing learns to translate, so such runs are smoke tests and get the
-    tiny model. "big" is never chosen: it pays off only with large GPU budgets; ask for it by name.
-    """
-    for below, vocab_size, size in AUTO_SIZES:
-        if below is None or train_pairs < below:
-            return AutoSizes(train_pairs, vocab_size, size)
-    raise AssertionError("AUTO_SIZES ends with an open row")
-
-
 @dataclass
 class OptimConfig:
     """AdamW with linear warmup, then inverse-square-root or linear decay."""
 
     lr: float | None = ranged(None, "[0, 1]")  # peak learning rate, reached after warmup_steps (null: for the width)
-    warmup_steps: int | None = ranged(None, "[0, 1e9]")  # linear warmup to lr over this many steps (null: by budget)
+    warmup_steps: int | None = ranged(None, "[0, 1e9]")  # linear warmup to lr over this many steps (null: the plan's)
     schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"  # after warmup: lr*sqrt(warmup/step), or linear to 0
     decay_steps: int | None = ranged(None, "[1, 1e12]")  # linear: lr 0 and the run ends here (null: planned/run's steps)
     betas: tuple[float, float] = ranged((0.9, 0.98), "[0, 1)")  # Adam betas
@@ -218,11 +173,11 @@ class TrainConfig:
     max_tokens: int | None = ranged(None, "[1, 1e9]")  # per process and micro-batch: padded tokens of the longer side
     accum_steps: int = ranged(1, "[1, 1e6]")  # micro-batches per optimizer step (each process)
     max_steps: int | None = ranged(None, "[1, 1e12]")  # stop after this many optimizer steps
-    max_epochs: int | None = ranged(10, "[1, 1e9]")  # stop after this many epochs (if max_steps is None)
-    eval_every: int | None = ranged(None, "[1, 1e12]")  # validate every N optimizer steps, and at the end (null: by budget)
+    max_epochs: int | None = ranged(None, "[1, 1e9]")  # stop after this many epochs (null: the budget ends the run, else 10)
+    eval_every: int | None = ranged(None, "[1, 1e12]")  # validate every N optimizer steps, and at the end (null: the plan's)
     eval_beam: int = ranged(1, "[1, 1000]")  # beam size for validation BLEU (1: greedy)
     eval_max_sentences: int | None = ranged(None, "[1, 1e12]")  # BLEU on the first N valid pairs (null: 500 if max_minutes)
-    save_every: int | None = ranged(None, "[1, 1e12]")  # checkpoint every N optimizer steps and at the end (null: by budget)
+    save_every: int | None = ranged(None, "[1, 1e12]")  # checkpoint every N optimizer steps and at the end (null: planned)
     keep_last: int | None = ranged(None, "[0, 1e6]")  # checkpoints kept besides best/ (null: 2, or average_last if more)
     log_every: int = ranged(50, "[1, 1e12]")  # metrics.jsonl and trackers every N steps
     log_with: list[str] = field(default_factory=list)  # accelerate trackers, e.g. ["tensorboard"]
@@ -241,40 +196,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        _check(self.max_steps is not None or self.max_epochs is not None, "max_steps", "set max_steps or max_epochs")
         if self.keep_last is not None and self.average_last is not None:
             _check(self.keep_last >= self.average_last, "average_last", f"needs keep_last >= {self.average_last}")
         _check(not (self.overwrite and self.resume), "overwrite", "starts a fresh run; it cannot go with resume")
         if self.tune_alpha is not None:
             _check(len(self.tune_alpha) > 0, "tune_alpha", "needs at least one alpha (or null)")
             _check(self.eval_beam > 1, "tune_alpha", "needs eval_beam > 1: greedy search ignores the length penalty")
-
-
-def resolve_sizes(cfg: TrainConfig, train_pairs: int) -> tuple[TrainConfig, list[str]]:
-    """`cfg` with tokenizer.vocab_size and the model's size fields that it leaves null chosen by
-    `auto_sizes(train_pairs)`; explicit values are kept. Also returns what was chosen, for the log."""
-    auto = auto_sizes(train_pairs)
-    chosen, tok, model = [], cfg.tokenizer, cfg.model
-    if tok.vocab_size is None:
-        tok = dataclasses.replace(tok, vocab_size=auto.vocab_size)
-        chosen.append(f"tokenizer.vocab_size {auto.vocab_size:,}")
-    if model.unresolved():
-        filled = ", ".join(f"{name} {MODEL_PRESETS[auto.model_size][name]}" for name in model.unresolved())
-        model = dataclasses.replace(model, size=auto.model_size)  # __post_init__ fills only the null fields
-        chosen.append(f"model.size {auto.model_size} ({filled})")
-    return dataclasses.replace(cfg, tokenizer=tok, model=model), chosen
-
-
-def pin_sizes(cfg: TrainConfig, previous: dict) -> TrainConfig:
-    """Take the sizes `cfg` leaves to the corpus from `previous`, the resolved config.yaml of the run being
-    resumed: a resumed run builds the model it saved, even if the sizing rule has changed since."""
-    tok, model = previous.get("tokenizer") or {}, previous.get("model") or {}
-    vocab_size = cfg.tokenizer.vocab_size or tok.get("vocab_size")
-    fields = {name: model[name] for name in cfg.model.unresolved() if model.get(name) is not None}
-    if fields and model.get("size") in MODEL_PRESETS:
-        fields["size"] = model["size"]  # the preset auto_sizes chose then (it fills nothing now: all are given)
-    return dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, vocab_size=vocab_size),
-                               model=dataclasses.replace(cfg.model, **fields))
 
 
 def _check(ok: bool, key: str, what: str) -> None:
@@ -308,7 +235,10 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise NmtError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _load_yaml(path.read_text(encoding="utf-8"))
+    except _DuplicateKey as e:
+        raise NmtError(f"{path}:{e.line}: key {e.key!r} is given twice in one section (first on line {e.first}); "
+                       "YAML would keep only the last silently: delete one") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise NmtError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if data is None:
@@ -326,10 +256,42 @@ def parse_override(item: str) -> tuple[str, Any]:
     import yaml
 
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
+    except _DuplicateKey as e:
+        raise NmtError(f"override {item!r}: key {e.key!r} is given twice; delete one") from None
     except yaml.YAMLError:
         value = raw
     return key.strip().lstrip("-"), value
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, line: int):
+        super().__init__(key)
+        self.key, self.first, self.line = key, first, line
+
+
+def _load_yaml(text: str) -> Any:
+    """`yaml.safe_load`, except that a key given twice in one mapping raises `_DuplicateKey` (PyYAML keeps the last
+    one without a word, so a second `lr:` further down would silently win)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                lines: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: later keys may override it
+                        continue
+                    key, line = self.construct_object(key_node, deep=deep), key_node.start_mark.line + 1
+                    try:
+                        if key in lines:
+                            raise _DuplicateKey(key, lines[key], line)
+                        lines[key] = line
+                    except TypeError:  # an unhashable key: the base class names that error
+                        continue
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=UniqueKeyLoader)
 
 
 def set_path(data: dict, dotted: str, value: Any) -> None:

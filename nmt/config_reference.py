@@ -1,5 +1,8 @@
-"""The configuration reference, from the config dataclasses' field comments: README's table
-(`reference_markdown`) and `nmt train --help` (`reference_text`)."""
+"""The configuration reference, from the config dataclasses' field comments: the table of
+docs/configuration.md (`reference_markdown`) and `nmt train --help` (`reference_text`).
+
+    python -m nmt.config_reference docs/configuration.md    # rewrite the page's table from nmt/config.py
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from nmt.ranges import allowed_text
 
 
 def config_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, Any, str, str]]:
-    """(dotted key, type, default, comment, allowed) for every field: the config reference in README.
+    """(dotted key, type, default, comment, allowed) for every field: the configuration reference.
     `allowed` is a numeric key's interval or a path key's kind (nmt.ranges), else empty."""
     import inspect
 
@@ -43,7 +46,7 @@ def _type_name(tp: Any) -> str:
 
 
 def reference_markdown() -> str:
-    """The configuration reference table of README.md, generated from the field comments of nmt.config."""
+    """The table of docs/configuration.md, generated from the field comments of nmt.config."""
     lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
     for key, tp, default, doc, allowed in config_fields():
         shown = "null" if default is None else json_default(default)
@@ -61,7 +64,7 @@ def reference_text() -> str:
         shown = "null" if default is None else json_default(default)
         groups.setdefault(section, []).append(f"  --{key} {tp} = {shown}{f'  (allowed: {allowed})' if allowed else ''}\n"
                                               f"        {doc}")
-    out = ["config keys: override any as --KEY VALUE or KEY=VALUE; README.md has the same table"]
+    out = ["config keys: override any as --KEY VALUE or KEY=VALUE; docs/configuration.md has the same table"]
     for section, lines in groups.items():
         out += ["", f"{section}:", *lines]
     return "\n".join(out) + "\n"
@@ -71,3 +74,29 @@ def json_default(value: Any) -> str:
     import json
 
     return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
+
+
+def table_in(page: str) -> str:
+    """The generated table as a page holds it, between its START and END markers."""
+    return page[page.index(START) + len(START): page.index(END)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Rewrite the table between the markers of the page named on the command line (atomically)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    path = Path((argv if argv is not None else sys.argv[1:])[0])
+    page = path.read_text(encoding="utf-8")
+    new = page.replace(START + table_in(page) + END, START + reference_markdown() + END)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(new, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,9 @@
 """A parallel corpus prepared for training: read (nmt.readers), carved, cleaned with counts, the tokenizer trained
 and every split encoded (nmt.encoding), all cached by content (`prepare`). Every input becomes a Dataset with
 string columns "src" and "tgt"; encoding adds "src_ids", "tgt_ids", their lengths and "cost" (padded tokens).
+
+Validation and test are read like train and lose what no model can take (empty, NUL bytes, too long in words,
+characters or subwords), counted per split; never duplicates or odd length ratios: they are what is measured.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -27,15 +31,21 @@ import pyarrow as pa
 from nmt import clean as columns
 from nmt.batching import true_indices
 from nmt.compat import dataset_fingerprint, prompt_memory_pool, release_free_memory
-from nmt.config import DataConfig, TokenizerConfig, auto_sizes
+from nmt.config import DataConfig, TokenizerConfig
 from nmt.encoding import drop_long, encode
 from nmt.errors import NmtError
+from nmt.plan import vocab_size_for
 from nmt.readers import load_split
 from nmt.strict import to_dict
-from nmt.tables import arrow_batches, open_arrow, rows, select, write_rows
+from nmt.tables import arrow_batches, column, open_arrow, rows, select, write_rows
 from nmt.tokenizer import PairTokenizer, bulk_threads, train_pair_tokenizer
 
 SPLITS = ("train", "valid", "test")
+EVAL_SPLITS = ("valid", "test")
+# what validation and test drop (nmt.clean.REASONS): pairs no model can be fed; length_ratio and duplicates stay
+EVAL_REASONS = ("empty", "nul_byte", "too_long")
+PREPARED_FORMAT = 2  # part of the cache key: bumped when what prepare writes under a key changes
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -131,20 +141,76 @@ def overlap_line(stats: dict) -> str | None:
     return f"{found} pairs also occur in the training data (after normalisation); {then}"
 
 
+def clean_eval(ds: datasets.Dataset, name: str, cfg: DataConfig, work: Path) -> tuple[datasets.Dataset, dict]:
+    """Validation or test (`name`) without the pairs of `EVAL_REASONS`, and its counts {"read", "kept", "dropped"}.
+    What is kept is a file of its own in `work` (unless nothing was dropped); nothing left is refused by
+    `refuse_empty_eval`, once train's own cleaning has had its say."""
+    keep_codes = [0, *(columns.REASONS.index(r) + 1 for r in columns.REASONS if r not in EVAL_REASONS)]
+    codes = np.concatenate([np.zeros(0, np.int8), *(columns.drop_codes(t.column("src"), t.column("tgt"), cfg)
+                                                    for t in arrow_batches(ds, 10_000))])
+    codes[np.isin(codes, keep_codes)] = 0
+    reasons, counts = np.unique(codes[codes > 0], return_counts=True)
+    kept = codes == 0
+    stats = {"read": len(ds), "kept": int(np.count_nonzero(kept)),
+             "dropped": {columns.REASONS[r - 1]: int(n) for r, n in zip(reasons, counts)}}
+    if kept.all() or not kept.any():
+        return ds, stats
+    out = work / f"{name}.clean.arrow"
+    return (open_arrow(out, f"nmt-{work.name}-{out.stem}") if out.is_file() else write_rows(ds, kept, out)), stats
+
+
+def refuse_empty_eval(stats: dict[str, dict]) -> None:
+    """NmtError when cleaning left validation or test (`clean_eval`'s counts by split) without a pair."""
+    for name, s in stats.items():
+        if s["kept"] == 0:
+            raise NmtError(f"no {name} pairs left after cleaning ({s['read']} read; dropped: {s['dropped']}); check "
+                           f"data.{name} (or the files it is carved from) or raise data.max_words / data.max_chars")
+
+
+def drop_long_eval(ds: datasets.Dataset, name: str, limit: int, stats: dict) -> datasets.Dataset:
+    """Encoded validation or test without pairs longer than `limit` tokens on a side (</s> counted), which the
+    model could not take; counted in `stats` (`clean_eval`'s) as too_many_subwords."""
+    cost = column(ds, "cost", narrow=True)
+    if len(cost) == 0 or int(cost.max()) <= limit:
+        return ds
+    keep = np.flatnonzero(cost <= limit)
+    if len(keep) == 0:
+        raise NmtError(f"no {name} pairs left: all are longer than {limit} subwords (data.max_subwords, "
+                       f"model.max_positions); check data.{name} or raise them")
+    stats["dropped"]["too_many_subwords"] = len(cost) - len(keep)
+    stats["kept"] = len(keep)
+    return select(ds, keep)
+
+
+def eval_clean_line(stats: dict) -> str | None:
+    """One line for the log: what cleaning dropped from validation and test (None when nothing), e.g.
+    "cleaning dropped 1 of 40 valid pairs (too_long 1) and 0 of 40 test pairs: ..."."""
+    splits = stats.get("clean_eval", {})
+    if not any(s["dropped"] for s in splits.values()):
+        return None
+    parts = [f"{s['read'] - s['kept']} of {s['read']} {name} pairs"
+             + (f" ({', '.join(f'{reason} {n}' for reason, n in s['dropped'].items())})" if s["dropped"] else "")
+             for name, s in splits.items()]
+    return f"cleaning dropped {' and '.join(parts)}: empty or too long for the model, they are not scored"
+
+
 # --- the whole preparation -----------------------------------------------------------------------
 
 
 def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], ContextManager] | None = None,
-            tokenizer: PairTokenizer | None = None, splits: tuple[str, ...] = SPLITS) -> Corpus:
+            tokenizer: PairTokenizer | None = None, splits: tuple[str, ...] = SPLITS,
+            max_positions: int | None = None) -> Corpus:
     """Read, carve, clean, train the tokenizer (unless given) and encode, all cached by content.
 
     `main_first` (e.g. nmt.launch.main_process_first) lets the main process fill the cache while the
-    others wait and then read it. A null `tok_cfg.vocab_size` is chosen by `auto_sizes` from the number of
+    others wait and then read it. A null `tok_cfg.vocab_size` is the plan's (`nmt.plan.vocab_size_for`) for the number of
     training pairs left after cleaning, recorded as stats["sizing_pairs"]. stats["seconds"] times each phase.
+    Every split keeps only pairs of at most data.max_subwords tokens a side, and at most `max_positions` (the
+    model's) when given. stats["clean"] counts what cleaning did to train, stats["clean_eval"] to valid and test.
     """
     from contextlib import nullcontext
 
-    cache_root = Path(os.path.expanduser(cfg.cache_dir))
+    cache_root = Path(cfg.cache_dir)
     cache_root.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     with (main_first or nullcontext)(), prompt_memory_pool():
@@ -154,28 +220,38 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
         work = cache_root / "prepared" / key
         work.mkdir(parents=True, exist_ok=True)
         with _timed(seconds, "clean"):
+            eval_stats = {}
+            for name in EVAL_SPLITS:  # before train's: its overlap with them is counted against what they keep
+                raw[name], eval_stats[name] = clean_eval(raw[name], name, cfg, work)
             raw["train"], clean_stats, kept = _cached_clean(raw, cfg, work, among, split_stats["corpora"])
+            refuse_empty_eval(eval_stats)
             del among
         sizing_pairs = len(raw["train"])
         if tok_cfg.vocab_size is None:
-            tok_cfg = dataclasses.replace(tok_cfg, vocab_size=auto_sizes(sizing_pairs).vocab_size)
+            tok_cfg = dataclasses.replace(tok_cfg, vocab_size=vocab_size_for(sizing_pairs))
         with _timed(seconds, "tokenizer"):
             tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
         with _timed(seconds, "encode"):
             encoded = {name: encode(raw[name], tokenizer, work / f"{name}.encoded.arrow") for name in splits}
         del raw  # the encoded files hold what training reads; the raw splits' row mappings go
+    limit = min(cfg.max_subwords, max_positions or cfg.max_subwords)
     if "train" in encoded:
-        encoded["train"], clean_stats = _trained_on(encoded["train"], cfg, clean_stats, kept, split_stats)
-    stats = {**split_stats, "clean": clean_stats, "cache": str(work), "sizing_pairs": sizing_pairs,
-             "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
+        encoded["train"], clean_stats = _trained_on(encoded["train"], cfg, clean_stats, kept, split_stats, limit)
+    for name in EVAL_SPLITS:
+        if name in encoded:
+            encoded[name] = drop_long_eval(encoded[name], name, limit, eval_stats[name])
+    stats = {**split_stats, "clean": clean_stats, "clean_eval": eval_stats, "cache": str(work),
+             "sizing_pairs": sizing_pairs, "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
+    if line := eval_clean_line(stats):
+        log.info("%s", line)
     return Corpus(encoded, tokenizer, stats)
 
 
 def _trained_on(train: datasets.Dataset, cfg: DataConfig, clean_stats: dict, kept: list[int],
-                split_stats: dict) -> tuple[datasets.Dataset, dict]:
-    """The encoded training pairs training reads: too long ones dropped, several corpora mixed by their weights
-    (`kept`: how many pairs of each corpus cleaning kept, in order)."""
-    train, clean_stats, long_kept = drop_long(train, cfg.max_subwords, clean_stats)
+                split_stats: dict, limit: int) -> tuple[datasets.Dataset, dict]:
+    """The encoded training pairs training reads: those over `limit` tokens dropped, several corpora mixed by their
+    weights (`kept`: how many pairs of each corpus cleaning kept, in order)."""
+    train, clean_stats, long_kept = drop_long(train, limit, clean_stats)
     if len(kept) > 1:
         origin = np.repeat(np.arange(len(kept), dtype=np.min_scalar_type(len(kept))), kept)
         train, split_stats["corpora"] = mix(train, origin if long_kept is None else origin[long_kept], cfg)
@@ -272,7 +348,7 @@ def _carve(train: datasets.Dataset, stays: np.ndarray, name: str, ratio: float, 
 
 def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: TokenizerConfig,
                  tokenizer: PairTokenizer | None) -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(f"format {PREPARED_FORMAT};".encode())
     for name in SPLITS:
         h.update(f"{name}:{dataset_fingerprint(raw[name])}:{len(raw[name])};".encode())
     # BPE-dropout changes only the training pairs' per-epoch segmentation (DropoutEpochs), not what is cached here;

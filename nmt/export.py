@@ -143,30 +143,31 @@ def save_ctranslate2(model, src_vocab: list[str], tgt_vocab: list[str], out_dir:
 
 def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization: str | None = None,
                        force: bool = False) -> Path:
-    """`nmt export MODEL_DIR --to ctranslate2 OUT`: the model, its tokenizer and its config into OUT."""
+    """`nmt export MODEL_DIR --to ctranslate2 OUT`: the model, its tokenizer and its config into OUT, written as a
+    sibling temporary directory and renamed into place (a failed export leaves OUT as it was). An existing non-empty
+    OUT is replaced only with `force`, and never when it is (or holds) MODEL_DIR."""
+    from nmt.checkpoint import publish, temp_dir_for
     from nmt.model import Seq2SeqTransformer
+    from nmt.textfiles import refuse_output_dir
 
     require_ctranslate2()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    if out_dir.exists() and out_dir.resolve() in (model_dir.resolve(), *model_dir.resolve().parents):
-        raise NmtError(f"{out_dir} holds the model being exported; choose another output directory")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
-        raise NmtError(f"{out_dir} exists and is not empty; choose another directory or pass --force")
+    refuse_output_dir(out_dir, [model_dir], force, "OUT")
     model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
     tokenizer = PairTokenizer.load(model_dir)
     tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, model_dir)
-    partial = out_dir.with_name(out_dir.name + ".partial")  # a failed export leaves OUT untouched
-    shutil.rmtree(partial, ignore_errors=True)
-    save_ctranslate2(model, vocabulary(tokenizer, "src"), vocabulary(tokenizer, "tgt"), partial, quantization,
-                     {"exported_from": str(model_dir.resolve())})
-    tokenizer.save(partial)
-    if (model_dir / SEARCH_FILE).is_file():  # the tuned alpha stays the model's default
-        shutil.copy2(model_dir / SEARCH_FILE, partial / SEARCH_FILE)
-    if out_dir.is_dir():
-        shutil.rmtree(out_dir)
-    elif out_dir.exists():
-        out_dir.unlink()
-    partial.rename(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = temp_dir_for(out_dir)
+    shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
+    try:
+        save_ctranslate2(model, vocabulary(tokenizer, "src"), vocabulary(tokenizer, "tgt"), partial, quantization,
+                         {"exported_from": str(model_dir.resolve())})
+        tokenizer.save(partial)
+        if (model_dir / SEARCH_FILE).is_file():  # the tuned alpha stays the model's default
+            shutil.copy2(model_dir / SEARCH_FILE, partial / SEARCH_FILE)
+        publish(partial, out_dir)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return out_dir
 
 

@@ -40,4 +40,7 @@ def load_model_config(directory: str | Path) -> ModelConfig:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise NmtError(f"{path}: missing; {directory} is not an nmt model directory (give output_dir/model)")
-    return from_dict(ModelConfig, read_json(path), "model")
+    try:
+        return from_dict(ModelConfig, read_json(path), "model")
+    except NmtError as e:
+        raise NmtError(f"{path}: {e}") from None

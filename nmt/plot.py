@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nmt.errors import NmtError
+from nmt.textfiles import atomic_path, refuse_overwrite
 
 METRICS_FILE = "metrics.jsonl"
 FIGSIZE = (12.0, 8.0)  # inches: 1440 x 960 pixels at DPI
@@ -100,15 +101,18 @@ def make_figure(run_dirs: Sequence[str | Path]):
 
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
     """Draw the curves of one or more runs into `out` (default: first run's curves.png); returns the path."""
-    fig = make_figure(run_dirs)
-    return save_figure(fig, Path(out) if out else Path(run_dirs[0]) / "curves.png", DPI)
+    out = Path(out) if out else Path(run_dirs[0]) / "curves.png"
+    refuse_overwrite([("--output", out)], [("the input", Path(d) / METRICS_FILE) for d in run_dirs])
+    return save_figure(make_figure(run_dirs), out, DPI)
 
 
-def save_figure(fig, out: Path, dpi: int) -> Path:
-    """Write a matplotlib figure; the format follows the suffix. An unknown suffix is a user error."""
+def save_figure(fig, out: str | Path, dpi: int) -> Path:
+    """Write a matplotlib figure, all or nothing; the format follows the suffix. An unknown suffix is a user error."""
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fig.savefig(out, dpi=dpi)
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=dpi)
     except ValueError as e:  # an unknown extension
         raise NmtError(f"{out}: cannot write this format ({e}); use .png, .svg or .pdf") from None
     return out

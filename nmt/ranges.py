@@ -1,14 +1,17 @@
 """What values a config key or flag allows: an interval for every numeric key, a kind for every path key.
 
 A dataclass field declares them in its metadata (`ranged`, `path_key`), and `check_fields` checks an
-instance in one place, naming the key, the value and what is allowed. No torch and no filesystem here:
-path keys are checked against the disk by `nmt.validate` at the start of training and `nmt check`.
+instance in one place, naming the key, the value and what is allowed. The same call expands `~` and
+environment variables in its path keys (`expand_paths`): every config, from YAML, flags or Python, holds the
+paths it names, and no later reader expands them again. No torch and no filesystem here: path keys are checked
+against the disk by `nmt.validate` at the start of training and `nmt check`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -80,10 +83,12 @@ def allowed_text(f: dataclasses.Field) -> str:
 
 
 def check_fields(obj: Any, prefix: str = "", noun: str = "config key") -> None:
-    """Refuse the first field of dataclass `obj` whose value lies outside its declared range.
+    """Refuse the first field of dataclass `obj` whose value lies outside its declared range, after expanding its
+    path keys (`expand_paths`).
 
     The message names the key (`prefix` + field name), the value and the allowed interval.
     """
+    expand_paths(obj, prefix, noun)
     for f in dataclasses.fields(obj):
         allowed = f.metadata.get(RANGE)
         value = getattr(obj, f.name)
@@ -92,6 +97,32 @@ def check_fields(obj: Any, prefix: str = "", noun: str = "config key") -> None:
         for item in value if isinstance(value, (list, tuple)) else [value]:
             if item not in allowed:
                 raise NmtError(f"{noun} '{prefix}{f.name}': {value!r} is outside the allowed range {allowed}")
+
+
+def expand_paths(obj: Any, prefix: str = "", noun: str = "config key") -> None:
+    """Replace `~` and `$VAR` / `${VAR}` in the path keys of dataclass `obj` (each item of a list) by what they
+    stand for. Idempotent: a path without them is left as it is. A variable that is not set is an error naming
+    the key, rather than a folder named `$VAR` made later."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if PATH not in f.metadata or value is None:
+            continue
+        key = f"{noun} '{prefix}{f.name}'"
+        expanded = [expand_path(v, key) for v in value] if isinstance(value, list) else expand_path(value, key)
+        if expanded != value:
+            setattr(obj, f.name, expanded)
+
+
+def expand_path(text: Any, key: str) -> Any:
+    """`text` with `~` and environment variables expanded (a non-string is returned as it is, for the type check)."""
+    if not isinstance(text, str):
+        return text
+    out = os.path.expanduser(os.path.expandvars(text))
+    unset = [m[1] or m[2] for m in re.finditer(r"\$(?:(\w+)|\{([^}]*)\})", out) if (m[1] or m[2]) not in os.environ]
+    if unset:
+        raise NmtError(f"{key}: {text!r} names the environment variable ${unset[0]}, which is not set; set it or "
+                       "write the path out")
+    return out
 
 
 def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:

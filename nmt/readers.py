@@ -97,7 +97,7 @@ def load_split(spec: str, cfg: DataConfig, split: str, cache: Path, whole_ok: bo
         return _from_generator(read_builtin, {"split": split}, cache)
     if spec.startswith("hub:"):
         return _from_dataset_dict(_load_hub(spec[4:]), spec, cfg, split, whole_ok)
-    path = Path(spec).expanduser()
+    path = Path(spec)
     if path.is_dir():
         return _from_dataset_dict(_load_disk(path), spec, cfg, split, whole_ok)
     if not whole_ok:

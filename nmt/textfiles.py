@@ -1,14 +1,20 @@
-"""Plain-text corpora straight to Arrow: aligned line files and TSV, read in chunks of lines.
+"""Plain-text corpora straight to Arrow, and files written all or nothing, never over their own inputs.
 
 No `datasets` here: each reader writes an Arrow IPC stream (columns "src", "tgt") that nmt.data opens
 memory-mapped. Lines are decoded a chunk at a time (one `bytes.decode` per chunk, not per line); only a
 chunk that fails to decode is re-read line by line to name the line.
+
+Writing (`atomic_path`, `atomic_file`) goes to a temporary file in the target's folder, renamed onto the target
+when complete: a failed or killed command leaves the old file as it was. `refuse_overwrite` keeps a command from
+writing over one of its own inputs (the same file under another name, through a symlink or a hard link).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 
@@ -97,17 +103,104 @@ def write_arrow(batches: Iterator[pa.RecordBatch], out: Path, schema: pa.Schema 
     Every `TRIM_ROWS` rows the memory that making the batches freed goes back to the system (`release_free_memory`):
     otherwise the C library keeps much of it, and a pass over a large corpus grows with it.
     """
-    tmp = out.with_name(f".{out.name}.{os.getpid()}")
     rows = trimmed = 0
+    with atomic_path(out) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+            rows += batch.num_rows
+            if rows - trimmed >= TRIM_ROWS:
+                release_free_memory()
+                trimmed = rows
+    return rows
+
+
+# --- writing without destroying ------------------------------------------------------------------
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path in `path`'s folder for the block to write; renamed onto `path` when the block ends without
+    an error, removed when it fails (`path` stays as it was). A symlink is written through (its target is
+    replaced, the link stays); an existing file keeps its permissions. The temporary name ends like `path`, so a
+    writer that picks the format by the suffix (matplotlib) still does."""
+    path = Path(path)
+    _not_a_folder(path)
+    target = Path(os.path.realpath(path))
+    if not target.parent.is_dir():
+        raise NmtError(f"{path}: cannot write it, the folder {target.parent} does not exist")
+    tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")  # per process: two writers never share one
     try:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-                rows += batch.num_rows
-                if rows - trimmed >= TRIM_ROWS:
-                    release_free_memory()
-                    trimmed = rows
-        os.replace(tmp, out)
+        yield tmp
+        if target.is_file():
+            shutil.copymode(target, tmp)
+        os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-    return rows
+
+
+@contextmanager
+def atomic_file(path: str | Path, mode: str = "w", encoding: str | None = "utf-8"):
+    """`open(path, mode)` written all or nothing (`atomic_path`). What is not a regular file (a FIFO,
+    /dev/stdout) is opened and written as it is: it cannot be replaced, and has nothing to lose."""
+    path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with open(path, mode, encoding=None if "b" in mode else encoding) as f:
+            yield f
+        return
+    with atomic_path(path) as tmp, open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
+        yield f
+
+
+def refuse_overwrite(outputs: Iterable[tuple[str, str | Path | None]],
+                     inputs: Iterable[tuple[str, str | Path | int | None]]) -> None:
+    """NmtError when an output file is a folder or names one of the inputs: the same file, also through a symlink or
+    a hard link. Each is (what the user calls it, e.g. "--output", path); an input may be an open file descriptor
+    (stdin) and a folder (a model directory) stands for every file in it. Outputs that do not exist are new files."""
+    inputs = list(_input_files(inputs))
+    for out_name, out in outputs:
+        if out is None or not os.path.exists(out):
+            continue
+        _not_a_folder(Path(out), out_name)
+        out_stat = os.stat(out)
+        for in_name, path, in_stat in inputs:
+            if os.path.samestat(out_stat, in_stat):
+                raise NmtError(f"{out_name} {out} is {f'{in_name} {path}'.strip()}: writing it would destroy the "
+                               "input; choose another output path")
+
+
+def refuse_output_dir(out: Path, inputs: list[Path], force: bool, flag: str) -> None:
+    """The checks before a command writes the directory `out`: not one of the directories it reads (nor a folder
+    holding one), not a file, and empty or absent unless `force`."""
+    if not out.exists():
+        return
+    for d in inputs:
+        if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
+            holds = "is" if out.resolve() == d.resolve() else "holds"
+            raise NmtError(f"{flag} {out} {holds} {d}, which this command reads; choose another output directory")
+    if not out.is_dir():
+        raise NmtError(f"{flag} {out} is a file; give the path of a directory to write")
+    if any(out.iterdir()) and not force:
+        raise NmtError(f"{flag} {out} exists and is not empty; choose another directory or pass --force to replace it")
+
+
+def _not_a_folder(path: Path, name: str = "") -> None:
+    if path.is_dir():
+        raise NmtError(f"{f'{name} {path}'.strip()}: is a folder; give the path of a file to write")
+
+
+def _input_files(inputs: Iterable[tuple[str, str | Path | int | None]]) -> Iterator[tuple[str, str, os.stat_result]]:
+    for name, item in inputs:
+        if item is None:
+            continue
+        if isinstance(item, int):
+            try:
+                st = os.fstat(item)
+            except OSError:
+                continue
+            yield name, "", st
+        elif os.path.isdir(item):
+            for entry in sorted(Path(item).iterdir()):
+                if entry.is_file():
+                    yield f"{entry.name} of {name}", str(item), entry.stat()
+        elif os.path.exists(item):
+            yield name, str(item), os.stat(item)

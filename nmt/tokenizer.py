@@ -6,6 +6,7 @@ The one home of the `tokenizers` library. Ids 0-3 are <pad>, <unk>, <s>, </s> in
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import random
@@ -30,7 +31,7 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | No
     pairs only, by `DropoutSegmenter`, never by the saved tokenizer.
     """
     if cfg.vocab_size is None:
-        raise NmtError("tokenizer.vocab_size is null: resolve it first (nmt.config.resolve_sizes)")
+        raise NmtError("tokenizer.vocab_size is null: resolve the config first (nmt.plan.resolve)")
     if cfg.kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token="<unk>"))
         trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
@@ -39,12 +40,19 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | No
         tok = Tokenizer(models.Unigram())
         trainer = trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIALS + cfg.reserved,
                                           unk_token="<unk>", show_progress=False)
-    tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
+    _pipeline(tok)
     tok.train_from_iterator(_batched(texts), trainer=trainer, length=length)
     if [tok.token_to_id(s) for s in SPECIALS] != [PAD, UNK, BOS, EOS]:
         raise RuntimeError("special tokens did not get ids 0-3")
+    return tok
+
+
+def _pipeline(tok: Tokenizer) -> Tokenizer:
+    """What every nmt tokenizer runs around its subword model: NFKC, split at spaces (kept as ▁) and back.
+    No post-processor: the specials are added by nmt itself."""
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
     return tok
 
 
@@ -207,23 +215,47 @@ class DropoutSegmenter:
         return ids
 
     def _merge(self, symbols: list[str], draw) -> list[str]:
-        ranks, p = self.ranks, self.p
-        while len(symbols) > 1:
-            candidates = sorted((rank, i) for i, pair in enumerate(zip(symbols, symbols[1:]))
-                                if (rank := ranks.get(pair)) is not None)
-            for _, i in candidates:  # in merge order, each skipped with probability p
-                if draw() >= p:
-                    symbols[i: i + 2] = [symbols[i] + symbols[i + 1]]
-                    break
-            else:
-                break
-        return symbols
+        """The symbols of one word after BPE with dropout.
+
+        Each round ranks the merges that could apply (by merge rank, then position) and makes the first one not
+        skipped, drawing once per merge looked at; the word is done when a round skips them all. The merges wait
+        in a heap and the symbols form a linked list, so a round looks only at the merges it draws for plus the
+        ones a merge made stale: O(n log n) for a word of n characters instead of a sort of all pairs per merge.
+        """
+        ranks, p, n = self.ranks, self.p, len(symbols)
+        after, before = [*range(1, n), -1], [*range(-1, n - 1)]  # neighbours of position i; merged ones are None
+        heap = [(rank, i) for i in range(n - 1) if (rank := ranks.get((symbols[i], symbols[i + 1]))) is not None]
+        heapq.heapify(heap)
+        skipped: list[tuple[int, int]] = []  # skipped in this round; candidates again in the next
+        while heap:
+            rank, i = heapq.heappop(heap)
+            j = after[i]
+            if symbols[i] is None or j < 0 or ranks.get((symbols[i], symbols[j])) != rank:
+                continue  # stale: one of its symbols was merged into another pair since
+            if draw() < p:
+                skipped.append((rank, i))
+                continue
+            symbols[i], symbols[j] = symbols[i] + symbols[j], None
+            after[i] = k = after[j]
+            if k >= 0:
+                before[k] = i
+            for entry in skipped:
+                heapq.heappush(heap, entry)
+            skipped.clear()
+            h = before[i]
+            if h >= 0 and (rank := ranks.get((symbols[h], symbols[i]))) is not None:
+                heapq.heappush(heap, (rank, h))
+            if k >= 0 and (rank := ranks.get((symbols[i], symbols[k]))) is not None:
+                heapq.heappush(heap, (rank, i))
+        return [s for s in symbols if s is not None]
 
 
 def _load_file(path: Path) -> Tokenizer:
     try:
         tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception for unreadable JSON
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a bare Exception for bad JSON; a Rust panic for some bad models
         raise NmtError(f"{path}: not a readable tokenizer file ({str(e).splitlines()[0]})") from None
     if [tok.token_to_id(s) for s in SPECIALS] != [PAD, UNK, BOS, EOS]:
         raise NmtError(f"{path}: special tokens {SPECIALS} must have ids 0-3; it was not made by nmt")
@@ -231,7 +263,47 @@ def _load_file(path: Path) -> Tokenizer:
     if data["model"].get("dropout") is not None:  # saved by an nmt before BPE-dropout moved out of the tokenizer
         data["model"]["dropout"] = None
         tok = Tokenizer.from_str(json.dumps(data))
+    _check_pipeline(data, path)
     return tok
+
+
+def _check_pipeline(data: dict, path: Path) -> None:
+    """Accept only the pipeline nmt writes: its normalizer, pre-tokenizer, decoder and (no) post-processor, a BPE
+    or Unigram model without options nmt does not set, and added tokens that are its specials and reserved tokens.
+
+    A tokenizer.json is code in all but name: a planted normalizer or pre-tokenizer regex runs on every input, and
+    `nmt serve` lets clients choose the input (a pattern with catastrophic backtracking stalls the server). The
+    expected parts are the library's own serialization of what `train_tokenizer` sets, so they follow its version.
+    """
+    kind = data["model"].get("type")
+    if kind not in ("BPE", "Unigram"):
+        _refuse(path, "model", kind, "a BPE or Unigram model")
+    fresh = json.loads(_pipeline(Tokenizer(models.BPE(unk_token="<unk>") if kind == "BPE" else models.Unigram()))
+                       .to_str())
+    for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding"):
+        if data.get(part) != fresh.get(part):
+            _refuse(path, part, data.get(part), _shown(fresh.get(part)))
+    options = {k: v for k, v in data["model"].items() if k not in ("vocab", "merges")}
+    expected = {k: v for k, v in fresh["model"].items() if k not in ("vocab", "merges")}
+    if kind == "Unigram":
+        expected["unk_id"] = UNK
+    if options != expected:
+        _refuse(path, "model options", options, _shown(expected))
+    for i, added in enumerate(data["added_tokens"]):
+        plain = {"id": i, "content": added.get("content"), "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": True}
+        if added != plain or not isinstance(plain["content"], str) or any(c.isspace() for c in plain["content"]):
+            _refuse(path, f"added token {i}", added, "a special token of one word, matched as written")
+
+
+def _refuse(path: Path, part: str, found, expected: str) -> None:
+    raise NmtError(f"{path}: unexpected {part} {_shown(found)} (nmt writes {expected}); this tokenizer was not made "
+                   "by nmt or was edited: use the one saved with the model")
+
+
+def _shown(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def train_pair_tokenizer(src_texts, tgt_texts, cfg: TokenizerConfig, n_pairs: int | None = None) -> PairTokenizer:

@@ -124,33 +124,49 @@ class Translator:
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
                   long_inputs: str = "truncate", sampling: SamplingConfig | None = None,
                   **search_kwargs) -> list[str] | list[list[tuple[str, float]]]:
-        """Translate sentences; returns strings, or (translation, score) lists when nbest > 1.
+        """Translate sentences; returns one string per sentence, or with nbest > 1 one list of exactly `nbest`
+        (translation, score) pairs per sentence, best first, always in input order.
 
         `sampling` (a `SamplingConfig`) draws translations instead of beam search (nbest: samples per
         sentence); `search_kwargs` are `SearchConfig` fields (alpha, max_len_a, ...).
-        A source longer than the model's max_positions is truncated (`long_inputs="truncate"`) or cut into
-        pieces translated one after the other (`"split"`), with a warning either way.
+        A blank sentence (or one of which the tokenizer keeps nothing) is not given to the model: its
+        translation is "" (n-best: `nbest` times ("", 0.0)). A source longer than the model's max_positions is
+        truncated (`long_inputs="truncate"`) or cut into pieces translated one after the other (`"split"`),
+        with a warning either way; a split sentence's k-th hypothesis joins its pieces' k-th, scored by the
+        sum of their scores. When the search finds fewer than `nbest` distinct hypotheses (a one-token length
+        limit, a vocabulary smaller than the beam), the last one found repeats.
         """
+        if long_inputs not in ("truncate", "split"):
+            raise NmtError(f"long_inputs must be 'truncate' or 'split', got {long_inputs!r}")
+        texts = list(texts)
         limit = self.model.cfg.max_positions
         search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         beams = beam_size if sampling is None else max(beam_size, nbest)  # nbest samples need no beams
         search = SearchConfig(beam_size=beams, nbest=nbest, **search_kwargs)
-        pieces, owner = [], []  # model inputs, and the sentence each belongs to
-        for i, ids in enumerate(self.tokenizer.encode_src(list(texts))):
-            for piece in fit_length(ids, limit, long_inputs):
-                pieces.append(piece)
-                owner.append(i)
-        if self.backend == "torch":
+        pieces, owner = self._pieces(texts, limit, long_inputs)
+        found: dict = {}
+        if pieces and self.backend == "torch":
             with torch.inference_mode():
                 found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device, sampling=sampling)
-        else:
+        elif pieces:
             found = self.model.search(pieces, search, batch_tokens, sampling)
-        if nbest == 1:
-            decoded = self.tokenizer.decode_tgt([found[j][0].tokens for j in range(len(pieces))])
-            return _join_pieces(decoded, owner, len(texts))
-        hyps = [found[j] for j in range(len(pieces))]
-        return [list(zip(self.tokenizer.decode_tgt([h.tokens for h in hs]), [h.score for h in hs])) for hs in hyps]
+        hyps = [_exactly(found[j], nbest) for j in range(len(pieces))]  # (pieces, nbest)
+        flat = self.tokenizer.decode_tgt([h.tokens for hs in hyps for h in hs]) if pieces else []
+        decoded = [[(flat[j * nbest + k], hyps[j][k].score) for k in range(nbest)] for j in range(len(pieces))]
+        joined = _join_pieces(decoded, owner, len(texts), nbest)
+        return [hs[0][0] for hs in joined] if nbest == 1 else joined
+
+    def _pieces(self, texts: list[str], limit: int, long_inputs: str) -> tuple[list[list[int]], list[int]]:
+        """The model inputs (source ids fitted to `limit`) and the sentence each belongs to; a blank sentence, or
+        one the tokenizer keeps nothing of, has none: the model would only make something up for it."""
+        pieces, owner = [], []
+        for i, (text, ids) in enumerate(zip(texts, self.tokenizer.encode_src(texts))):
+            if text.strip() and len(ids) > 1:
+                for piece in fit_length(ids, limit, long_inputs):
+                    pieces.append(piece)
+                    owner.append(i)
+        return pieces, owner
 
     def score(self, sources: list[str], targets: list[str], batch_tokens: int = 4096) -> list[Score]:
         """The log-probability (nats) of each target given its source, per token with </s>, in input order.
@@ -278,11 +294,20 @@ def _tokenizer_text(tokenizer: PairTokenizer) -> tuple[str, str]:
     return tokenizer.src.to_str(), tokenizer.tgt.to_str()
 
 
-def _join_pieces(decoded: list[str], owner: list[int], n: int) -> list[str]:
-    out: list[list[str]] = [[] for _ in range(n)]
-    for text, i in zip(decoded, owner):
-        out[i].append(text)
-    return [" ".join(parts) for parts in out]
+def _exactly(hyps: list, n: int) -> list:
+    """`n` hypotheses: the search's best n, the last one repeated when it found fewer."""
+    return (hyps + hyps[-1:] * (n - len(hyps)))[:n]
+
+
+def _join_pieces(decoded: list[list[tuple[str, float]]], owner: list[int], n: int,
+                 nbest: int) -> list[list[tuple[str, float]]]:
+    """Each piece's `nbest` (text, score) -> each of the `n` sentences' `nbest`: a sentence's k-th joins its
+    pieces' k-th (pieces in order) with the sum of their scores; a sentence without pieces gets ("", 0.0)."""
+    out: list[list[list[tuple[str, float]]]] = [[] for _ in range(n)]
+    for hyps, i in zip(decoded, owner):
+        out[i].append(hyps)
+    return [[(" ".join(p[k][0] for p in parts), sum((p[k][1] for p in parts), 0.0)) for k in range(nbest)]
+            for parts in out]
 
 
 def _seeded_from(kwargs: dict, first_line: int) -> dict:

@@ -40,7 +40,7 @@ def check_paths(cfg: TrainConfig) -> None:
         kind = f.metadata.get(PATH)
         if kind is not None and value is not None:
             for item in value if isinstance(value, (list, tuple)) else [value]:  # data.train may list corpora
-                PATH_CHECKS[kind](key, Path(str(item)).expanduser(), cfg)
+                PATH_CHECKS[kind](key, Path(str(item)), cfg)  # expanded where the config is read
 
 
 def _refuse(key: str, path: Path, problem: str, kind: str) -> NmtError:

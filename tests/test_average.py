@@ -28,17 +28,58 @@ def test_average_weights_is_the_mean(tmp_path):
         average_weights([tmp_path / "0", tmp_path / "missing"])
 
 
-def test_nmt_average_command(tiny_cfg, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def run_dir(corpus_dir, tmp_path_factory) -> Path:
+    """A tiny run with checkpoints step_2, step_4, step_6 and its final model/."""
+    from nmt.compat import reset_accelerate_state
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(corpus_dir, tmp_path_factory.mktemp("average"), max_steps=6, save_every=2, keep_last=3)
+    try:
+        train(cfg)
+    finally:
+        reset_accelerate_state()
+    return Path(cfg.output_dir)
+
+
+def test_nmt_average_command(run_dir, tmp_path, capsys):
     from nmt.cli import main
 
-    tiny_cfg.max_steps, tiny_cfg.save_every, tiny_cfg.keep_last = 6, 2, 3
-    train(tiny_cfg)
-    assert main(["average", tiny_cfg.output_dir, "--last", "3", "-o", str(tmp_path / "avg")]) == 0
+    assert main(["average", str(run_dir), "--last", "3", "-o", str(tmp_path / "avg")]) == 0
     assert Translator.from_pretrained(tmp_path / "avg").translate(["The dog sleeps."], beam_size=1)
     summary = json.loads((tmp_path / "avg" / "training.json").read_text())
     assert [Path(p).name for p in summary["averaged"]] == ["step_2", "step_4", "step_6"]
     assert main(["average", str(tmp_path), "-o", str(tmp_path / "x")]) == 2
     assert "averaging needs 2 or more" in capsys.readouterr().err
+
+
+def test_average_never_writes_over_the_model_it_reads(run_dir, capsys):
+    from nmt.cli import main
+
+    model = run_dir / "model"
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    for force in ([], ["--force"]):  # before: written over in place, the old search.json kept as the default
+        assert main(["average", str(run_dir), "--last", "2", "-o", str(model), *force]) == 2
+        err = capsys.readouterr().err
+        assert f"-o {model} is {model}, which this command reads" in err, err
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
+def test_average_replaces_a_used_directory_only_with_force_and_whole(run_dir, tmp_path, capsys):
+    from nmt.cli import main
+
+    out = tmp_path / "avg"
+    out.mkdir()
+    (out / "search.json").write_text('{"alpha": 1.7}')  # tuned for other weights
+    argv = ["average", str(run_dir), "--last", "2", "-o", str(out)]
+    assert main(argv) == 2 and "exists and is not empty; choose another directory or pass --force" in \
+        capsys.readouterr().err
+    assert (out / "search.json").read_text() == '{"alpha": 1.7}'
+    assert main([*argv, "--force"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                     "training.json"]  # no stale search.json
+    assert Translator.from_pretrained(out).search_defaults == {}
+    assert [p.name for p in tmp_path.iterdir()] == ["avg"]  # no temporary or old directory left
 
 
 def test_average_of_checkpoints_with_other_names_is_refused(tmp_path):

@@ -89,13 +89,15 @@ def test_decoding_keywords_reach_translate_as_they_are(mono, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--tag", "a b"], "--tag must be one token"),
     (["--src-lang", "en", "--tgt-lang", "en"], "both 'en'"),
-    (["--output", "{mono_prefix}"], "would overwrite the input"),
+    (["--output", "{mono_prefix}"], "--output {mono_prefix}.en is --input {mono}: writing it would destroy the input"),
     (["--input", "{tmp}/missing.en"], "file not found"),
 ])
 def test_user_errors(model_dir, mono, tmp_path, capsys, args, needle):
     args = [a.format(mono_prefix=mono.with_suffix(""), tmp=tmp_path) for a in args]  # a later flag wins
+    before = mono.read_bytes()
     assert main(["backtranslate", str(model_dir), "--input", str(mono), "--output", str(tmp_path / "out"), *args]) == 2
-    assert needle in capsys.readouterr().err
+    assert needle.format(mono_prefix=mono.with_suffix(""), mono=mono) in capsys.readouterr().err
+    assert mono.read_bytes() == before
 
 
 def test_a_reserved_tag_stays_one_token_and_is_not_decoded():

@@ -96,6 +96,14 @@ def test_empty_corpus_after_cleaning(tmp_path, capsys):
     assert_error(*nmt_train(tmp_path, spec, capsys), "no training pairs left after cleaning")
 
 
+def test_validation_set_empty_after_cleaning(tmp_path, capsys):
+    spec = pair_files(tmp_path, good_bytes(0), good_bytes(1))
+    valid = pair_files(tmp_path, b"\n \n", b"leer\nleer\n", name="valid")
+    code, err = nmt_train(tmp_path, spec, capsys, "--data.valid", valid)
+    assert_error(code, err, "no valid pairs left after cleaning (2 read; dropped: {'empty': 2})", "data.valid")
+    assert not (tmp_path / "run").exists()
+
+
 def test_config_unknown_key_and_wrong_type(tmp_path, capsys):
     spec = pair_files(tmp_path, good_bytes(0), good_bytes(1))
     code, err = nmt_train(tmp_path, spec, capsys, "--optim.learning_rate", "1")
@@ -159,6 +167,24 @@ def test_counted_skips(tmp_path, src, tgt, reason):
     corpus = prepared(tmp_path, pair_files(tmp_path, good_bytes(0) + src, good_bytes(1) + tgt),
                       valid_ratio=0.1, test_ratio=0.1)
     assert corpus.stats["clean"]["dropped"] == {reason: 1}
+
+
+def test_validation_and_test_pairs_the_model_cannot_take_are_dropped_and_counted_before_training(tmp_path, capsys,
+                                                                                                  caplog):
+    spec = pair_files(tmp_path, good_bytes(0), good_bytes(1))
+    too_many_words, too_many_subwords = " ".join(["word"] * 300), " ".join(f"w{i}" for i in range(80))
+    valid = write_pairs(tmp_path / "valid", GOOD[:8] + [(too_many_words, "kurz"), (too_many_subwords, "kurz")], "en", "de")
+    test = write_pairs(tmp_path / "test", GOOD[8:16] + [(" ", "leer")], "en", "de")
+    n_valid = 10
+    code, err = nmt_train(tmp_path, spec, capsys, "--data.valid", valid, "--data.test", test, "--max_steps", "2",
+                          "--eval_every", "1", "--model.max_positions", "64", "--data.max_subwords", "64")
+    assert code == 0, err  # before: the 80-subword line ended the run at its first validation (and every resume)
+    assert f"cleaning dropped 2 of {n_valid} valid pairs (too_long 1, too_many_subwords 1) and 1 of " in caplog.text
+    stats = json.loads((tmp_path / "run" / "data.json").read_text())
+    assert stats["clean_eval"]["valid"]["dropped"] == {"too_long": 1, "too_many_subwords": 1}
+    assert stats["clean_eval"]["test"]["dropped"] == {"empty": 1} and stats["pairs"]["valid"] == n_valid - 2
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "valid_nll" in m] == [1, 2]
 
 
 def test_long_subword_sequences_are_counted(tmp_path):
@@ -407,7 +433,7 @@ def test_translate_input_that_is_missing_and_output_that_is_a_folder(model_dir, 
     assert_error(code, capsys.readouterr().err, "nope.txt: No such file or directory")
     (tmp_path / "in.txt").write_text("sentence number 1 is here .\n")
     code = main(["translate", str(model_dir), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
-    assert_error(code, capsys.readouterr().err, f"{tmp_path}: Is a directory")
+    assert_error(code, capsys.readouterr().err, f"--output {tmp_path}: is a folder")
 
 
 def test_a_bad_search_setting_fails_once_not_on_every_line(model_dir):

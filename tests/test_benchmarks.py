@@ -1,6 +1,6 @@
-"""Every script in benchmarks/ runs end to end, in a tiny setting, so the commands README shows cannot rot.
+"""Every script in benchmarks/ runs end to end, in a tiny setting, so the commands the docs show cannot rot.
 
-The figures themselves are measured by running the scripts alone on a quiet machine (README, "Performance");
+The figures themselves are measured by running the scripts alone on a quiet machine (docs/results.md);
 here only that each script works on this checkout and prints the lines its figures come from. The HF and
 CTranslate2 systems need the `bench` extra; the scripts skip them when it is not installed.
 """
@@ -22,8 +22,9 @@ TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--ffn", "64", "--vo
 pytestmark = pytest.mark.slow
 
 
-def run(script: str, *args: str, cwd: Path = ROOT) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def run(script: str, *args: str, cwd: Path = ROOT, home: Path | None = None) -> str:
+    """Runs a benchmark script; `home` stands in for the user's home (nmt's default data cache is under it)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **({"HOME": str(home)} if home else {})}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -58,23 +59,38 @@ def test_decode_speed():
     assert "nmt beam4 / CT2 float32 beam4: " in out and "WARNING" not in out  # same tokens for every system
 
 
+def readme_own_corpus_command() -> list[str]:
+    """README's own-corpus `nmt train` command, as its words."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    line = next(x for x in text.splitlines() if x.strip().startswith("nmt train --data.train"))
+    return shlex.split(line.split("#")[0])
+
+
+def test_the_benchmarks_run_the_readme_own_corpus_command():
+    """benchmarks/quality.py and recipe.py's budget system build README's command, with the corpus, budget and
+    output folder put in for README's placeholders, and nothing added."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from quality import user_command
+
+    readme = readme_own_corpus_command()
+    ours = user_command(Path("/data/x"), "en", "de", 25, Path("runs/mine"))
+    assert ours == [w.replace("D/", "/data/x/") for w in readme]
+
+
 def test_quality(corpus_dir, tmp_path):
-    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "--output",
-              str(tmp_path / "run"), "--config", str(ROOT / "configs" / "default.yaml"),
-              f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "model.d_model=32",
-              "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_ff=64",
-              "max_tokens=400", "eval_every=2", "eval_max_sentences=8", "average_last=0", cwd=tmp_path)
-    assert "settings that differ from nmt's defaults:" in out
-    assert "test BLEU" in out and "nrefs:1|case:mixed" in out and "test chrF" in out
+    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.1", "--output",
+              str(tmp_path / "run"), cwd=tmp_path, home=tmp_path)
+    assert f"$ nmt train --data.train {corpus_dir}/train" in out and "--max_minutes 0.1 --output_dir" in out
+    assert "nmt: plan: chosen for the 0.1-minute budget" in out  # the plan nmt printed
+    assert "training " in out and " of 0.1 min (" in out and "test BLEU" in out
 
 
 def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
     pytest.importorskip("transformers", reason="the HF baseline needs the bench extra")
     out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "--output",
-              str(tmp_path / "run"), "--config", str(ROOT / "configs" / "default.yaml"), "--baseline",
-              f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "model.d_model=32",
-              "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_ff=64",
-              "max_tokens=400", "eval_every=2", "eval_max_sentences=8", "average_last=0", cwd=tmp_path)
+              str(tmp_path / "run"), "--baseline", cwd=tmp_path, home=tmp_path)
     assert "hf baseline: step" in out and "valid nll" in out
     table = out[out.index("system"):].splitlines()
     assert [row.split()[0] for row in table[1:3]] == ["nmt", "baseline"]
@@ -109,28 +125,28 @@ def test_startup():
 
 
 def test_recipe(corpus_dir, tmp_path):
-    """The budget recipe against the fixed defaults, two budgets, the corpus and a subset of it, in one run and
-    one table each; a tiny vocabulary so that it takes seconds."""
+    """The budget recipe (README's command) against the fixed defaults, two budgets, the corpus and a subset of it,
+    in one run and one table each; a tiny vocabulary for the fixed system so that it takes seconds."""
     tiny = [f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "eval_max_sentences=8"]
-    out = run("recipe.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.03", "0.05", "--subset", "300",
-              "--systems", "budget,fixed-fp32", "--output", str(tmp_path / "runs"), "--beam", "1", *tiny, cwd=tmp_path)
-    assert out.count("=== ") == 4 and "first 300 pairs, 0.03 min" in out
+    out = run("recipe.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "0.08", "--subset", "300",
+              "--systems", "budget,fixed-fp32", "--output", str(tmp_path / "runs"), "--beam", "1", *tiny, cwd=tmp_path,
+              home=tmp_path)
+    assert out.count("=== ") == 4 and "first 300 pairs, 0.05 min" in out
     tables = [out[i:].splitlines()[1:3] for i in range(len(out)) if out.startswith("system ", i)]
     assert len(tables) == 4 and all([row.split()[0] for row in t] == ["budget", "fixed-fp32"] for t in tables)
-    assert "chosen for the budget" in out  # the budget system planned
-    runs = [line for line in out.splitlines() if line.startswith("nmt: 1 process(es)")]
-    assert len(runs) == 8 and all("precision no;" in line for line in runs[1::2])  # -fp32: fp32 on any machine
-    fixed_cfg = (tmp_path / "runs" / "all-0.05min-fixed-fp32" / "config.yaml").read_text()
+    commands = [line for line in out.splitlines() if line.startswith("$ nmt train")]
+    assert len(commands) == 4 and all("cache" not in c and "vocab" not in c for c in commands)  # the user's command
+    assert f"--data.train {tmp_path / 'runs'}/data-first-300/train" in commands[2]  # the subset: files of its own
+    fixed_cfg = (tmp_path / "runs" / "all-0.08min-fixed-fp32" / "config.yaml").read_text()
     assert "warmup_steps: 1000" in fixed_cfg and "max_tokens: 4096" in fixed_cfg  # the old fixed defaults
     assert len(json.loads((tmp_path / "runs" / "recipe.json").read_text())) == 4
 
 
 def test_recipe_with_the_baseline(corpus_dir, tmp_path):
     pytest.importorskip("transformers", reason="the HF baseline needs the bench extra")
-    out = run("recipe.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.03", "--systems",
+    out = run("recipe.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "--systems",
               "budget,baseline", "--tiny-baseline", "--subset", "300", "--subset-only",
-              "--output", str(tmp_path / "runs"), "--beam", "1",
-              f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300", "eval_max_sentences=8", cwd=tmp_path)
+              "--output", str(tmp_path / "runs"), "--beam", "1", cwd=tmp_path, home=tmp_path)
     table = out[out.index("system "):].splitlines()
     assert [row.split()[0] for row in table[1:3]] == ["budget", "baseline"]
     assert out.count("=== ") == 1 and "first 300 pairs" in out  # --subset-only: not the whole corpus

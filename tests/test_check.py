@@ -18,7 +18,6 @@ from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll
 from nmt.model import Seq2SeqTransformer
 from nmt.synthetic import generate_pairs
-from nmt.training.sizing import sized_config
 from tests.conftest import tiny_config, write_pairs
 
 ROOT = Path(__file__).parent.parent
@@ -103,7 +102,7 @@ def test_time_line_says_how_far_max_minutes_gets(report):
 
 
 def test_parameters_and_memory(cfg, report):
-    model = Seq2SeqTransformer(sized_config(cfg, prepare(cfg.data, cfg.tokenizer))[0].model)
+    model = Seq2SeqTransformer(report.cfg.model)  # the resolved config's model, as training builds it
     assert report.n_params == model.num_parameters()
     assert report.memory["states"] == 16 * report.n_params
     assert report.memory["total"] == report.memory["states"] + report.memory["activations"] > 0
@@ -171,9 +170,9 @@ def test_dirty_corpus_counts_drops_by_reason(corpus_dir, tmp_path):
 
 def test_length_and_budget_problems_name_the_setting(cfg):
     cfg = dataclasses.replace(cfg, max_tokens=12, model=dataclasses.replace(cfg.model, max_positions=16))
-    problems = preflight(cfg, probe_steps=0).problems
-    assert any("model.max_positions=16" in p and "raise model.max_positions" in p for p in problems)
-    assert any("max_tokens=12 is smaller than the longest training pair" in p for p in problems)
+    report = preflight(cfg, probe_steps=0)
+    assert report.dropped["too_many_subwords"] > 0  # longer than max_positions: dropped and counted, never trained on
+    assert any("max_tokens=12 is smaller than the longest training pair" in p for p in report.problems)
 
 
 def test_unknown_characters_in_validation_are_named(cfg, tmp_path):
@@ -214,18 +213,19 @@ def test_check_and_dry_run_print_the_same_report(corpus_dir, tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # a dry run trains and writes nothing
 
 
-def test_sizes_line_says_what_the_corpus_size_chose(cfg, report, tmp_path):
-    given = next(line for line in report.lines() if line.startswith("sizes"))
-    assert "all given" in given and "tokenizer.vocab_size 1,000, model.size tiny" in given  # 600 pairs
+def test_the_plan_lines_are_the_resolution_training_makes(cfg, report, tmp_path):
+    """nmt check prints the plan `nmt.plan.resolve` makes for training: one line per value it chose, none for the
+    values given."""
+    given = [line for line in report.lines() if line.startswith("plan") or line.startswith("  ")]
+    assert "model.size" not in "".join(given) and "tokenizer.vocab_size" not in "".join(given)  # the fixture sets them
     auto = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, vocab_size=None),
                                model=ModelConfig(d_model=48, n_heads=2))
     r = preflight(auto, probe_steps=0)
-    line = next(line for line in r.lines() if line.startswith("sizes"))
-    assert line == "sizes     chosen for 600 training pairs (auto): tokenizer.vocab_size 1,000"
-    plan = [line for line in r.lines() if line.startswith("plan") or line.startswith("          - ")]
-    assert plan[0].startswith("plan      chosen for the budget (set a key to override it): keep_last, ")
-    assert "model.n_encoder_layers" in plan[0] and "model.d_model" not in plan[0]  # given: not chosen
-    assert plan[1].startswith("          - model tiny")  # 600 pairs: the smoke-test model, as training plans it
+    lines = [line for line in r.lines() if line.startswith("  ")]
+    assert "  tokenizer.vocab_size 1,000: for 600 training pairs" in lines
+    keys = [line.split()[0] for line in lines]
+    assert "model.n_encoder_layers" in keys and "model.d_model" not in keys and "model.size" not in keys
+    assert any(line.startswith("  model.n_encoder_layers 1: the rest of model tiny") for line in lines)
     assert (r.cfg.model.d_model, r.cfg.model.n_encoder_layers, r.cfg.tokenizer.vocab_size) == (48, 1, 1000)
     built = ModelConfig.preset("tiny", d_model=48, src_vocab_size=r.src_vocab_size, tgt_vocab_size=r.tgt_vocab_size)
     assert r.n_params == Seq2SeqTransformer(built).num_parameters()  # the probe measured the model training builds

@@ -44,27 +44,6 @@ def test_missing_file(corpus_dir, tmp_path):
     assert not (tmp_path / "run").exists()  # nothing half-written
 
 
-def test_mismatched_line_counts(tmp_path, corpus_dir):
-    (tmp_path / "bad.en").write_text("a\nb\nc\n")
-    (tmp_path / "bad.xx").write_text("a\nb\n")
-    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "bad")
-    assert_user_error(proc, "bad.en has 3 lines", "bad.xx has 2")
-
-
-def test_undecodable_bytes(tmp_path, corpus_dir):
-    (tmp_path / "bad.en").write_bytes(b"fine\nna\xefve caf\xe9\n")
-    (tmp_path / "bad.xx").write_text("a\nb\n")
-    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "bad")
-    assert_user_error(proc, "bad.en:2: not valid UTF-8")
-
-
-def test_empty_after_cleaning(tmp_path, corpus_dir):
-    (tmp_path / "bad.en").write_text("\n\n")
-    (tmp_path / "bad.xx").write_text("x\n\n")
-    proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--data.train", tmp_path / "bad")
-    assert_user_error(proc, "no training pairs left after cleaning")
-
-
 def test_unknown_config_key(tmp_path, corpus_dir):
     proc = run_nmt("train", *tiny_args(corpus_dir, tmp_path), "--model.d_modle", "64")
     assert_user_error(proc, "unknown config key 'model.d_modle'")
@@ -91,7 +70,7 @@ def trained_model(corpus_dir, tmp_path_factory) -> Path:
     proc = run_nmt("train", *tiny_args(corpus_dir, tmp), "--max_steps", "6", "--eval_every", "6",
                    "--eval_max_sentences", "8")
     assert proc.returncode == 0, proc.stderr
-    assert "model saved to" in proc.stdout
+    assert "nmt: trained 6 steps" in proc.stdout and "  model: " in proc.stdout
     return tmp / "run" / "model"
 
 
@@ -186,7 +165,7 @@ def test_user_errors_keep_exit_2_under_debug(tmp_path, corpus_dir):
 @pytest.mark.parametrize("command", ["train", "check"])
 def test_help_lists_every_config_key_as_the_readme_table_does(command, capsys):
     """`nmt train --help`: each key with its type, default, allowed values and meaning, grouped by section, from
-    nmt.config_reference.config_fields (the source of README's table, tests/test_config.py)."""
+    nmt.config_reference.config_fields (the source of docs/configuration.md's table, tests/test_config.py)."""
     from nmt.cli import main
     from nmt.config_reference import config_fields, json_default
 
@@ -301,3 +280,77 @@ def test_a_pipe_that_is_not_utf8_is_named_by_its_line():
     os.close(write)
     with os.fdopen(read, "rb") as stream, pytest.raises(NmtError, match="stdin:2: not valid UTF-8"):
         list(arrived_lines(stream))
+
+
+# --- no command writes over what the user has ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory) -> Path:
+    """A model directory with a random tiny model: enough for commands that only read and write files."""
+    from helpers import model_dir
+
+    return model_dir(tmp_path_factory.mktemp("random") / "model")
+
+
+def same_file_cases(model: Path, d: Path) -> dict:
+    """name -> (argv, the file that must stay as it is, words of the message)."""
+    text = d / "in.txt"
+    (d / "link.txt").symlink_to(text)
+    os.link(text, d / "hard.txt")
+    files = ["--src", str(text), "--ref", str(d / "ref.txt")]
+    return {
+        "translate --output the input": (["translate", model, "--input", text, "--output", text], text, "--input"),
+        "translate --output a symlink to it": (["translate", model, "--input", text, "--output", d / "link.txt"],
+                                               text, "--input"),
+        "translate --output a hard link to it": (["translate", model, "--input", text, "--output", d / "hard.txt"],
+                                                 text, "--input"),
+        "translate --output the file on stdin": (["translate", model, "--output", text], text, "stdin"),
+        "translate --output a model file": (["translate", model, "--input", text, "--output", model / "config.json"],
+                                            model / "config.json", "config.json of MODEL_DIR"),
+        "translate --attention a model file": (["translate", model, "--input", text, "--attention",
+                                                model / "tokenizer.json"], model / "tokenizer.json", "MODEL_DIR"),
+        "evaluate --output the reference": (["evaluate", model, *files, "--output", d / "ref.txt"], d / "ref.txt",
+                                            "--ref"),
+        "score --output the source": (["score", model, "--src", text, "--tgt", d / "ref.txt", "--output", text],
+                                      text, "--src"),
+    }
+
+
+SAME_FILE_CASES = ["translate --output the input", "translate --output a symlink to it",
+                   "translate --output a hard link to it", "translate --output the file on stdin",
+                   "translate --output a model file",
+                   "translate --attention a model file", "evaluate --output the reference", "score --output the source"]
+
+
+@pytest.mark.parametrize("case", SAME_FILE_CASES)
+def test_an_output_that_is_one_of_the_inputs_is_refused_and_left_alone(random_model, tmp_path, capsys, monkeypatch,
+                                                                       case):
+    from nmt.cli import main
+
+    (tmp_path / "in.txt").write_text("the dog sleeps .\na cat\n")
+    (tmp_path / "ref.txt").write_text("le chien dort .\nun chat\n")
+    argv, kept, needle = same_file_cases(random_model, tmp_path)[case]
+    before = Path(kept).read_bytes()
+    stdin = open(tmp_path / "in.txt", encoding="utf-8")  # `< in.txt`
+    monkeypatch.setattr(sys, "stdin", stdin)
+    with stdin:
+        assert main([str(a) for a in argv]) == 2  # before: the input opened for writing first, left empty, exit 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "writing it would destroy the input" in err[0] and needle in err[0], err
+    assert Path(kept).read_bytes() == before
+
+
+def test_an_output_is_replaced_only_when_complete(random_model, tmp_path, capsys):
+    from nmt.cli import main
+
+    out = tmp_path / "out.txt"
+    out.write_text("yesterday's translations\n")
+    out.chmod(0o640)
+    (tmp_path / "in.txt").write_bytes(b"the dog sleeps .\ncaf\xe9\n")  # line 2 fails when it is read
+    argv = ["translate", str(random_model), "--beam", "1", "--input", str(tmp_path / "in.txt"), "--output", str(out)]
+    assert main(argv) == 2 and "in.txt:2: not valid UTF-8" in capsys.readouterr().err
+    assert out.read_text() == "yesterday's translations\n"
+    (tmp_path / "in.txt").write_text("the dog sleeps .\na cat\n")
+    assert main(argv) == 0
+    assert len(out.read_text().splitlines()) == 2 and out.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary file left

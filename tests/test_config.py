@@ -7,17 +7,12 @@ import pytest
 import yaml
 
 from nmt.config import (
-    AUTO_SIZES,
     MODEL_PRESETS,
     SIZE_FIELDS,
     ModelConfig,
-    TokenizerConfig,
     TrainConfig,
-    auto_sizes,
     load_config,
     parse_override,
-    pin_sizes,
-    resolve_sizes,
     set_path,
 )
 from nmt.config_reference import config_fields
@@ -112,48 +107,11 @@ def test_config_reference_covers_every_field():
     assert all(r[3] for r in rows), [r[0] for r in rows if not r[3]]  # every field documented
 
 
-def test_readme_config_reference_is_in_sync():
-    from nmt.config_reference import reference_markdown
+def test_the_configuration_page_holds_every_key():
+    from nmt.config_reference import reference_markdown, table_in
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    start, end = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
-    block = readme[readme.index(start) + len(start): readme.index(end)]
-    hint = "regenerate: python -c 'from nmt.config_reference import reference_markdown as r; print(r())'"
-    assert block == reference_markdown(), hint
-
-
-@pytest.mark.parametrize("pairs, vocab, size", [
-    (0, 1_000, "tiny"), (999, 1_000, "tiny"), (1_000, 2_000, "small"), (19_999, 2_000, "small"),
-    (20_000, 4_000, "small"), (48_000, 4_000, "small"), (100_000, 8_000, "small"), (300_000, 8_000, "base"),
-    (1_000_000, 16_000, "base"), (4_500_000, 16_000, "base"), (5_000_000, 32_000, "base"), (10**9, 32_000, "base"),
-])
-def test_auto_sizes_table(pairs, vocab, size):
-    auto = auto_sizes(pairs)
-    assert (auto.train_pairs, auto.vocab_size, auto.model_size) == (pairs, vocab, size)
-
-
-def test_auto_sizes_grow_with_the_corpus_and_the_docstring_shows_every_row():
-    rows = [auto_sizes(n) for n in range(0, 10_000_000, 1_000)]
-    order = list(MODEL_PRESETS)
-    assert all(a.vocab_size <= b.vocab_size for a, b in zip(rows, rows[1:]))
-    assert all(order.index(a.model_size) <= order.index(b.model_size) for a, b in zip(rows, rows[1:]))
-    assert "big" not in {r.model_size for r in rows}  # only on request
-    for _, vocab, size in AUTO_SIZES:
-        assert f"| {vocab:,}" in auto_sizes.__doc__ and size in auto_sizes.__doc__
-
-
-def test_sizes_left_null_are_chosen_and_explicit_ones_win():
-    cfg, chosen = resolve_sizes(TrainConfig(), 48_000)
-    assert cfg.tokenizer.vocab_size == 4_000 and cfg.model.size == "small"
-    assert [getattr(cfg.model, f) for f in SIZE_FIELDS] == list(MODEL_PRESETS["small"].values())
-    assert chosen[0] == "tokenizer.vocab_size 4,000" and chosen[1].startswith("model.size small (d_model 256")
-    partial = TrainConfig(tokenizer=TokenizerConfig(vocab_size=3_000), model=ModelConfig(d_model=128, dropout=0.3))
-    cfg, chosen = resolve_sizes(partial, 2_000_000)  # auto would say 16k and base
-    assert cfg.tokenizer.vocab_size == 3_000 and (cfg.model.d_model, cfg.model.dropout) == (128, 0.3)
-    assert (cfg.model.n_heads, cfg.model.n_encoder_layers, cfg.model.d_ff) == (8, 6, 2048)  # the rest from base
-    assert chosen == ["model.size base (n_heads 8, n_encoder_layers 6, n_decoder_layers 6, d_ff 2048)"]
-    given = load_config(Path(__file__).parent.parent / "configs" / "default.yaml")
-    assert resolve_sizes(given, 40_000) == (given, [])  # everything given: nothing chosen
+    page = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert table_in(page) == reference_markdown(), "regenerate: python -m nmt.config_reference docs/configuration.md"
 
 
 def test_shipped_configs_keep_their_sizes():
@@ -173,16 +131,6 @@ def test_size_and_its_older_name_preset():
         from_dict(TrainConfig, {"model": {"preset": "tiny", "size": "base"}})
     with pytest.raises(NmtError, match="model.size"):
         from_dict(TrainConfig, {"model": {"size": "huge"}})
-
-
-def test_resumed_run_keeps_the_sizes_it_started_with():
-    started, _ = resolve_sizes(TrainConfig(), 600)  # tiny, 1,000 subwords
-    pinned = pin_sizes(TrainConfig(), to_dict(started))
-    assert pinned.tokenizer.vocab_size == 1_000 and pinned.model.unresolved() == []
-    assert resolve_sizes(pinned, 5_000_000)[0].model.d_model == 32  # the corpus size no longer matters
-    explicit = TrainConfig(tokenizer=TokenizerConfig(vocab_size=500), model=ModelConfig(d_model=64, n_heads=2))
-    kept = pin_sizes(explicit, to_dict(started))
-    assert kept.tokenizer.vocab_size == 500 and (kept.model.d_model, kept.model.n_heads, kept.model.d_ff) == (64, 2, 64)
 
 
 @pytest.mark.parametrize("data, message", [
@@ -290,3 +238,41 @@ def test_a_config_changed_after_construction_is_checked_again():
     cfg.optim.lr = -1.0
     with pytest.raises(NmtError, match=r"'optim\.lr': -1\.0 is outside the allowed range \[0, 1\]"):
         check_config(cfg)
+
+
+def test_a_key_given_twice_in_a_yaml_is_named_with_both_lines(tmp_path, capsys):
+    from nmt.cli import main
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("optim:\n  lr: 0.001\n  warmup_steps: 10\n  lr: 0.1\nmax_steps: 5\n"
+                    f"data:\n  train: {tmp_path / 'none'}\n  cache_dir: {tmp_path / 'cache'}\n")
+    assert main(["check", "--config", str(path)]) == 2  # before: lr 0.1, the first silently dropped
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"nmt check: error: {path}:4: key 'lr' is given twice in one section (first on line 2); YAML "
+                   "would keep only the last silently: delete one"]
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_home_and_environment_variables_in_path_keys_are_expanded_where_the_config_is_read(corpus_dir, tmp_path,
+                                                                                          monkeypatch, capsys):
+    from nmt.cli import main
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("CORPUS", str(corpus_dir))
+    monkeypatch.chdir(cwd)
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  train: $CORPUS/train\n  valid: ${CORPUS}/valid\n  test: $CORPUS/test\n"
+                    "  cache_dir: ~/cache\noutput_dir: ~/runs/x\n")
+    argv = ["train", "--config", str(path), "--model.preset", "tiny", "--tokenizer.vocab_size", "300",
+            "--max_tokens", "400", "--max_steps", "2", "--eval_every", "2", "--eval_max_sentences", "4"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert (home / "runs" / "x" / "model" / "config.json").is_file() and (home / "cache").is_dir()
+    assert not list(cwd.iterdir())  # before: checked expanded, written to ./~/runs/x
+    saved = yaml.safe_load((home / "runs" / "x" / "config.yaml").read_text())
+    assert saved["output_dir"] == str(home / "runs" / "x") and saved["data"]["train"] == str(corpus_dir / "train")
+    assert TrainConfig(output_dir="~/py").output_dir == str(home / "py")  # a config built in Python alike
+    assert main([*argv, "--output_dir", "$NOT_SET_ANYWHERE/run"]) == 2
+    assert "'output_dir': '$NOT_SET_ANYWHERE/run' names the environment variable $NOT_SET_ANYWHERE, which is not " \
+           "set" in capsys.readouterr().err

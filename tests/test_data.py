@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt.config import AutoSizes, DataConfig, TokenizerConfig
+from nmt.config import DataConfig, TokenizerConfig
 from nmt.data import drop_reason, prepare
 from nmt.dropout_epochs import DropoutEpochs
 from nmt.errors import NmtError
@@ -166,36 +166,6 @@ def test_builtin_corpus_has_three_splits(tmp_path):
     assert corpus.stats["pairs"]["train"] <= 500
 
 
-@pytest.mark.parametrize("setup, message", [
-    (lambda d: None, "data file not found"),
-    (lambda d: (Path(f"{d}/train.en").write_text("a\nb\n"), Path(f"{d}/train.fr").write_text("a\n")),
-     r"train\.en has 2 lines but .*train\.fr has 1"),
-    (lambda d: (Path(f"{d}/train.en").write_bytes(b"ok\n\xff\xfe bad\n"), Path(f"{d}/train.fr").write_text("a\nb\n")),
-     r"train\.en:2: not valid UTF-8"),
-    (lambda d: (Path(f"{d}/train.en").write_text("\n \n"), Path(f"{d}/train.fr").write_text("a\n\n")),
-     "no training pairs left after cleaning"),
-])
-def test_bad_inputs_are_named(tmp_path, setup, message):
-    setup(tmp_path)
-    with pytest.raises(NmtError, match=message):
-        prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "train"), test=str(tmp_path / "train")), TOK)
-
-
-def test_tsv_line_with_one_column(tmp_path):
-    (tmp_path / "x.tsv").write_text("a\tb\nonly one\n")
-    with pytest.raises(NmtError, match=r"x\.tsv:2: expected source<TAB>target"):
-        prepare(cfg_for(tmp_path, tmp_path / "x.tsv"), TOK)
-
-
-def test_jsonl_bad_line_and_missing_field(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"en": "a", "fr": "b"}\n{oops\n')
-    with pytest.raises(NmtError, match=r"a\.jsonl:2: not valid JSON"):
-        prepare(cfg_for(tmp_path, tmp_path / "a.jsonl"), TOK)
-    (tmp_path / "b.jsonl").write_text('{"en": "a", "de": "b"}\n')
-    with pytest.raises(NmtError, match=r"b\.jsonl:1: missing field"):
-        prepare(cfg_for(tmp_path, tmp_path / "b.jsonl"), TOK)
-
-
 def test_crlf_and_bom_are_handled(tmp_path):
     (tmp_path / "train.en").write_bytes("\ufeffhello world\r\nsecond line\r\n".encode())
     (tmp_path / "train.fr").write_bytes("bonjour monde\r\ndeuxième ligne\r\n".encode())
@@ -218,7 +188,7 @@ def test_vocab_size_left_null_is_chosen_from_the_cleaned_pairs(corpus_dir, tmp_p
     from nmt import data
 
     asked = []
-    monkeypatch.setattr(data, "auto_sizes", lambda n: asked.append(n) or AutoSizes(n, 100, "tiny"))
+    monkeypatch.setattr(data, "vocab_size_for", lambda n: asked.append(n) or 100)
     corpus = prepare(synthetic_cfg(corpus_dir, tmp_path), TokenizerConfig(vocab_size=None))
     assert asked == [600] and corpus.stats["sizing_pairs"] == 600
     assert corpus.tokenizer.src_vocab_size == 100  # the rule's answer, not a default
@@ -658,3 +628,20 @@ def test_opening_a_file_and_reading_a_column_leave_none_of_its_pages_in_memory(t
     assert resident_kib(path) < 200, resident_kib(path)  # the column alone is 2,340 KiB
     again = pickle.loads(pickle.dumps(later))
     assert (column(again, "cost") == values[1000:]).all()
+
+
+def test_every_split_keeps_only_pairs_the_model_can_take(tmp_path):
+    """`max_positions` (the model's, passed by training and `nmt check`) bounds every split, as data.max_subwords does;
+    validation and test lose nothing else that training would (no length ratio, no duplicates)."""
+    long = (" ".join(s for s, _ in PAIRS[50:55]), " ".join(t for _, t in PAIRS[50:55]))  # 35 words a side
+    odd = ("a b c d e f g h i j k l", "x")  # a length ratio training drops
+    write_pairs(tmp_path / "train", PAIRS[:40] + [long], "en", "fr")
+    write_pairs(tmp_path / "valid", PAIRS[40:45] + [long, odd, odd], "en", "fr")
+    write_pairs(tmp_path / "test", PAIRS[45:50] + [long], "en", "fr")
+    cfg = cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "test"))
+    assert prepare(cfg, TOK).stats["pairs"] == {"train": 41, "valid": 8, "test": 6}
+    corpus = prepare(cfg, TOK, max_positions=30)
+    assert corpus.stats["pairs"] == {"train": 40, "valid": 7, "test": 5}
+    assert corpus.stats["clean"]["dropped"] == {"too_many_subwords": 1}
+    assert corpus.stats["clean_eval"]["valid"] == {"read": 8, "kept": 7, "dropped": {"too_many_subwords": 1}}
+    assert max(max(corpus.splits[name]["cost"]) for name in ("train", "valid", "test")) <= 30

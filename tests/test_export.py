@@ -148,16 +148,34 @@ def test_user_errors_are_one_line(trained, exported, tmp_path, capsys):
         assert len(err) == 1 and "error:" in err[0], err
         return err[0]
 
-    assert "exists and is not empty" in error(["export", str(trained), "--to", "ctranslate2", str(exported)])
     assert "not one of" in error(["export", str(trained), "--to", "ctranslate2", str(tmp_path / "q"),
                                   "--quantization", "int3"])
     assert not list(tmp_path.iterdir())  # nothing half-written
-    assert "holds the model" in error(["export", str(trained), "--to", "ctranslate2", str(trained), "--force"])
-    assert (trained / "model.safetensors").is_file()
     assert "nmt_ctranslate2.json" in error(["translate", "--ct2", str(trained)])
     assert "MODEL_DIR" in error(["translate"])
     assert "--attention needs MODEL_DIR" in error(["translate", "--ct2", str(exported), "--attention",
                                                    str(tmp_path / "a.png")])
+
+
+def test_export_replaces_a_used_directory_only_with_force_and_never_the_model(tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    from helpers import model_dir
+
+    model = model_dir(tmp_path / "model")
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    out = tmp_path / "ct2"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    argv = ["export", str(model), "--to", "ctranslate2", str(out)]
+    assert main(argv) == 2 and "exists and is not empty" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
+    assert main([*argv, "--force"]) == 0
+    assert (out / "model.bin").is_file() and not (out / "notes.txt").exists()
+    for target, words in ((model, f"OUT {model} is {model}"), (tmp_path, f"OUT {tmp_path} holds {model}")):
+        assert main(["export", str(model), "--to", "ctranslate2", str(target), "--force"]) == 2
+        assert f"{words}, which this command reads" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "model"]  # no temporary or old directory left
 
 
 def test_missing_ctranslate2_names_the_install_command(trained, tmp_path, capsys, monkeypatch):

@@ -114,3 +114,14 @@ def test_cli_plot_writes_and_errors_in_one_line(runs, tmp_path, capsys):
     assert main(["plot", str(broken)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("nmt plot: error:") and f"metrics.jsonl:{n_lines}:" in err[0]
+
+
+def test_plot_never_writes_over_the_metrics_it_reads(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 2, "loss": 2.5, "nll": 2.4, "lr": 0.001}\n')
+    before = (run / "metrics.jsonl").read_text()
+    assert main(["plot", str(run), "-o", str(run / "metrics.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {run / 'metrics.jsonl'} is the input {run / 'metrics.jsonl'}" in err, err
+    assert (run / "metrics.jsonl").read_text() == before

@@ -1,270 +1,149 @@
-"""Every command the documentation shows is run, so README.md and docs/*.md cannot rot.
+"""The commands the documentation shows are real, so README.md and docs/*.md cannot rot.
 
-The commands are the lines of the fenced ```bash blocks, the fenced ```python blocks, and the inline spans of the
-prose that start like a command line (`nmt ...`, `accelerate ...`, `bash run.sh`, `pip ...`). Each is run as a user
-would type it, in a scratch directory that links the checkout's configs/, accelerate_configs/, run.py, run.sh and
-.venv and holds the few files the pages take for granted (INPUTS, RUNS); the commands that train get FAST appended
-(the test corpus, a tiny model, 3 steps). What one CPU machine cannot run is resolved instead: the SLURM script
-runs under fake `srun`/`scontrol`/`accelerate` on a simulated 2-node allocation, launches with GPU profiles go
-through accelerate's own argument handling, and usage lines with placeholders are checked against the parsers.
-test_every_command_has_a_runner fails when a page gains a command that none of the rules here knows how to run.
-This file holds the rules and the checks; tests/readme_harness.py the machinery (reading the pages, scratch
-venvs, the fake cluster).
+README.md is a guide a user follows command by command: every command of its fenced blocks runs here as typed,
+in page order, in one scratch directory that links the checkout's configs/, accelerate_configs/, run.py and
+run.sh and holds the few files the page takes for granted (a tiny corpus as D/, input.en). Commands that train
+get a tiny setting appended (FAST, or for the own-corpus command a tiny budget); what one CPU cannot run (a
+launch with a GPU profile) goes through accelerate's own argument handling instead.
+
+The pages of docs/ are reference: each of their commands is checked where that is cheap and cannot run as
+typed otherwise: nmt's parser takes it and every config key it sets loads (with its config file), accelerate
+resolves every launch line, YAML blocks load as configs, the imports of Python blocks exist, benchmark flags
+exist in their scripts, and the SLURM script runs under a fake 2-node allocation.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import importlib
+import io
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 from readme_harness import (
-    FAKES,
-    USAGE,
+    ROOT,
     Cmd,
-    accelerate_commands,
     link_venv,
-    nmt_in_process,
     page_commands,
-    parse_nmt,
-    profile_of,
     resolve_launch,
     run_slurm_script,
     split_env,
     tail,
+    without_redirections,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-PAGES = ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
-PNG = b"\x89PNG\r\n\x1a\n"
+README = page_commands("README.md", (ROOT / "README.md").read_text(encoding="utf-8"))
+DOCS = [c for page in sorted((ROOT / "docs").glob("*.md"))
+        for c in page_commands(f"docs/{page.name}", page.read_text(encoding="utf-8"))]
+RUN = [c for c in README if c.fenced]  # run as typed
+CHECKED = [c for c in README if not c.fenced] + DOCS  # checked without running
 
-# Appended to every command that trains (and to load_config in the pages' Python): the test corpus of
-# conftest.corpus_dir, a small model, 3 optimizer steps with a checkpoint each (`nmt average --last 3`).
-# {corpus} and {cache} are filled in per session.
-FAST = ["--data.train", "{corpus}/train", "--data.weights", "null",  # one corpus in place of the page's: no weights
-        "--data.valid", "{corpus}/valid", "--data.test", "{corpus}/test",
-        "--data.src_lang", "en", "--data.tgt_lang", "xx", "--data.cache_dir", "{cache}", "--tokenizer.vocab_size", "300",
+# Appended to commands that train from a --config (and to load_config in README's Python): the test corpus of
+# conftest.corpus_dir, a tiny model, 3 optimizer steps with a checkpoint each. {corpus} is filled in per module.
+FAST = ["--data.train", "{corpus}/train", "--data.valid", "{corpus}/valid", "--data.test", "{corpus}/test",
+        "--data.src_lang", "en", "--data.tgt_lang", "xx", "--tokenizer.vocab_size", "300", "--model.d_model", "32",
         "--model.n_heads", "2", "--model.n_encoder_layers", "1", "--model.n_decoder_layers", "1", "--model.d_ff", "64",
         "--max_tokens", "400", "--max_steps", "3", "--eval_every", "3", "--save_every", "1", "--keep_last", "3",
         "--eval_max_sentences", "8", "--log_every", "1"]
 STEPS = 3
-
-# What the pages take for granted in the directory where their commands are typed; all else they make
-# themselves. File -> (file of the test corpus, first n lines or all).
-INPUTS = {"input.en": ("test.en", 5), "one.en": ("test.en", 1), "x": ("test.en", 1), "test.en": ("test.en", 10),
-          "test.xx": ("test.xx", 10),
-          "mono.de": ("test.en", 10)}  # back-translated by the page's reverse model, which FAST makes en -> xx
-# Runs a page presupposes, copied from one tiny run trained once per module.
-RUNS = {"README.md": ["runs/base"],  # nmt plot runs/small runs/base: a second run to overlay
-        "docs/fast-decoding.md": ["runs/default"]}  # the run `bash run.sh` makes
+# The own-corpus command runs with its own flags on the test corpus laid out as D/, and this appended: a later
+# --max_minutes wins, so the budget plan runs as it does for 25 minutes, on a budget of 6 seconds.
+TINY_BUDGET = ["--max_minutes", "0.1"]
 LINKED = ["configs", "accelerate_configs", "run.py", "run.sh", "tests", "pyproject.toml"]
 
-# Names a page's Python uses without defining them; the page says where they come from.
-GIVENS = {
-    "README.md": {"src_ids": lambda: _torch().tensor([[5, 6, 7, 3], [8, 9, 3, 0]]),  # the model contract
-                  "tgt_in_ids": lambda: _torch().tensor([[2, 5, 6], [2, 8, 0]])},
-    "docs/fast-decoding.md": {"translator": lambda: _translator("runs/default/model")},
-}
 
-# Blocks that continue an earlier block of their page: they run after it, in its directory and Python namespace.
-# (a line of the later block, a line of the earlier block)
-CONTINUES = [
-    ("nmt translate runs/default/model --ct2 runs/default/ct2 --attention first.png < x",
-     "nmt export runs/default/model --to ctranslate2 runs/default/ct2"),
-    ("result = train(cfg, model=SeedTransformer(vocab, vocab))", "class SeedTransformer(nn.Module):"),
-    ("nmt check --config configs/default.yaml --init-from runs/demo/model",
-     "nmt train --config configs/default.yaml --output_dir runs/demo --overwrite"),
-]
-
-# Shown but not run, and why. Keys are the command (Python: the block), comments and extra blanks removed.
-BENCHMARK = "a benchmark of minutes, run alone for its figures; tests/test_benchmarks.py runs each script in a tiny setting"
-NOT_RUN = {
-    "srun bash -c '...'": "a fragment of the SLURM script, which runs under fake srun (run_slurm)",
-    "pip install deepspeed": "DeepSpeed is not installed here and does not run on CPU",
-    "python benchmarks/decode_speed.py": BENCHMARK,
-    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 --subset 10000 --subset-only "
-    "--systems budget,tuned-fp32": BENCHMARK,
-    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 25 --systems budget,tuned-fp32": BENCHMARK,
-    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 25 --systems budget,tuned,baseline":
-        BENCHMARK,
-    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 --subset 10000 --subset-only "
-    "--systems budget,fixed,tuned": BENCHMARK,
-    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 --subset 10000 --subset-only "
-    "--systems budget": BENCHMARK,
-    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 --subset 10000 --subset-only "
-    "--systems budget,tuned": BENCHMARK,
-    "python benchmarks/train_speed.py --data ../shared/data/tatoeba-en-de --mode both --systems nmt": BENCHMARK,
-    "python benchmarks/decode_speed.py --profile": BENCHMARK,
-    "python benchmarks/decode_speed.py --rounds 3": BENCHMARK,
-    "python benchmarks/decode_speed.py --rounds 3 --threads 2": BENCHMARK,
-    'python benchmarks/decode_speed.py --rounds 3 --threads 2 --only "nmt,CT2 float32"': BENCHMARK,
-    "python benchmarks/ensemble.py --data ../shared/data/tatoeba-en-de --minutes 12": BENCHMARK,
-    "python benchmarks/ensemble.py --data ../shared/data/tatoeba-en-de --minutes 3 optim.warmup_steps=100 eval_every=100 "
-    "save_every=100": BENCHMARK,
-    "python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25": BENCHMARK,
-    "python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25 --baseline": BENCHMARK,
-    "python benchmarks/train_speed.py --mode fp32 --rounds 5": BENCHMARK,
-    "python benchmarks/train_speed.py --mode bf16 --systems nmt,hf --bf16-rounds 1 --max-tokens 1024": BENCHMARK,
-    "python benchmarks/peak.py": BENCHMARK,
-    "python benchmarks/recipe.py --data ../shared/data/tatoeba-en-de --minutes 10 25 75 --subset 10000": BENCHMARK,
-    "python benchmarks/code_shape.py": "prints line counts of this checkout; tests/test_code_shape.py runs it",
-    "python benchmarks/serve_load.py runs/default/model --clients 16 --requests 20": BENCHMARK,
-    "python benchmarks/padding.py ../shared/data/tatoeba-en-de": BENCHMARK,
-    "python benchmarks/scale.py ../shared/data/tatoeba-en-de --sizes 100k,1M,3M --work /tmp/nmt-scale": BENCHMARK,
-    "tgt_mask = get_tgt_mask(sequence_length)\npred = model(X, y_input, tgt_mask=tgt_mask, src_pad_mask=src_pad_mask, "
-    "tgt_pad_mask=tgt_pad_mask)": "the failing code of the DataParallel question that the page explains",
-}
-
-
-def _torch():
-    import torch
-
-    return torch
-
-
-def _translator(model_dir: str):
-    from nmt import Translator
-
-    return Translator.from_pretrained(model_dir)
-
-
-# --- the commands of the pages ---------------------------------------------------------------------------------
-
-
-COMMANDS = [c for page in PAGES for c in page_commands(page, (ROOT / page).read_text(encoding="utf-8"))]
+# --- README: each command of its fenced blocks runs ---------------------------------------------------------------
 
 
 def runner_for(cmd: Cmd) -> str | None:
-    """How a command of the pages is run; None: nobody knows (test_every_command_has_a_runner fails)."""
-    if cmd.key in NOT_RUN:
-        return "not run"
+    """How a fenced command of README runs; None: no rule knows it (test_every_readme_command_runs fails)."""
     if cmd.kind == "python":
         return "python"
-    if cmd.kind == "script":
-        if not re.search(r"^srun ", cmd.text, re.M):
-            return None
-        return "slurm requeue" if "--requeue" in cmd.text else "slurm"
-    env, argv = split_env(cmd.text)
+    _, argv = split_env(cmd.text)
+    if argv[:3] == ["bash", "run.sh", "test"]:
+        return "run.sh test"
+    if argv[:2] == ["bash", "run.sh"]:
+        return "run.sh"
     if argv[:2] == ["pip", "install"]:
         return "pip"
-    if argv[:1] == ["curl"]:
-        block = [c for c in COMMANDS if (c.page, c.block) == (cmd.page, cmd.block) and c.kind == "shell"]
-        return "curl" if any(c.text.startswith("nmt serve ") for c in block) else None  # to its block's server
-    if re.fullmatch(r"(nmt|accelerate) [\w-]+", cmd.text):
-        return "usage"  # a command's name in the prose (`nmt info shows them`): it must exist
-    if USAGE.search(re.sub(r"'[^']*'", "''", cmd.text)):  # a placeholder outside quotes ('[a, b]' is a YAML list)
-        return "usage" if argv[:1] == ["nmt"] or argv[:2] == ["accelerate", "launch"] else None
-    if argv[:2] == ["bash", "run.sh"] and argv[2:3] == ["test"]:
-        return "run.sh test"
-    if argv[:2] == ["bash", "run.sh"]:  # trains for real in the quickstart; the prose's variants are checked cheaper
-        return "train" if cmd.block >= 0 else "run.sh variant"
-    if argv[:2] == ["accelerate", "launch"] and "run.py" in argv and "--config_file" in argv:
-        return "train" if profile_of(argv).get("use_cpu") else "resolve"
-    if argv[:2] == ["nmt", "train"] and {"--resume", "--overwrite", "--init-from"} & set(argv):
-        return "continued"
-    if argv[:1] == ["nmt"] and argv[1:2] and argv[1] in ("train", "check"):
-        return "train"
-    if argv[:1] == ["nmt"] and argv[1:2] == ["serve"]:
+    if argv[:2] == ["accelerate", "launch"] and "run.py" in argv:
+        profile = yaml.safe_load((ROOT / argv[argv.index("--config_file") + 1]).read_text(encoding="utf-8"))
+        return "train" if profile.get("use_cpu") else "resolve"
+    if argv[:2] == ["nmt", "train"]:
+        return "train" if "--config" in argv else "own corpus"
+    if argv[:2] == ["nmt", "check"]:
+        return "check"
+    if argv[:2] == ["nmt", "serve"]:
         return "serve"
-    if argv[:1] == ["nmt"] and argv[1:2] and argv[1] in NMT_CHECKS:
-        return "nmt"
+    if argv[:1] == ["curl"]:
+        return "curl"
+    if argv[:2] in (["nmt", "translate"], ["nmt", "evaluate"]):
+        return "decode"
     return None
 
 
-def unit_of(cmd: Cmd) -> tuple:
-    """Commands of one unit run in order in one directory: a fenced block (with the blocks that continue it),
-    or an inline command alone."""
-    if cmd.block < 0 and runner_for(cmd) == "run.sh variant":
-        return (cmd.page, "run.sh variants")
-    if cmd.block < 0:
-        return (cmd.page, "line", cmd.line)
-    block = [c for c in COMMANDS if (c.page, c.block) == (cmd.page, cmd.block)]
-    for later, earlier in CONTINUES:
-        if any(later in c.text for c in block):
-            return unit_of(next(c for c in COMMANDS if c.page == cmd.page and earlier in c.text))
-    return (cmd.page, "block", cmd.block)
+RUN_DIRS = re.compile(r"\bruns/\w+")
 
 
-# runners that read nothing from the directory: they need no earlier command
-STANDALONE = {"not run", "usage", "resolve", "slurm", "slurm requeue", "pip", "run.sh test", "run.sh variant"}
+def needs(cmd: Cmd) -> list[Cmd]:
+    """The earlier commands that make what `cmd` uses: those naming one of its run directories (`runs/mine`),
+    and for a `curl`, the `nmt serve` before it (which sends the request)."""
+    earlier = RUN[: RUN.index(cmd)]
+    if runner_for(cmd) == "curl":
+        return [next(c for c in reversed(earlier) if runner_for(c) == "serve")]
+    mine = set(RUN_DIRS.findall(cmd.text))
+    return [c for c in earlier if mine & set(RUN_DIRS.findall(c.text)) and runner_for(c) != "curl"]
 
 
-def before(cmd: Cmd) -> list[Cmd]:
-    """The earlier commands of the unit whose files this one may need."""
-    if runner_for(cmd) in STANDALONE:
-        return []
-    unit = unit_of(cmd)
-    return [c for c in COMMANDS[: COMMANDS.index(cmd)] if unit_of(c) == unit and runner_for(c) not in STANDALONE]
-
-
-# --- running them -----------------------------------------------------------------------------------------------
-
-
-class Docs:
-    """The scratch directories of the pages, and each command's outcome (every command runs once)."""
+class Readme:
+    """README's scratch directory and each command's outcome (every command runs once, earlier ones first)."""
 
     def __init__(self, tmp: Path, corpus: Path):
-        self.tmp, self.corpus = tmp, corpus
-        self.fast = [a.format(corpus=corpus, cache=tmp / "cache") for a in FAST]
+        self.dir = tmp / "readme"
+        self.fast = [a.format(corpus=corpus) for a in FAST]
         self.done: dict[Cmd, BaseException | None] = {}
-        self.dirs: dict[tuple, Path] = {}
-        self.namespaces: dict[tuple, dict] = {}
-        self.memo: dict = {}  # results shared by several commands
-        self._tiny_run: Path | None = None
+        self.memo: dict[Cmd, subprocess.CompletedProcess] = {}
+        self.dir.mkdir()
+        for name in LINKED:
+            (self.dir / name).symlink_to(ROOT / name)
+        link_venv(self.dir)
+        (self.dir / "D").mkdir()
+        for split in ("train", "valid", "test"):  # the own corpus: en -> de
+            shutil.copy(corpus / f"{split}.en", self.dir / "D" / f"{split}.en")
+            shutil.copy(corpus / f"{split}.xx", self.dir / "D" / f"{split}.de")
+        lines = (corpus / "test.en").read_text(encoding="utf-8").splitlines(keepends=True)
+        (self.dir / "input.en").write_text("".join(lines[:5]), encoding="utf-8")
+        (tmp / "home").mkdir()
         self.env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                                      "MASTER_PORT", "ACCELERATE_USE_CPU")}
-        (tmp / "home").mkdir()
-        # the venv of the checkout is active; HOME is scratch (accelerate's default config, ~/.cache/nmt)
-        self.env.update(PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", HOME=str(tmp / "home"),
-                        OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-
-    def tiny_run(self) -> Path:
-        """A run directory trained once per module (3 steps, 3 checkpoints, model/)."""
-        if self._tiny_run is None:
-            from nmt import train
-            from tests.conftest import tiny_config
-
-            cfg = tiny_config(self.corpus, self.tmp, max_steps=STEPS, eval_every=STEPS, save_every=1, keep_last=3)
-            self._tiny_run = train(cfg).model_dir.parent
-        return self._tiny_run
-
-    def workdir(self, cmd: Cmd) -> Path:
-        unit = unit_of(cmd)
-        if unit not in self.dirs:
-            self.dirs[unit] = d = Path(tempfile.mkdtemp(prefix="page-", dir=self.tmp))
-            for name in LINKED:
-                (d / name).symlink_to(ROOT / name)
-            link_venv(d, RECORDED if runner_for(cmd) == "run.sh variant" else ())
-            for name, (source, n) in INPUTS.items():
-                lines = (self.corpus / source).read_text(encoding="utf-8").splitlines(keepends=True)
-                (d / name).write_text("".join(lines[:n]), encoding="utf-8")
-            for path in RUNS.get(cmd.page, []):
-                shutil.copytree(self.tiny_run(), d / path)
-        return self.dirs[unit]
+        # the scratch venv is active; HOME is scratch (accelerate's default config, ~/.cache/nmt)
+        self.env.update(PATH=f"{self.dir / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", HOME=str(tmp / "home"),
+                        OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+                        HF_DATASETS_OFFLINE="1", PYTHONPATH=str(ROOT))
 
     def run(self, cmd: Cmd, monkeypatch) -> None:
-        for earlier in before(cmd):
-            if missing_extra(earlier):  # skipped itself; what comes after does not use what it would make
-                continue
-            if earlier not in self.done:
-                self._once(earlier, monkeypatch)
-            if self.done[earlier] is not None:
-                pytest.fail(f"{cmd.id} needs `{earlier.text}` ({earlier.id}), which failed: {self.done[earlier]}")
-        if cmd in self.done:
-            if self.done[cmd] is not None:
-                raise self.done[cmd]
-            return
-        self._once(cmd, monkeypatch)
-        if self.done[cmd] is not None:
-            raise self.done[cmd]
+        if (error := self.outcome(cmd, monkeypatch)) is not None:
+            raise error
+
+    def outcome(self, cmd: Cmd, monkeypatch) -> BaseException | None:
+        """What running `cmd` raised (None: it passed), running first what it needs."""
+        if cmd not in self.done:
+            for earlier in needs(cmd):
+                if (error := self.outcome(earlier, monkeypatch)) is not None:
+                    self.done[cmd] = pytest.fail.Exception(f"needs `{earlier.text}` ({earlier.id}), which failed: "
+                                                           f"{error}")
+                    return self.done[cmd]
+            self._once(cmd, monkeypatch)
+        return self.done[cmd]
 
     def _once(self, cmd: Cmd, monkeypatch) -> None:
         try:
@@ -273,382 +152,171 @@ class Docs:
         except BaseException as e:  # noqa: BLE001 (recorded for the commands that need this one)
             self.done[cmd] = e
 
-    def shell(self, cmd: Cmd, extra: list[str] = (), env: dict | None = None) -> subprocess.CompletedProcess:
-        line = " ".join([cmd.text, *map(shlex.quote, extra)])
-        return subprocess.run(["bash", "-c", line], cwd=self.workdir(cmd), env={**self.env, **(env or {})},
+    def shell(self, text: str, extra: list[str] = ()) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", " ".join([text, *map(shlex.quote, extra)])], cwd=self.dir, env=self.env,
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
 
+    def load(self, config: str | None, flags: list[str]):
+        from nmt.cli import overrides_from_flags
+        from nmt.config import load_config
 
-RECORDED = ("accelerate", "nmt")  # replaced in .venv/bin for run.sh's variants
+        return load_config(self.dir / config if config else None, overrides_from_flags(flags))
 
 
-def run_training(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """`nmt train`, `nmt check`, `accelerate launch ... run.py` with a CPU profile, `bash run.sh`: with FAST."""
-    from nmt.cli import overrides_from_flags
-    from nmt.config import load_config
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "model" / "training.json").read_text(encoding="utf-8"))
 
-    proc = docs.shell(cmd, docs.fast)
-    wd, (env, argv) = docs.workdir(cmd), split_env(cmd.text)
-    if argv[:2] == ["nmt", "check"]:
-        return check_preflight(proc, argv)
+
+def run_sh(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """`bash run.sh` trains through accelerate launch, then prints test BLEU/chrF and five translations."""
+    proc = readme.shell(cmd.text, readme.fast)
     assert proc.returncode == 0, tail(proc)
-    if argv[0] == "bash":
-        config, rest = env.get("CONFIG", "configs/default.yaml"), argv[2:]
-        processes = yaml.safe_load((ROOT / env.get("PROFILE", "accelerate_configs/cpu.yaml")).read_text())["num_processes"]
-    else:
-        rest = argv[argv.index("run.py") + 1:] if "run.py" in argv else argv[2:]
-        config = rest[rest.index("--config") + 1]
-        rest = rest[: rest.index("--config")] + rest[rest.index("--config") + 2:]
-        processes = profile_of(argv)["num_processes"] if "run.py" in argv else 1
-        assert "model saved to" in proc.stdout, tail(proc)
-    cfg = load_config(wd / config, overrides_from_flags([*rest, *docs.fast]))
-    out = wd / cfg.output_dir
-    summary = json.loads((out / "model" / "training.json").read_text())
-    assert (summary["step"], summary["num_processes"]) == (STEPS, processes)
-    assert proc.stderr.count(f"valid @ step {STEPS}:") == 1, tail(proc)  # the main process prints, the others not
-    if argv[0] == "bash":
-        check_run_sh(proc, out)
-
-
-def run_continued(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """`nmt train` on an output_dir that holds a run (--resume: 3 more steps than FAST's, a budget change it
-    may make; --overwrite: the old run is moved aside) or from a model directory (--init-from: its tokenizer file
-    byte for byte)."""
-    from nmt.cli import build_parser, overrides_from_flags
-    from nmt.config import load_config
-
-    wd, (_, argv) = docs.workdir(cmd), split_env(cmd.text)
-    steps = 2 * STEPS if "--resume" in argv else STEPS
-    args, overrides = build_parser().parse_known_args(argv[1:])
-    output_dir = load_config(wd / args.config, overrides_from_flags([*overrides, *docs.fast])).output_dir
-    out = wd / output_dir
-    before = sorted(out.parent.glob(f"{out.name}.old-*"))
-    proc = docs.shell(cmd, [*docs.fast, "--max_steps", str(steps)])
-    assert proc.returncode == 0 and f"model saved to {output_dir}/model after {steps} steps" in proc.stdout, tail(proc)
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss" in r] == list(range(1, steps + 1)), rows  # each step once, one run
-    if "--resume" in argv:
-        assert f"resumed from {output_dir}/checkpoints/step_{STEPS} at step {STEPS}" in proc.stderr, tail(proc)
-    if "--overwrite" in argv:
-        assert len(sorted(out.parent.glob(f"{out.name}.old-*"))) == len(before) + 1
-    if "--init-from" in argv:
-        source = wd / argv[argv.index("--init-from") + 1]
-        assert (out / "model" / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
-
-
-def check_run_sh(proc: subprocess.CompletedProcess, out: Path) -> None:
-    """run.sh after training: test BLEU/chrF of the run's model and five translations."""
+    out = readme.dir / readme.load("configs/default.yaml", readme.fast).output_dir
+    assert f"after {STEPS} steps" in proc.stdout and summary(out)["num_processes"] == 1, tail(proc)
     n = int(re.search(r"^== test set: (\d+) sentences, beam 4$", proc.stdout, re.M)[1])
     assert n == 40 and len((out / "test.hyp").read_text().splitlines()) == n, tail(proc)
     assert re.search(r"^BLEU [\d.]+  nrefs:1\|", proc.stdout, re.M) and re.search(r"^chrF [\d.]+  ", proc.stdout, re.M)
     assert len([line for line in proc.stdout.splitlines() if "  =>  " in line]) == 5, tail(proc)
 
 
-def check_preflight(proc: subprocess.CompletedProcess, argv: list[str]) -> None:
-    args, _, _, _ = parse_nmt(argv)
-    n = yaml.safe_load((ROOT / args.profile).read_text())["num_processes"] if args.profile else 1
+def run_sh_test(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """`bash run.sh test` runs pytest with the project's settings; here it collects one file instead of running all."""
+    proc = readme.shell(cmd.text, ["--collect-only", "-q", "tests/test_config.py"])
+    assert proc.returncode == 0 and re.search(r"^\d+ tests collected", proc.stdout, re.M), tail(proc)
+
+
+def run_pip(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """A dry run against what is installed, from the checkout: installs nothing, no network."""
+    _, argv = split_env(cmd.text)
+    proc = subprocess.run(["python", "-m", *argv[:2], "--dry-run", "--no-index", "--no-build-isolation", *argv[2:]],
+                          cwd=ROOT, env=readme.env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, tail(proc)
+
+
+def run_own_corpus(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """The own-corpus command with its flags as written and TINY_BUDGET appended: the budget plan is printed
+    with its reasons and saved, the run ends by itself and writes the model."""
+    _, argv = split_env(cmd.text)
+    proc = readme.shell(cmd.text, TINY_BUDGET)
+    assert proc.returncode == 0, tail(proc)
+    cfg = readme.load(None, [*argv[2:], *TINY_BUDGET])
+    out = readme.dir / cfg.output_dir
+    assert f"  model: {cfg.output_dir}/model" in proc.stdout and "stopped: the time budget is spent" in proc.stdout, \
+        tail(proc)
+    assert "nmt: plan: chosen for the " in proc.stdout + proc.stderr, tail(proc)
+    assert (out / "plan.json").is_file() and (out / "model" / "model.safetensors").is_file()
+
+
+def run_training(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """`nmt train --config ...` and `accelerate launch ... run.py` with a CPU profile, with FAST appended; a
+    resumed run continues from the checkpoint to 3 more steps, a fine-tuned one keeps its tokenizer file."""
+    from nmt.cli import build_parser
+
+    _, argv = split_env(cmd.text)
+    args, flags = build_parser().parse_known_args(["train", *argv[argv.index("run.py") + 1:]] if "run.py" in argv
+                                                  else argv[1:])
+    resume = args.resume is not None
+    extra = [*readme.fast, *(["--max_steps", str(2 * STEPS)] if resume else [])]
+    proc = readme.shell(cmd.text, extra)
+    assert proc.returncode == 0, tail(proc)
+    cfg = readme.load(args.config, [*flags, *extra])
+    out = readme.dir / cfg.output_dir
+    processes = 1
+    if "run.py" in argv:
+        processes = yaml.safe_load((ROOT / argv[argv.index("--config_file") + 1]).read_text())["num_processes"]
+    steps = 2 * STEPS if resume else STEPS
+    assert f"nmt: trained {steps} steps" in proc.stdout and f"  model: {cfg.output_dir}/model" in proc.stdout, \
+        tail(proc)
+    assert summary(out)["num_processes"] == processes
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, steps + 1))  # each step once: one run
+    if resume:
+        assert f"resumed from {cfg.output_dir}/checkpoints/step_{STEPS} at step {STEPS}" in proc.stderr, tail(proc)
+    if args.init_from:
+        source = readme.dir / args.init_from
+        assert (out / "model" / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+
+
+def run_check(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """`nmt check` reads the data, times its probe and exits 0 when it names no problem, else 1."""
+    proc = readme.shell(cmd.text)
     assert proc.stdout.startswith("nmt check: "), tail(proc)
-    assert f"for {n} process" in proc.stdout.splitlines()[0]
     assert re.search(r"^time +[\d.]+ s/step", proc.stdout, re.M), tail(proc)  # the timed probe ran
     assert proc.returncode == (0 if "problems  none found" in proc.stdout else 1), tail(proc)
 
 
-def run_nmt(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """`nmt translate/evaluate/plot/info/average/export` as written, then what it must have made. README's
-    commands run in a shell; the docs pages' through nmt.cli.main in this process (the same parser and code,
-    without starting an interpreter each: the pages are cheap to cover that way)."""
-    args, words, stdin, stdout = parse_nmt(split_env(cmd.text)[1])
-    wd = docs.workdir(cmd)
-    if cmd.page == "README.md":
-        proc = docs.shell(cmd)
-        assert proc.returncode == 0, tail(proc)
-        shown = proc.stdout
-    else:
-        shown = nmt_in_process(words, wd, stdin, stdout, monkeypatch)
-    NMT_CHECKS[args.command](wd, args, stdin, (wd / stdout).read_text() if stdout else shown)
-
-
-def check_translate(wd: Path, args, stdin: str | None, out: str) -> None:
-    n = len((wd / (stdin or args.input)).read_text().splitlines())
-    assert len(((wd / args.output).read_text() if args.output else out).splitlines()) == n
-    if args.attention:
-        assert (wd / args.attention).read_bytes().startswith(PNG)
-
-
-def check_evaluate(wd: Path, args, stdin: str | None, out: str) -> None:
-    bleu, chrf = out.splitlines()
-    assert re.match(r"BLEU [\d.]+  nrefs:1\|", bleu) and re.match(r"chrF [\d.]+  nrefs:1\|", chrf), out
-
-
-def check_plot(wd: Path, args, stdin: str | None, out: str) -> None:
-    assert (wd / (args.output or f"{args.run_dirs[0]}/curves.png")).read_bytes().startswith(PNG)
-
-
-def check_info(wd: Path, args, stdin: str | None, out: str) -> None:
-    assert out.startswith("model ") and "\nparameters " in out and "\ncommand " in out, out
-
-
-def check_average(wd: Path, args, stdin: str | None, out: str) -> None:
-    summary = json.loads((wd / args.output / "training.json").read_text())
-    assert len(summary["averaged"]) == args.last and (wd / args.output / "model.safetensors").is_file()
-
-
-def check_export(wd: Path, args, stdin: str | None, out: str) -> None:
-    assert (wd / args.out / "model.bin").is_file() and (wd / args.out / "tokenizer.json").is_file()
-
-
-def check_score(wd: Path, args, stdin: str | None, out: str) -> None:
-    lines = ((wd / args.output).read_text() if args.output else out).splitlines()
-    assert len(lines) == len((wd / args.src).read_text().splitlines()), out
-    for line in lines:
-        fields = line.split("\t")
-        assert len(fields) == (3 if args.per_token else 2) and float(fields[0]) <= float(fields[1]) <= 0, line
-
-
-def check_backtranslate(wd: Path, args, stdin: str | None, out: str) -> None:
-    """PREFIX.<the model's target> holds the translations, PREFIX.<its source> the input's lines, aligned."""
-    from nmt.backtranslate import model_languages
-
-    src_lang, tgt_lang = model_languages(wd / args.model_dir)
-    text = (wd / args.input).read_text(encoding="utf-8").splitlines()
-    synthetic = (wd / f"{args.output}.{tgt_lang}").read_text(encoding="utf-8").splitlines()
-    assert (wd / f"{args.output}.{src_lang}").read_text(encoding="utf-8").splitlines() == text
-    assert len(synthetic) == len(text) and all(s.startswith(f"{args.tag} ") for s in synthetic if args.tag)
-    assert f"wrote {len(text)} pairs" in out
-
-
-NMT_CHECKS = {"translate": check_translate, "evaluate": check_evaluate, "plot": check_plot, "info": check_info,
-              "average": check_average, "export": check_export, "score": check_score,
-              "backtranslate": check_backtranslate}
-
-
-def run_serve(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """`nmt serve` as written but on a free loopback port: the `curl` commands of its block are sent to it,
-    then SIGTERM, which it must answer by stopping with exit 0."""
-    import signal
-
+def run_resolved(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """A launch with a GPU profile: accelerate resolves it into the profile's processes and run.py's config."""
     _, argv = split_env(cmd.text)
-    server = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", "0"], cwd=docs.workdir(cmd), env=docs.env,
+    check_launch(argv, monkeypatch)
+
+
+def run_decode(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """`nmt translate` writes one line per input line; `nmt evaluate` prints BLEU and chrF with signatures."""
+    proc = readme.shell(cmd.text)
+    assert proc.returncode == 0, tail(proc)
+    words, redirect = without_redirections(split_env(cmd.text)[1])
+    if words[1] == "translate":
+        n = len((readme.dir / redirect["<"]).read_text().splitlines())
+        assert len((readme.dir / redirect[">"]).read_text().splitlines()) == n
+    else:
+        bleu, chrf = proc.stdout.splitlines()
+        assert re.match(r"BLEU [\d.]+  nrefs:1\|", bleu) and re.match(r"chrF [\d.]+  nrefs:1\|", chrf), proc.stdout
+
+
+def run_serve(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """`nmt serve` as written but on a free loopback port; the `curl` commands after it are sent to it, then
+    SIGTERM, which it answers by stopping with exit 0."""
+    _, argv = split_env(cmd.text)
+    server = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", "0"], cwd=readme.dir, env=readme.env,
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()
         assert "listening on http://127.0.0.1:" in line, (line, server.stderr.read() if server.poll() is not None else "")
         port = line.split("127.0.0.1:")[1].split()[0]
-        for client in (c for c in COMMANDS if (c.page, c.block) == (cmd.page, cmd.block) and runner_for(c) == "curl"):
+        for client in RUN[RUN.index(cmd) + 1:]:
+            if runner_for(client) != "curl":
+                break
             request = re.sub(r"(localhost|127\.0\.0\.1):\d+", f"127.0.0.1:{port}", client.text)
-            docs.memo[client] = subprocess.run(["bash", "-c", request + " --noproxy '*' --write-out '\n%{http_code}'"],
-                                               cwd=docs.workdir(cmd), env=docs.env, capture_output=True, text=True,
-                                               timeout=120)
+            readme.memo[client] = readme.shell(request + " --noproxy '*' --write-out '\n%{http_code}'")
     finally:
         server.send_signal(signal.SIGTERM)
         _, err = server.communicate(timeout=60)
     assert server.returncode == 0 and "nmt serve: stopped" in err, err[-2500:]
 
 
-def run_curl(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """A request its block's `nmt serve` sent for it (run_serve): HTTP 200 with a JSON answer."""
-    proc = docs.memo[cmd]
-    assert proc.returncode == 0, tail(proc)
+def run_curl(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """A request the `nmt serve` before it answered: HTTP 200 and a translation per sentence."""
+    proc = readme.memo[cmd]
     body, status = proc.stdout.rsplit("\n", 1)
-    assert status == "200", tail(proc)
-    answer = json.loads(body)
-    if "/translate" in cmd.text:
-        sent = json.loads(re.search(r"-d '([^']*)'", cmd.text)[1])["sentences"]
-        assert len(answer["translations"]) == len(sent) and all(isinstance(t, str) for t in answer["translations"])
+    assert proc.returncode == 0 and status == "200", tail(proc)
+    sent = json.loads(re.search(r"-d '([^']*)'", cmd.text)[1])["sentences"]
+    translations = json.loads(body)["translations"]
+    assert len(translations) == len(sent) and all(isinstance(t, str) and t for t in translations)
 
 
-def run_sh_variant(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """The run.sh variants of a page's prose (PROFILE=..., CONFIG=..., extra arguments), combined into one run
-    with recording `accelerate` and `nmt` in .venv/bin: what run.sh hands them follows every variable and
-    argument. The quickstart's `bash run.sh` trains through run.sh for real; that the cpu_2proc profile trains
-    on 2 ranks is tests/test_parallel.py's."""
-    from nmt.cli import overrides_from_flags
-    from nmt.config import load_config
-
-    variants = [split_env(c.text) for c in COMMANDS if c.page == cmd.page and runner_for(c) == "run.sh variant"]
-    env = {name: value for assigned, _ in variants for name, value in assigned.items()}
-    assert len(env) == sum(len(assigned) for assigned, _ in variants), "variants that set one variable twice"
-    args = [word for _, argv in variants for word in argv[2:]]
-    combined = Cmd(cmd.page, 0, "shell", shlex.join([*(f"{k}={v}" for k, v in env.items()), "bash", "run.sh",
-                                                            *args]), -1)
-    if combined not in docs.memo:
-        record = Path(tempfile.mkdtemp(dir=docs.tmp))
-        docs.memo[combined] = record, docs.shell(combined, docs.fast, env={"RECORD": str(record)})
-    record, proc = docs.memo[combined]
-    assert proc.returncode == 0, tail(proc)
-    profile, config = env.get("PROFILE", "accelerate_configs/cpu.yaml"), env.get("CONFIG", "configs/default.yaml")
-    extra = [*args, *docs.fast]
-    out = load_config(docs.workdir(cmd) / config, overrides_from_flags(extra)).output_dir
-    calls = sorted(record.iterdir(), key=lambda p: int(p.name))
-    launch, evaluate, translate = [p.read_text().split("\0")[:-1] for p in calls]
-    assert launch == ["accelerate", "launch", "--config_file", profile, "run.py", "--config", config, *extra]
-    assert evaluate[:3] + evaluate[7:] == ["nmt", "evaluate", f"{out}/model", "--output", f"{out}/test.hyp"], evaluate
-    assert translate == ["nmt", "translate", f"{out}/model"]
-    assert "== test set: 40 sentences, beam 4" in proc.stdout  # the test split of the config's data
-
-
-def run_pip(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """A dry run against what is installed, from the checkout (`-e .` names it): installs nothing, no network."""
-    _, argv = split_env(cmd.text)
-    proc = subprocess.run(["python", "-m", *argv[:2], "--dry-run", "--no-index", "--no-build-isolation", *argv[2:]],
-                          cwd=ROOT, env=docs.env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, tail(proc)
-
-
-def run_tests_of_run_sh(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """`bash run.sh test` runs pytest with the project's settings; here it collects one file instead of running all."""
-    proc = docs.shell(cmd, ["--collect-only", "-q", "tests/test_config.py"])
-    assert proc.returncode == 0 and re.search(r"^\d+ tests collected", proc.stdout, re.M), tail(proc)
-
-
-def check_node(ns, machine_rank: int, processes: int, machines: int, address: str, config: str) -> None:
-    """One node of a multi-node launch: its rank, its share of the processes, the rendezvous, the training config."""
-    from nmt.cli import overrides_from_flags
-    from nmt.config import load_config
-
-    assert (ns.machine_rank, ns.num_processes, ns.num_machines) == (machine_rank, processes, machines)
-    assert (ns.node_rank, int(ns.nproc_per_node), int(ns.nnodes)) == (machine_rank, processes // machines, machines)
-    endpoint = getattr(ns, "rdzv_endpoint", None) or f"{ns.master_addr}:{ns.master_port}"
-    assert endpoint == address
-    script = ns.training_script_args
-    assert ns.training_script == "run.py" and script[:2] == ["--config", config]
-    load_config(ROOT / config, overrides_from_flags(script[2:]))
-
-
-def run_resolved(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """A launch with a GPU profile (two nodes by hand): resolved, since it cannot run here."""
-    _, argv = split_env(cmd.text)
-    ns = resolve_launch(argv[2:], monkeypatch)
-    profile = profile_of(argv)
-    rank = int(argv[argv.index("--machine_rank") + 1]) if "--machine_rank" in argv else profile["machine_rank"]
-    check_node(ns, rank, profile["num_processes"], profile["num_machines"],
-               f"{profile['main_process_ip']}:{profile['main_process_port']}", "configs/default.yaml")
-
-
-def run_slurm(docs: Docs, cmd: Cmd, monkeypatch, status: int = 0) -> None:
-    """Both nodes get their own --machine_rank, all 16 processes and the first host as rendezvous; with the
-    command in double quotes instead, the batch host would expand $SLURM_NODEID once for both (the README's claim).
-    `status`: the script's exit status when the launches (recorded only) make no checkpoint."""
-    calls = run_slurm_script(docs.env, cmd.text, Path(tempfile.mkdtemp(dir=docs.tmp)), status)
-    assert [c[0] for c in calls] == ["launch", "launch"], calls
-    for node, call in enumerate(calls):
-        check_node(resolve_launch(call[1:], monkeypatch), node, 16, 2, "gpu-01:29500", "configs/default.yaml")
-    quoted, n = re.subn(r"bash -c '([^']*)'", r'bash -c "\1"', cmd.text)
-    assert n == 1, "the script should pass the per-node command to srun in single quotes"
-    calls = run_slurm_script(docs.env, quoted, Path(tempfile.mkdtemp(dir=docs.tmp)), status)
-    assert [c[c.index("--machine_rank") + 1] for c in calls] == ["0", "0"]  # the fakes see the trap
-
-
-PYTHON_ACCELERATE = """#!{python}
-import json, os, sys
-with open(os.path.join(os.environ["RECORD"], "pid"), "w") as f:
-    f.write(str(os.getpid()))
-script = sys.argv.index("run.py")
-extra = json.loads(os.environ["FAST"]) + os.environ["EXTRA"].split()
-os.execv(sys.executable, [sys.executable, *sys.argv[script:], *extra])
-"""
-
-
-def run_slurm_requeue(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """The requeue script: laid out as the plain one (2 nodes by the recording fakes); then on one node for real
-    (its `accelerate` runs run.py in this process group): a SIGTERM to the task as the time limit nears, the run
-    saves and exits 0, the script requeues the job; the requeued job continues from the checkpoint and finishes."""
-    import signal
-    import time
-
-    run_slurm(docs, cmd, monkeypatch, status=1)  # no checkpoint made: not requeued, exit 1
-    tmp = Path(tempfile.mkdtemp(dir=docs.tmp))
-    for name in ("bin", "record", "configs", "accelerate_configs", "run.py"):
-        (tmp / name).mkdir() if name in ("bin", "record") else (tmp / name).symlink_to(ROOT / name)
-    fakes = {**FAKES, "srun": '#!/bin/bash\necho "srun $*" >> "$RECORD/calls"\nexec "$@"\n',
-             "accelerate": PYTHON_ACCELERATE.format(python=ROOT / ".venv" / "bin" / "python")}
-    for name, body in fakes.items():
-        (tmp / "bin" / name).write_text(body)
-        (tmp / "bin" / name).chmod(0o755)
-    (tmp / "job.sh").write_text(cmd.text)
-    env = {**docs.env, "PATH": f"{tmp / 'bin'}{os.pathsep}{docs.env['PATH']}", "RECORD": str(tmp / "record"),
-           "SLURM_JOB_NODELIST": "gpu-01", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
-           "SLURM_JOB_ID": "77", "FAST": json.dumps(docs.fast), "PYTHONPATH": str(ROOT)}
-    run, calls = tmp / "runs" / "nmt-77", tmp / "record" / "calls"
-    job = subprocess.Popen(["bash", "job.sh"], cwd=tmp, env={**env, "EXTRA": "--max_steps 1000"},
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not list((run / "checkpoints").glob("step_2")) and job.poll() is None and time.time() < deadline:
-        time.sleep(0.1)
-    os.kill(int((tmp / "record" / "pid").read_text()), signal.SIGTERM)  # --signal=TERM@300: the task, not the shell
-    out, err = job.communicate(timeout=300)
-    assert job.returncode == 0 and "scontrol requeue 77" in calls.read_text(), f"{out[-2000:]}\n{err[-3000:]}"
-    stopped = max(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
-    again = subprocess.run(["bash", "job.sh"], cwd=tmp, env={**env, "EXTRA": f"--max_steps {stopped + 2}"},
-                           capture_output=True, text=True, timeout=300)  # the requeued job: the same script
-    assert again.returncode == 0, tail(again)
-    assert f"resumed from runs/nmt-77/checkpoints/step_{stopped} at step {stopped}" in again.stderr, tail(again)
-    assert f"after {stopped + 2} steps" in again.stdout and (run / "model" / "training.json").is_file(), tail(again)
-    assert calls.read_text().count("scontrol requeue") == 1  # finished: not queued again
-
-
-def run_usage(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """A usage line with placeholders, or a command's name: the (sub)command and every option shown exist;
-    the profile files too."""
-    from nmt.cli import build_parser
-
-    _, argv = split_env(cmd.text.replace("[", " ").replace("]", " "))
-    if argv[0] == "accelerate" and len(argv) == 2:
-        assert argv[1] in accelerate_commands(), sorted(accelerate_commands())
-        return
-    if argv[0] == "nmt":
-        sub = next(a for a in build_parser()._actions if a.choices and "train" in a.choices).choices[argv[1]]
-        known, flags = sub._option_string_actions, [w.split("=")[0] for w in argv[2:] if w.startswith("-") and w != "..."]
-        assert all(f in known for f in flags), [f for f in flags if f not in known]
-        return
-    from accelerate.commands.launch import launch_command_parser
-
-    script = next((i for i, w in enumerate(argv) if w.endswith(".py")), len(argv))
-    known = launch_command_parser()._option_string_actions
-    assert all(w in known for w in argv[2:script] if w.startswith("--")), argv[2:script]
-    if "--config_file" in argv:
-        template = argv[argv.index("--config_file") + 1]
-        profiles = sorted(ROOT.glob(re.sub(r"<\w+>", "*", template)))
-        assert profiles, template
-        for profile in profiles:  # each profile the line stands for is understood by accelerate
-            resolve_launch([w.replace(template, str(profile.relative_to(ROOT))) for w in argv[2:script + 1]], monkeypatch)
-    sub = next(a for a in build_parser()._actions if a.choices and "train" in a.choices).choices["train"]
-    assert all(w in sub._option_string_actions for w in argv[script + 1:] if w.startswith("--") and w != "...")
-
-
-AFTER = {  # what some statements of the pages must have done, beyond not raising (by the statement's start)
-    "result = train(cfg": lambda ns: (ns["result"].model_dir / "training.json").is_file(),
+AFTER = {  # what statements of README's Python must have done, beyond not raising (by the statement's start)
+    "result = train(cfg)": lambda ns: (ns["result"].model_dir / "training.json").is_file(),
     "Translator.from_pretrained(result.model_dir).translate(": lambda ns: [type(s) for s in ns["_"]] == [str],
-    "launch(train, (cfg,), num_processes=2)":
-        lambda ns: json.loads((Path(ns["cfg"].output_dir) / "model" / "training.json").read_text())["num_processes"] == 2,
-    "logits = model(src_ids, tgt_in_ids)": lambda ns: ns["logits"].shape == (2, 3, 8000),
-    "out = model.generate(": lambda ns: ns["out"].dtype == _torch().long and ns["out"].shape[0] == 2,
-    'model.save_pretrained("d")': lambda ns: Path("d/model.safetensors").is_file(),
-    "export_ctranslate2(": lambda ns: Path("runs/default/ct2/model.bin").is_file(),
-    "fast.translate(": lambda ns: [type(s) for s in ns["_"]] == [str],
-    "plot_alignment(": lambda ns: Path("alignment.png").read_bytes().startswith(PNG),
 }
 
 
-def run_python(docs: Docs, cmd: Cmd, monkeypatch) -> None:
-    """A Python block, statement by statement (like a notebook), in its directory; load_config gets FAST."""
+def run_python(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """A Python block, statement by statement (like a notebook), in the scratch directory; load_config gets FAST."""
     import nmt
     import nmt.config
     from nmt.compat import reset_accelerate_state
 
     real = nmt.config.load_config
-
-    def load_config(path=None, overrides=None):
-        return real(path, [*(overrides or []), *(f"{k[2:]}={v}" for k, v in zip(docs.fast[::2], docs.fast[1::2]))])
-
-    monkeypatch.setattr(nmt, "load_config", load_config)
-    monkeypatch.setattr(nmt.config, "load_config", load_config)
-    monkeypatch.chdir(docs.workdir(cmd))
-    ns = docs.namespaces.setdefault(unit_of(cmd), {"__name__": "__page__"})
-    ns.update({name: make() for name, make in GIVENS.get(cmd.page, {}).items() if name not in ns})
-    tree = ast.parse(cmd.text)
+    fast = [f"{k[2:]}={v}" for k, v in zip(readme.fast[::2], readme.fast[1::2])]
+    monkeypatch.setattr(nmt.config, "load_config", lambda path=None, overrides=None: real(path, [*overrides, *fast]))
+    monkeypatch.setattr(nmt, "load_config", nmt.config.load_config)
+    monkeypatch.chdir(readme.dir)
+    monkeypatch.setenv("HOME", readme.env["HOME"])
+    ns: dict = {"__name__": "__readme__"}
+    checked = set()
     try:
-        for stmt in tree.body:
+        for stmt in ast.parse(cmd.text).body:
             source = ast.get_source_segment(cmd.text, stmt)
             if isinstance(stmt, ast.Expr):
                 ns["_"] = eval(compile(ast.Expression(stmt.value), cmd.id, "eval"), ns)
@@ -657,82 +325,276 @@ def run_python(docs: Docs, cmd: Cmd, monkeypatch) -> None:
             for start, check in AFTER.items():
                 if source.startswith(start):
                     assert check(ns), f"{cmd.id}: {source}"
+                    checked.add(start)
     finally:
         reset_accelerate_state()
+    assert checked == set(AFTER), f"README's Python no longer shows {set(AFTER) - checked}"
 
 
-RUNNERS = {"train": run_training, "continued": run_continued, "run.sh variant": run_sh_variant, "nmt": run_nmt,
-           "pip": run_pip, "serve": run_serve, "curl": run_curl, "run.sh test": run_tests_of_run_sh,
-           "resolve": run_resolved, "slurm": run_slurm, "slurm requeue": run_slurm_requeue, "usage": run_usage,
-           "python": run_python}
-
-
-# --- the tests --------------------------------------------------------------------------------------------------
+RUNNERS = {"run.sh": run_sh, "run.sh test": run_sh_test, "pip": run_pip, "own corpus": run_own_corpus,
+           "train": run_training, "check": run_check, "resolve": run_resolved, "decode": run_decode,
+           "serve": run_serve, "curl": run_curl, "python": run_python}
 
 
 @pytest.fixture(scope="module")
-def docs(corpus_dir, tmp_path_factory) -> Docs:
-    return Docs(tmp_path_factory.mktemp("docs"), corpus_dir)
+def readme(corpus_dir, tmp_path_factory) -> Readme:
+    return Readme(tmp_path_factory.mktemp("readme"), corpus_dir)
 
 
 def marks(cmd: Cmd) -> list:
-    out = []
-    if runner_for(cmd) in ("train", "python") and ("cpu_2proc" in cmd.text or "num_processes=2" in cmd.text):
-        out.append(pytest.mark.multiprocess)
-    if runner_for(cmd) == "train" and "run.sh" in cmd.text:
-        out.append(pytest.mark.slow)
-    return out
+    if "cpu_2proc" in cmd.text and runner_for(cmd) == "train":
+        return [pytest.mark.multiprocess]
+    return [pytest.mark.slow] if runner_for(cmd) == "run.sh" else []
 
 
-def test_every_command_has_a_runner():
-    unknown = [f"{c.id}: {c.text if c.kind == 'shell' else c.text.splitlines()[0]}" for c in COMMANDS
-               if runner_for(c) is None]
-    assert not unknown, ("commands the docs show but tests/test_readme.py cannot run; teach it (runner_for) or list "
-                         "them in NOT_RUN with the reason:\n" + "\n".join(unknown))
+def test_every_readme_command_runs():
+    unknown = [f"{c.id}: {c.text}" for c in RUN if runner_for(c) is None]
+    assert not unknown, "README commands no rule of tests/test_readme.py runs (teach runner_for):\n" + "\n".join(unknown)
 
 
-def test_tables_name_only_what_the_pages_show():
-    keys = {c.key for c in COMMANDS}
-    assert not [k for k in NOT_RUN if k not in keys]
-    assert all(any(a in c.text for c in COMMANDS) and any(b in c.text for c in COMMANDS) for a, b in CONTINUES)
-    statements = [ast.get_source_segment(c.text, s) for c in COMMANDS if c.kind == "python" and c.key not in NOT_RUN
-                  for s in ast.parse(c.text).body]
-    assert not [k for k in AFTER if not any(s.startswith(k) for s in statements)]
-    shown = "\n".join(c.text for c in COMMANDS)
-    assert not [name for name in INPUTS if not re.search(rf"(?<![\w/.]){re.escape(name)}(?![\w/])", shown)]
+def test_the_own_corpus_section_starts_with_the_budget_command():
+    """The section's first block is the command a user copies: its flags, in this order, placeholders as written."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Train on your own corpus"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)[1]
+    assert [" ".join(line.split()) for line in block.replace("\\\n", " ").splitlines()] == [
+        "nmt train --data.train D/train --data.valid D/valid --data.test D/test --data.src_lang en "
+        "--data.tgt_lang de --max_minutes 25 --output_dir runs/mine",
+        "nmt evaluate runs/mine/model --src D/test.en --ref D/test.de"]
 
 
-def test_extraction_finds_new_commands():
-    """A command added to a page is found, and one no rule knows is reported (so it cannot go untested)."""
-    page = ("Intro `nmt info runs/x/model` and `torchrun\n  train.py` and `accelerate_configs/`.\n\n```bash\n"
-            "nmt translate m < a.en   # a # comment\nfoo --bar \\\n  baz\n```\n\n```python\nx = 1\n```\n")
-    found = [(c.line, c.kind, c.text) for c in page_commands("P.md", page)]
-    assert found == [(1, "shell", "nmt info runs/x/model"), (1, "shell", "torchrun train.py"),
-                     (5, "shell", "nmt translate m < a.en"), (6, "shell", "foo --bar baz"), (11, "python", "x = 1\n")]
-    assert [runner_for(Cmd("P.md", 1, "shell", t, 0)) for t in ("torchrun train.py", "foo --bar baz")] == [None, None]
+@pytest.mark.parametrize("cmd", [pytest.param(c, id=c.id, marks=marks(c)) for c in RUN])
+def test_readme_command(cmd: Cmd, readme: Readme, monkeypatch):
+    readme.run(cmd, monkeypatch)
 
 
-# Commands of the optional extras (pyproject: ct2, bench) and the module each needs: without it installed (the
-# dev install of CI has ctranslate2 but not transformers) they are skipped.
-OPTIONAL = [(re.compile(r"ctranslate2|--ct2|\bct2\b|\[ct2\]|\[bench\]"), "ctranslate2"),
-            (re.compile(r"\[bench\]"), "transformers"),
-            (re.compile(r"^nmt serve |^curl |\[serve\]"), "uvicorn")]
+# --- README's inline commands and the docs pages: checked without running ---------------------------------------
 
 
-def missing_extra(cmd: Cmd) -> str | None:
-    """The optional module `cmd` needs that is not installed, if any."""
-    import importlib.util
-
-    for pattern, module in OPTIONAL:
-        if pattern.search(cmd.text) and importlib.util.find_spec(module) is None:
-            return module
-    return None
+USAGE = re.compile(r"\.\.\.|\[|<\w+>|(?<![\w/.=-])[A-Z][A-Z_]*(?![\w=])")  # placeholders: ..., [opt], <x>, DIR, X.yaml
 
 
-@pytest.mark.parametrize("cmd", [pytest.param(c, id=c.id, marks=marks(c)) for c in COMMANDS])
-def test_command(cmd: Cmd, docs: Docs, monkeypatch):
-    if runner_for(cmd) == "not run":
-        pytest.skip(f"not run: {NOT_RUN[cmd.key]}")
-    if missing := missing_extra(cmd):
-        pytest.skip(f"needs {missing}, an optional extra that is not installed")
-    docs.run(cmd, monkeypatch)
+def nmt_subcommands() -> dict:
+    from nmt.cli import build_parser
+
+    return next(a for a in build_parser()._actions if a.choices and "train" in a.choices).choices
+
+
+def config_keys() -> set[str]:
+    from nmt.config_reference import config_fields
+
+    return {row[0] for row in config_fields()}
+
+
+def check_nmt(argv: list[str], text: str) -> None:
+    """A subcommand that exists; with placeholders every flag exists (an option, or a config key of train and
+    check); else the line parses and, for train and check, its config file and keys load."""
+    from nmt.cli import build_parser, overrides_from_flags
+    from nmt.config import load_config
+
+    words, _ = without_redirections(argv)
+    if {"-h", "--help"} & set(words):  # cheap to run: the help is printed and nmt exits 0
+        with pytest.raises(SystemExit) as exited, contextlib.redirect_stdout(io.StringIO()) as shown:
+            build_parser().parse_args(words[1:])
+        assert exited.value.code == 0 and shown.getvalue().startswith("usage: nmt"), shown.getvalue()[:500]
+        return
+    subs = nmt_subcommands()
+    assert words[1] in subs, f"no `nmt {words[1]}`: {sorted(subs)}"
+    if len(words) == 2:
+        return  # a command's name in the prose
+    sub, trains = subs[words[1]], words[1] in ("train", "check")
+    if USAGE.search(re.sub(r"'[^']*'", "''", text)):  # a placeholder outside quotes ('[a, b]' is a YAML list)
+        flags = [w.split("=")[0] for w in words[2:] if w.startswith("-") and w != "..."]
+        unknown = [f for f in flags if f not in sub._option_string_actions
+                   and not (trains and f[2:].replace("-", "_") in config_keys())]
+        assert not unknown, f"flags that nmt {words[1]} does not know: {unknown}"
+        return
+    args, extra = build_parser().parse_known_args(words[1:])
+    if not trains:
+        assert not extra, f"flags that nmt {words[1]} does not know: {extra}"
+        return
+    config = ROOT / args.config if args.config and (ROOT / args.config).is_file() else None  # yours: keys only
+    load_config(config, overrides_from_flags(extra))
+
+
+def check_launch(argv: list[str], monkeypatch) -> None:
+    """`accelerate launch [flags] run.py ...`: accelerate resolves it (each profile a <profile> stands for) into
+    the processes of its profile, and run.py's config and keys load."""
+    from nmt.cli import overrides_from_flags
+    from nmt.config import load_config
+
+    script = argv.index("run.py")
+    template = argv[argv.index("--config_file") + 1]
+    profiles = sorted(ROOT.glob(re.sub(r"<\w+>", "*", template)))
+    assert profiles, f"no profile {template}"
+    for profile in profiles:
+        name = str(profile.relative_to(ROOT))
+        ns = resolve_launch([w.replace(template, name) for w in argv[2:script + 1]], monkeypatch)
+        given = yaml.safe_load(profile.read_text(encoding="utf-8"))
+        processes = int(argv[argv.index("--num_processes") + 1]) if "--num_processes" in argv else given["num_processes"]
+        assert ns.num_processes == processes, name
+    rest = argv[script + 1:]
+    load_config(ROOT / rest[1], overrides_from_flags(rest[2:]))
+
+
+def check_accelerate(argv: list[str], monkeypatch) -> None:
+    if argv[1] == "launch" and len(argv) > 2:
+        return check_launch(argv, monkeypatch)
+    import argparse
+
+    from accelerate.commands import accelerate_cli as cli
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    for name in dir(cli):
+        if name.endswith("_parser"):  # get_config_parser, launch_command_parser, ... as accelerate's main() uses them
+            getattr(cli, name)(subparsers=sub)
+    assert argv[1] in sub.choices, sorted(sub.choices)
+
+
+def check_run_sh(env: dict, argv: list[str]) -> None:
+    """The variables are ones run.sh reads, the files they name exist, and extra arguments are config overrides."""
+    from nmt.cli import overrides_from_flags
+    from nmt.config import load_config
+
+    source = (ROOT / "run.sh").read_text(encoding="utf-8")
+    for name, value in env.items():
+        assert f"${{{name}:-" in source and (ROOT / value).is_file(), f"{name}={value}"
+    if argv[2:3] != ["test"]:
+        load_config(ROOT / env.get("CONFIG", "configs/default.yaml"), overrides_from_flags(argv[2:]))
+
+
+def check_pip(argv: list[str]) -> None:
+    """`pip install -e ".[a,b]"`: extras pyproject.toml defines; a package by name: one an extra or a profile needs."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    for word in argv[2:]:
+        if m := re.fullmatch(r"\.\[([\w,]+)\]", word):
+            assert set(m[1].split(",")) <= set(extras), word
+        elif not word.startswith("-"):
+            needed = {re.split(r"[<>=\[]", d)[0] for deps in extras.values() for d in deps} | PROFILE_BACKENDS
+            assert word in needed, word
+
+
+PROFILE_BACKENDS = {"deepspeed"}  # installed by whoever launches deepspeed_zero2.yaml; not a dependency of nmt
+
+
+def check_python_script(argv: list[str]) -> None:
+    """`python benchmarks/x.py --flag ...`: the script exists and defines every flag shown; `python -m m`: m exists."""
+    if argv[1] == "-m":
+        assert importlib.util.find_spec(argv[2]), argv[2]
+        return
+    source = (ROOT / argv[1]).read_text(encoding="utf-8")
+    missing = [w for w in argv[2:] if w.startswith("--") and f'"{w}"' not in source]
+    assert not missing, f"{argv[1]} defines no {missing}"
+
+
+def check_curl(text: str) -> None:
+    """A request to an endpoint nmt serve routes."""
+    path = re.search(r"localhost:\d+(/\w+)", text)[1]
+    assert f'"{path}"' in (ROOT / "nmt" / "serve.py").read_text(encoding="utf-8"), path
+
+
+EXECUTED = {"docs/configuration.md"}  # pages whose Python only builds configs: cheap enough to run, from the checkout
+
+
+def check_python_block(cmd: Cmd, monkeypatch) -> None:
+    """The block compiles and every name it imports from nmt exists; on the EXECUTED pages it runs."""
+    tree = ast.parse(cmd.text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "nmt":
+            module = importlib.import_module(node.module)
+            missing = [a.name for a in node.names if not hasattr(module, a.name)]
+            assert not missing, f"{node.module} has no {missing}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                importlib.import_module(alias.name)
+    if cmd.page in EXECUTED:
+        monkeypatch.chdir(ROOT)
+        exec(compile(tree, cmd.id, "exec"), {"__name__": "__docs__"})
+
+
+def check_slurm(text: str, tmp: Path, monkeypatch) -> None:
+    """Under fake srun/scontrol/accelerate on 2 nodes: each node's launch gets its own --machine_rank, all 16
+    processes and the first host as rendezvous; the script requeues the job after a new checkpoint, ends after
+    the final model and fails without either. In double quotes instead, both nodes would claim rank 0."""
+    calls, log = run_slurm_script(text, tmp / "layout", status=1)
+    assert "scontrol show hostnames gpu-[01-02]" in log and "requeue" not in log
+    assert [c[0] for c in calls] == ["launch", "launch"], calls
+    for node, call in enumerate(calls):
+        ns = resolve_launch(call[1:call.index("run.py") + 1], monkeypatch)
+        assert (ns.machine_rank, ns.num_processes, ns.num_machines) == (node, 16, 2)
+        assert (ns.main_process_ip, ns.main_process_port) == ("gpu-01", 29500)
+    _, log = run_slurm_script(text, tmp / "checkpoint", makes="checkpoints/step_40/model.safetensors")
+    assert "scontrol requeue 77" in log
+    _, log = run_slurm_script(text, tmp / "done", makes="checkpoints/step_90/x model/training.json")
+    assert "requeue" not in log
+    quoted, n = re.subn(r"bash -c '([^']*)'", r'bash -c "\1"', text)
+    assert n == 1, "the script passes the per-node command to srun in single quotes"
+    calls, _ = run_slurm_script(quoted, tmp / "quoted", status=1)
+    assert [c[c.index("--machine_rank") + 1] for c in calls] == ["0", "0"]  # the trap the quotes avoid
+
+
+def check_command(cmd: Cmd, tmp: Path, monkeypatch) -> None:
+    if cmd.kind == "python":
+        return check_python_block(cmd, monkeypatch)
+    if cmd.kind == "script":
+        return check_slurm(cmd.text, tmp, monkeypatch)
+    env, argv = split_env(cmd.text)
+    if argv[:1] == ["taskset"]:  # pinned to a core: the command after `taskset -c N`
+        argv = argv[3:]
+    if argv[0] == "nmt":
+        return check_nmt(argv, cmd.text)
+    if argv[0] == "accelerate":
+        return check_accelerate(argv, monkeypatch)
+    if argv[:2] == ["bash", "run.sh"]:
+        return check_run_sh(env, argv)
+    if argv[:2] == ["pip", "install"]:
+        return check_pip(argv)
+    if argv[0] == "python":
+        return check_python_script(argv)
+    if argv[0] == "curl":
+        return check_curl(cmd.text)
+    pytest.fail(f"no rule of tests/test_readme.py checks `{cmd.text}`")
+
+
+def test_the_executed_pages_show_python():
+    assert all(any(c.page == page and c.kind == "python" for c in DOCS) for page in EXECUTED)
+
+
+@pytest.mark.parametrize("cmd", [pytest.param(c, id=c.id) for c in CHECKED])
+def test_documented_command(cmd: Cmd, tmp_path, monkeypatch):
+    check_command(cmd, tmp_path, monkeypatch)
+
+
+YAML_BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.M | re.S)
+
+
+@pytest.mark.parametrize("page", ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))])
+def test_yaml_blocks_load_as_configs(page, tmp_path):
+    from nmt.config import load_config
+
+    for i, block in enumerate(YAML_BLOCK.findall((ROOT / page).read_text(encoding="utf-8"))):
+        (tmp_path / f"{i}.yaml").write_text(block, encoding="utf-8")
+        load_config(tmp_path / f"{i}.yaml")
+
+
+@pytest.mark.parametrize("page", ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))])
+def test_links_lead_to_files(page):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    targets = [t for t in re.findall(r"\]\(([^)#\s]+)", text) if "://" not in t]
+    missing = [t for t in targets if not ((ROOT / page).parent / t).exists()]
+    assert not missing, f"{page} links to missing files: {missing}"
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
+    """Negative controls: a misspelt flag or config key, a bad value and an unknown command are each refused."""
+    bad = ["nmt train --config configs/default.yaml --modle.d_model 8", "nmt translate m --bem 4 < a.en",
+           "nmt train --config configs/default.yaml --optim.lr 7", "nmt info MODEL_DIR --jsno",
+           "python benchmarks/decode_speed.py --roundz 3", "pip install -e .[nope]", "torchrun train.py"]
+    for text in bad:
+        try:
+            check_command(Cmd("P.md", 1, "shell", text, False), tmp_path, monkeypatch)
+        except (Exception, SystemExit, pytest.fail.Exception):
+            continue
+        pytest.fail(f"accepted: {text}")

@@ -2,13 +2,16 @@
 
 import json
 import random
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
 from nmt.synthetic import generate_pairs
-from nmt.tokenizer import DropoutSegmenter, PairTokenizer, train_tokenizer
+from nmt.tokenizer import DropoutSegmenter, PairTokenizer, train_pair_tokenizer, train_tokenizer
 
 PAIRS = generate_pairs(400, seed=11)
 TEXTS = [s for pair in PAIRS for s in pair] + ["Ünïcödé ﬁ  doubled  spaces", "", "  ", "x"]
@@ -68,3 +71,99 @@ def test_unknown_rate_counts_unk_among_subwords_but_not_the_final_eos():
 
     assert unknown_rate([[UNK, 5, EOS], [6, UNK, UNK, 7]]) == 3 / 6
     assert unknown_rate(iter([[5, EOS]])) == 0.0 and unknown_rate([]) == 0.0
+
+
+# --- only the pipeline nmt writes is loaded ----------------------------------------------------------------
+
+def _edited(tok, tmp_path, edit) -> Path:
+    data = json.loads(tok.to_str())
+    edit(data)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    return tmp_path
+
+
+REDOS = {"type": "Replace", "pattern": {"Regex": "(a+)+$"}, "content": ""}  # catastrophic backtracking
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d.update(normalizer={"type": "Sequence", "normalizers": [d["normalizer"], REDOS]}),
+     'unexpected normalizer {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Replace"'),
+    (lambda d: d.update(normalizer=REDOS), 'unexpected normalizer {"type": "Replace", "pattern": {"Regex": "(a+)+$"}'),
+    (lambda d: d.update(pre_tokenizer={"type": "Split", "pattern": {"Regex": "(x+x+)+y"}, "behavior": "Isolated",
+                                       "invert": False}), 'unexpected pre_tokenizer {"type": "Split"'),
+    (lambda d: d.update(post_processor={"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A",
+                        "type_id": 0}}], "pair": [], "special_tokens": {}}), "unexpected post_processor"),
+    (lambda d: d.update(decoder={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                                 "use_regex": True}), "unexpected decoder"),
+    (lambda d: d["model"].update(fuse_unk=True), "unexpected model options"),
+    (lambda d: d["model"].update(continuing_subword_prefix="##"), "not a readable tokenizer file"),  # a Rust panic
+    (lambda d: d["added_tokens"][3].update(normalized=True, lstrip=True), "unexpected added token 3"),
+])
+def test_a_tokenizer_with_a_pipeline_nmt_does_not_write_is_refused(tok, tmp_path, edit, needle):
+    directory = _edited(tok, tmp_path, edit)
+    with pytest.raises(NmtError) as refused:
+        PairTokenizer.load(directory)
+    message = str(refused.value)
+    assert message.startswith(f"{directory / 'tokenizer.json'}: ") and needle in message, message
+
+
+def test_every_tokenizer_nmt_trains_loads(tmp_path):
+    for i, cfg in enumerate([TokenizerConfig(vocab_size=200, reserved=["<bt>", "<2de>"]),
+                             TokenizerConfig(kind="unigram", vocab_size=200, joint=False)]):
+        pair = train_pair_tokenizer(lambda: (s for s, _ in PAIRS), lambda: (t for _, t in PAIRS), cfg)
+        pair.save(tmp_path / str(i))
+        loaded = PairTokenizer.load(tmp_path / str(i))
+        assert loaded.encode_src(TEXTS[:20]) == pair.encode_src(TEXTS[:20])
+        assert loaded.encode_tgt(TEXTS[:20]) == pair.encode_tgt(TEXTS[:20])
+
+
+# --- the dropout segmenter's algorithm: the same draws as the textbook loop, in n log n ----------------------
+
+def textbook_merge(seg: DropoutSegmenter, symbols: list[str], draw) -> list[str]:
+    """BPE-dropout as written in the paper: each round sorts the applicable merges (rank, then position) and
+    makes the first one not skipped; quadratic in the word length."""
+    while len(symbols) > 1:
+        candidates = sorted((rank, i) for i, pair in enumerate(zip(symbols, symbols[1:]))
+                            if (rank := seg.ranks.get(pair)) is not None)
+        for _, i in candidates:
+            if draw() >= seg.p:
+                symbols[i: i + 2] = [symbols[i] + symbols[i + 1]]
+                break
+        else:
+            break
+    return symbols
+
+
+ALPHABET = sorted({c for text in TEXTS for c in text if not c.isspace()}) + ["☃"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(word=st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=40).map("".join),
+       p=st.sampled_from([0.0, 0.1, 0.5, 0.9]), seed=st.integers(0, 2**32))
+def test_segmenter_makes_the_textbook_draws(tok, word, p, seed):
+    seg = DropoutSegmenter(tok, p)
+    ours, textbook = random.Random(seed), random.Random(seed)
+    assert seg._merge(list(word), ours.random) == textbook_merge(seg, list(word), textbook.random)
+    assert ours.random() == textbook.random()  # the same number of draws: later words see the same stream
+    if p == 0:
+        assert seg.encode(word, random.Random(0)) == tok.encode(word, add_special_tokens=False).ids
+
+
+def test_long_words_are_segmented_in_n_log_n(tok):
+    import time
+
+    letters = "".join(c for pair in PAIRS for text in pair for c in text if not c.isspace())
+    seg = DropoutSegmenter(tok, 0.1)
+
+    def seconds(n: int) -> float:  # CPU time, the best of five: the least disturbed by other work on the machine
+        runs = []
+        for seed in range(5):
+            start = time.process_time()
+            seg.encode(letters[:n], random.Random(seed))
+            runs.append(time.process_time() - start)
+        return min(runs)
+
+    assert len(letters) >= 10_000
+    short, long = seconds(5_000), seconds(10_000)
+    assert short < 0.5  # the sort-per-merge loop takes seconds here
+    assert long < 3 * short  # n log n: 2.2x; quadratic: 4x

@@ -155,10 +155,10 @@ def test_a_linear_schedule_under_a_time_budget_ends_at_the_planned_steps(tiny_cf
     from nmt.config import OptimConfig
 
     tiny_cfg.optim = OptimConfig(schedule="linear")
-    tiny_cfg.max_steps, tiny_cfg.max_minutes, tiny_cfg.save_every = 100_000, 0.05, None
+    tiny_cfg.max_steps, tiny_cfg.max_minutes, tiny_cfg.save_every = None, 0.05, None
     result = train(tiny_cfg)
     plan = json.loads((Path(tiny_cfg.output_dir) / "plan.json").read_text())
-    assert "optim.decay_steps" in capsys.readouterr().out and 1 <= result.steps <= plan["decay_steps"]
+    assert "optim.decay_steps" in capsys.readouterr().out and 1 <= result.steps <= plan["chosen"]["optim.decay_steps"]
 
 
 def test_coming_from_dataparallel_doc_model_trains(tiny_cfg):
@@ -194,21 +194,22 @@ def test_checkpoint_average_is_kept_when_not_worse(tiny_cfg):
 
 
 def test_sizes_left_to_the_corpus_are_chosen_recorded_and_kept_on_resume(corpus_dir, tmp_path, capsys, monkeypatch):
-    from nmt.config import AutoSizes, ModelConfig, TokenizerConfig, read_yaml
+    from nmt.config import ModelConfig, TokenizerConfig, read_yaml
     from nmt.info import describe
     from tests.conftest import tiny_config
 
     cfg = tiny_config(corpus_dir, tmp_path, tokenizer=TokenizerConfig(), model=ModelConfig(), max_steps=4,
                       save_every=4, eval_every=4)
     result = train(cfg)
-    assert "sizes chosen for 600 training pairs (auto_sizes" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "  tokenizer.vocab_size 1,000: for 600 training pairs" in out and "  model.size tiny: d_model 32" in out
     run = read_yaml(Path(cfg.output_dir) / "config.yaml")  # 600 pairs: 1,000 subwords and the tiny model
     assert run["tokenizer"]["vocab_size"] == 1000 and run["model"]["size"] == "tiny" and run["model"]["d_model"] == 32
     info = describe(result.model_dir)
     assert info["architecture"]["d_model"] == 32 and info["architecture"]["size"] == "tiny"
     assert info["vocab"]["src"] <= 1000
     reset_accelerate_state()
-    monkeypatch.setattr("nmt.config.auto_sizes", lambda n: AutoSizes(n, 500, "small"))  # the rule changed since
+    monkeypatch.setattr("nmt.plan.SIZES", ((None, 500, "small"),))  # the rule changed since
     cfg.max_steps, cfg.resume = 6, "latest"
     assert train(cfg).steps == 6  # the checkpoint's model and tokenizer again, not the new rule's
     assert read_yaml(Path(cfg.output_dir) / "config.yaml") == run | {"max_steps": 6, "resume": "latest"}
@@ -398,39 +399,113 @@ def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     assert probe[2] == trained[2] and probe[3] == trained[3]  # the same AdamW settings (fused where available)
 
 
+def plan_lines(out: str) -> dict[str, str]:
+    """The printed plan's and re-timing's values by key (a later value of a key replaces the earlier one)."""
+    from nmt.plan import KEYS
+
+    values = {}
+    for line in out.splitlines():
+        key, _, rest = line.strip().partition(" ")
+        if line.startswith("  ") and key in KEYS:
+            values[key] = rest.split(":", 1)[0]
+        if line.startswith("nmt: re-timed after") and "; " in line:
+            for item in line.split("; ", 1)[1].split(", "):
+                key, _, value = item.partition(" ")
+                values[key] = value
+    return values
+
+
+def trained_values(run: Path, keys) -> dict[str, str]:
+    from nmt.config import load_config
+    from nmt.plan import get, show
+
+    cfg = load_config(run / "config.yaml")
+    return {key: show(get(cfg, key)) for key in keys}
+
+
 def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it(corpus_dir, tmp_path, capsys,
                                                                                    monkeypatch):
     """max_minutes with lr, warmup, cadence and model left null: a few real steps are timed, the plan fills them
-    (explicit max_tokens and eval_every win), is printed in one block and saved; a resume reads plan.json back."""
+    (explicit max_tokens and eval_every win), is printed and saved, re-timed on the run's own steps; a resume
+    reads plan.json back and times nothing."""
     from nmt.config import ModelConfig, OptimConfig, read_yaml
     from tests.conftest import tiny_config
 
-    cfg = tiny_config(corpus_dir, tmp_path, model=ModelConfig(), optim=OptimConfig(), max_steps=100_000,
-                      max_minutes=0.05, eval_every=4, save_every=None, log_every=1000)
-    train(cfg)
-    out = capsys.readouterr().out
-    assert "nmt: chosen for the budget (set a key to override it): save_every, keep_last, average_last, " \
-           "optim.lr, optim.warmup_steps, model.d_model" in out
-    assert "  - model tiny" in out and "steps = " in out
+    cfg = tiny_config(corpus_dir, tmp_path, model=ModelConfig(), optim=OptimConfig(), max_steps=12,
+                      max_minutes=10, eval_every=4, save_every=None, log_every=1000)
+    train(cfg)  # 12 steps: the plan is re-timed after the 6th (the first warms up)
+    out = capsys.readouterr()
+    printed = plan_lines(out.out + out.err)
+    assert {"save_every", "optim.lr", "optim.warmup_steps", "model.size"} <= set(printed)
+    assert "max_tokens" not in printed and "eval_every" not in printed  # given: kept, and not printed
     run = Path(cfg.output_dir)
+    assert printed == trained_values(run, printed)  # every value printed is the value trained with
     plan = json.loads((run / "plan.json").read_text())
     saved = read_yaml(run / "config.yaml")
-    assert saved["max_tokens"] == 400 and saved["eval_every"] == 4  # explicit values win
-    assert saved["save_every"] == plan["save_every"] and saved["optim"]["lr"] == plan["lr"] > 0
-    assert saved["optim"]["warmup_steps"] == plan["warmup_steps"] and saved["model"]["d_model"] == 32
-    assert plan["seconds_per_token"] > 0 and plan["steps"] >= 1  # how many depends on the machine
-    assert saved["optim"]["schedule"] == "inverse_sqrt" and plan["decay_steps"] == plan["steps"]
+    assert saved["max_tokens"] == 400 and saved["eval_every"] == 4
+    assert plan["seconds_per_token"] > 0 and plan["retimed"]["at_step"] == 6  # re-timed on its own steps
+    assert plan["retimed"]["seconds_per_step"] > 0
     reset_accelerate_state()
     import nmt.training.planning as planning
 
     def no_timing(*args, **kwargs):
         raise AssertionError("a resume timed steps again instead of reading plan.json")
 
-    monkeypatch.setattr(planning, "measure", no_timing)
-    cfg.resume = "latest"
+    monkeypatch.setattr(planning, "speed_probe", no_timing)
+    cfg.resume, cfg.max_steps = "latest", 14
     train(cfg)  # the same run: the checkpoint's config matches the saved plan's choices
-    assert json.loads((run / "plan.json").read_text()) == plan
-    assert read_yaml(run / "config.yaml")["optim"]["lr"] == plan["lr"]
+    again = json.loads((run / "plan.json").read_text())
+    assert again["chosen"] == plan["chosen"] and again["retimed"] == plan["retimed"]
+
+
+def test_a_budget_alone_trains_until_it_is_spent_and_says_what_the_user_has(corpus_dir, tmp_path, capsys):
+    """The README's own-corpus command, a small budget: no epoch limit cuts it short (>= 90% of the minutes
+    used), and the end names the minutes, why it stopped, the validation and test scores and the commands."""
+    from nmt.cli import main
+
+    d, run = corpus_dir, tmp_path / "run"
+    assert main(["train", "--data.train", f"{d}/train", "--data.valid", f"{d}/valid", "--data.test", f"{d}/test",
+                 "--data.src_lang", "en", "--data.tgt_lang", "xx", "--max_minutes", "0.25", "--output_dir", str(run),
+                 "--data.cache_dir", str(tmp_path / "cache")]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    printed = plan_lines(out + captured.err)
+    assert {"max_epochs", "model.size", "optim.lr", "max_tokens", "eval_every"} <= set(printed)
+    assert printed == trained_values(run, printed)  # every value printed is the value trained with
+    head = next(line for line in out.splitlines() if line.startswith("nmt: trained "))
+    used, budget = (float(x) for x in head.split(" in ")[1].split(" minutes")[0].split(" of "))
+    assert budget == 0.25 and used >= 0.9 * budget, head
+    assert head.endswith("stopped: the time budget is spent")
+    assert "  best validation: bleu " in out and f"  model: {run / 'model'}" in out
+    assert "  test (beam 4, 40 pairs): BLEU " in out
+    assert f"nmt translate {run / 'model'} --input FILE --output FILE" in out
+    assert f"nmt evaluate {run / 'model'} --src {d}/test.en --ref {d}/test.xx" in out
+
+
+def test_a_limit_set_in_the_config_is_named_when_it_ends_the_run(tiny_cfg, capsys):
+    from nmt.cli import main
+    from nmt.config import save_yaml
+
+    tiny_cfg.max_steps, tiny_cfg.max_epochs, tiny_cfg.max_minutes = None, 1, 10
+    save_yaml(tiny_cfg, Path(tiny_cfg.output_dir).parent / "c.yaml")
+    assert main(["train", "--config", str(Path(tiny_cfg.output_dir).parent / "c.yaml")]) == 0
+    head = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("nmt: trained "))
+    assert " of 10 minutes; stopped: max_epochs 1, set in the config" in head and "(1.0 epochs)" in head
+
+
+def test_the_quickstart_config_prints_only_what_it_leaves_open_and_trains_with_it(corpus_dir, tmp_path, capsys):
+    """configs/default.yaml as `bash run.sh` trains it (on a small corpus, a few steps): the plan names only the
+    values it chose, and those are the values trained with."""
+    from nmt.cli import main
+
+    d, run = corpus_dir, tmp_path / "run"
+    root = Path(__file__).resolve().parents[1]
+    assert main(["train", "--config", str(root / "configs" / "default.yaml"), "--data.train", f"{d}/train",
+                 "--data.valid", f"{d}/valid", "--data.test", f"{d}/test", "--max_steps", "4", "--eval_every", "4",
+                 "--save_every", "4", "--output_dir", str(run), "--data.cache_dir", str(tmp_path / "cache")]) == 0
+    printed = plan_lines(capsys.readouterr().out)
+    assert set(printed) == {"average_last", "keep_last"}  # lr, warmup and cadence are the YAML's: not printed
+    assert printed == trained_values(run, printed)
 
 
 def test_a_run_refused_before_it_starts_leaves_its_output_dir_unused(tiny_cfg):

@@ -1,14 +1,22 @@
 """nmt.translate: Translator's batching, order, n-best lists, streaming, long inputs and its model directory."""
 
 import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nmt.config import ModelConfig, TokenizerConfig
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
+from nmt.sampling import SamplingConfig
 from nmt.search import SEARCH_FILE
 from nmt.synthetic import generate_pairs
 from nmt.tokenizer import EOS, train_pair_tokenizer
@@ -71,3 +79,118 @@ def test_from_pretrained_reads_the_directory_and_its_tuned_alpha(translator, tmp
                                                                                              max_new_tokens=8)
     (tmp_path / SEARCH_FILE).write_text(json.dumps({"alpha": 1.3}))
     assert Translator.from_pretrained(tmp_path).search_defaults == {"alpha": 1.3}
+
+
+# --- one output per input: blank lines, long inputs, n-best ---------------------------------------------
+
+BLANKS = ["", " ", "\t", " \u3000 "]  # \u3000: an ideographic space
+
+
+@pytest.fixture(scope="module")
+def short(translator) -> Translator:
+    """The tiny model with max_positions 12: two or three synthetic sentences make a long input."""
+    torch.manual_seed(0)
+    cfg = replace(translator.model.cfg, max_positions=12)
+    return Translator(Seq2SeqTransformer(cfg), translator.tokenizer)
+
+
+def long_text(i: int) -> str:
+    return " ".join(TEXTS[i: i + 3])
+
+
+def test_blank_inputs_give_empty_outputs_without_running_the_model(translator, monkeypatch):
+    import nmt.translate
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the model ran for blank inputs")
+
+    monkeypatch.setattr(nmt.translate, "search_encoded", no_search)
+    assert translator.translate(BLANKS) == ["", "", "", ""]
+    assert translator.translate(BLANKS[:2], beam_size=3, nbest=3) == [[("", 0.0)] * 3] * 2
+    assert translator.translate([]) == []
+
+
+def test_long_inputs_are_long_for_the_short_model(short):
+    assert all(len(ids) > 12 for ids in short.tokenizer.encode_src([long_text(i) for i in range(4)]))
+
+
+POOL = BLANKS + TEXTS[:4] + [long_text(i) for i in range(3)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(picks=st.lists(st.integers(0, len(POOL) - 1), max_size=7), nbest=st.sampled_from([1, 2, 3]),
+       long_inputs=st.sampled_from(["truncate", "split"]))
+def test_outputs_align_one_to_one_with_inputs(short, picks, nbest, long_inputs):
+    texts = [POOL[i] for i in picks]
+    options = dict(beam_size=3, nbest=nbest, long_inputs=long_inputs, max_new_tokens=5)
+    out = short.translate(texts, **options)
+    assert len(out) == len(texts)
+    for text, got in zip(texts, out):
+        alone = short.translate([text], **options)[0]  # output i is input i's, whatever else is in the batch
+        if nbest == 1:
+            assert isinstance(got, str) and got == alone
+            assert text.strip() or got == ""
+            continue
+        assert len(got) == nbest and all(isinstance(t, str) and isinstance(s, float) for t, s in got)
+        assert [t for t, _ in got] == [t for t, _ in alone]
+        assert [s for _, s in got] == pytest.approx([s for _, s in alone], abs=1e-4)
+        assert text.strip() or got == [("", 0.0)] * nbest
+
+
+def test_a_split_input_joins_its_pieces_in_order_in_every_hypothesis(short):
+    from nmt.search import SearchConfig, search_encoded
+
+    text = long_text(0)
+    pieces = fit_length(short.tokenizer.encode_src([text])[0], 12, "split")
+    assert len(pieces) > 1
+    found = search_encoded(short.model, pieces, SearchConfig(beam_size=3, nbest=3, max_new_tokens=5), 4096)
+    each = [[(short.tokenizer.decode_tgt([h.tokens])[0], h.score) for h in found[j]] for j in range(len(pieces))]
+    joined = short.translate([text], beam_size=3, nbest=3, long_inputs="split", max_new_tokens=5)[0]
+    for k, (translation, score) in enumerate(joined):
+        assert translation == " ".join(hyps[k][0] for hyps in each)
+        assert score == pytest.approx(sum(hyps[k][1] for hyps in each), abs=1e-4)
+    assert short.translate([text], beam_size=3, long_inputs="split", max_new_tokens=5) == [joined[0][0]]
+
+
+def test_nbest_is_exact_even_when_the_search_finds_fewer(translator):
+    # a length limit of one token leaves one hypothesis, </s>, however wide the beam
+    out = translator.translate(TEXTS[:2] + [""], beam_size=4, nbest=4, max_new_tokens=1)
+    assert [len(hyps) for hyps in out] == [4, 4, 4]
+    assert all(len(set(hyps)) == 1 for hyps in out)
+
+
+def test_sampled_nbest_gives_nbest_per_input(short):
+    out = short.translate(["", long_text(1), TEXTS[0], " "], nbest=3, long_inputs="split", max_new_tokens=5,
+                          sampling=SamplingConfig(topk=5, seed=1))
+    assert [len(hyps) for hyps in out] == [3, 3, 3, 3]
+    assert out[0] == out[3] == [("", 0.0)] * 3
+
+
+def test_cli_keeps_blank_lines_aligned(short, tmp_path):
+    """nmt translate (file and stdin) and nmt evaluate: one output line per input line, blank for blank."""
+    from nmt.cli import main
+
+    short.model.save_pretrained(tmp_path / "m")
+    short.tokenizer.save(tmp_path / "m")
+    lines = ["", TEXTS[0], "  ", long_text(2), "\t", TEXTS[1]]
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    expected = short.translate(lines, beam_size=2)
+    assert main(["translate", str(tmp_path / "m"), "--input", str(src), "--output", str(tmp_path / "out.txt"),
+                 "--beam", "2"]) == 0
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n") == expected + [""]
+    assert main(["translate", str(tmp_path / "m"), "--input", str(src), "--output", str(tmp_path / "nbest.txt"),
+                 "--beam", "2", "--nbest", "2"]) == 0
+    nbest = (tmp_path / "nbest.txt").read_text(encoding="utf-8").splitlines()
+    assert [len(line.split("\t")) for line in nbest] == [4] * len(lines)
+    assert [line.split("\t")[::2] for line in nbest][0] == ["", ""]
+    ref = tmp_path / "ref.txt"
+    ref.write_text("".join(f"ref {i}\n" for i in range(len(lines))), encoding="utf-8")
+    assert main(["evaluate", str(tmp_path / "m"), "--src", str(src), "--ref", str(ref), "--beam", "2",
+                 "--output", str(tmp_path / "hyp.txt")]) == 0
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8").split("\n") == expected + [""]
+    piped = subprocess.run([sys.executable, "-m", "nmt.cli", "translate", str(tmp_path / "m"), "--beam", "2"],
+                           input=src.read_text(encoding="utf-8"), capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.split("\n") == expected + [""]

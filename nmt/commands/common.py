@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 
 from nmt.errors import NmtError
 from nmt.validate import utf8_lines
@@ -15,6 +17,22 @@ def no_extra(extra: list[str]) -> None:
 
 def is_main() -> bool:
     return os.environ.get("RANK", "0") == "0"
+
+
+def stdin_fd() -> int | None:
+    """The descriptor of stdin, when it has one (a file redirected with < is an input an output must not name)."""
+    try:
+        return sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a descriptor (a notebook, a test)
+        return None
+
+
+def model_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The model directories a command reads (MODEL_DIR, several for an ensemble; --ct2 DIR), for
+    `nmt.textfiles.refuse_overwrite`: no output may name a file in them."""
+    dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
+    ct2 = getattr(args, "ct2", None)
+    return [("MODEL_DIR", d) for d in dirs if d] + ([("--ct2", ct2)] if ct2 else [])
 
 
 def read_lines(path: str) -> list[str]:

@@ -6,10 +6,10 @@ import argparse
 import os
 import stat
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from nmt.commands.common import no_extra, numbers, read_lines
+from nmt.commands.common import model_inputs, no_extra, numbers, read_lines, stdin_fd
 from nmt.errors import NmtError
 from nmt.validate import utf8_lines
 
@@ -53,9 +53,13 @@ class _Seen:
 
 
 def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.textfiles import refuse_overwrite
+
     no_extra(extra)
     if args.attention and not args.model_dir:
         raise NmtError("--attention needs MODEL_DIR (the PyTorch model): CTranslate2 does not expose the weights")
+    source = ("--input", args.input) if args.input else ("stdin", stdin_fd())
+    refuse_overwrite([("--output", args.output), ("--attention", args.attention)], [source, *model_inputs(args)])
     translator = _translator(args)
     seen = _Seen()
     _translate_stream(translator, seen, args)
@@ -69,21 +73,22 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _translate_stream(translator, seen: _Seen, args: argparse.Namespace) -> None:
-    """--input (or stdin) to --output (or stdout); a terminal or pipe is answered line by line."""
+    """--input (or stdin) to --output (or stdout, written all or nothing); a terminal or pipe is answered line by
+    line."""
+    from nmt.textfiles import atomic_file
+
     # bytes, decoded line by line: a line that is not UTF-8 is named by its number
     source = open(args.input, "rb") if args.input else getattr(sys.stdin, "buffer", sys.stdin)
     interactive = not _is_regular_file(source)  # a terminal or a pipe (or FIFO): answer line by line
-    sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
-        for line in _translations(translator, source, interactive, seen, args):
-            sink.write(line + "\n")
-            if interactive:
-                sink.flush()
+        with atomic_file(args.output) if args.output else nullcontext(sys.stdout) as sink:
+            for line in _translations(translator, source, interactive, seen, args):
+                sink.write(line + "\n")
+                if interactive:
+                    sink.flush()
     finally:
         if args.input:
             source.close()
-        if args.output:
-            sink.close()
 
 
 def _translations(translator, source, interactive: bool, seen: _Seen, args: argparse.Namespace):
@@ -132,14 +137,17 @@ def _draw_first(translator, seen: _Seen, args: argparse.Namespace) -> None:
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.metrics import corpus_scores
+    from nmt.textfiles import atomic_file, refuse_overwrite
 
     no_extra(extra)
+    refuse_overwrite([("--output", args.output)], [("--src", args.src), ("--ref", args.ref), *model_inputs(args)])
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise NmtError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
     hyps = _translator(args).translate(src, **search_kwargs(args))
     if args.output:
-        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        with atomic_file(args.output) as sink:
+            sink.write("".join(h + "\n" for h in hyps))
     scores = corpus_scores(hyps, ref)
     print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
@@ -149,22 +157,20 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
     """Per line: the sum and mean log-probability (nats) of the target given the source, tab-separated
     (--per-token: then each token's, space-separated)."""
+    from nmt.textfiles import atomic_file, refuse_overwrite
     from nmt.translate import Translator
 
     no_extra(extra)
+    refuse_overwrite([("--output", args.output)], [("--src", args.src), ("--tgt", args.tgt), *model_inputs(args)])
     src, tgt = read_lines(args.src), read_lines(args.tgt)
     if len(src) != len(tgt):
         raise NmtError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
     dirs = args.model_dir
     translator = Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
-    sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    try:
+    with atomic_file(args.output) if args.output else nullcontext(sys.stdout) as sink:
         for s in translator.score(src, tgt, batch_tokens=args.batch_tokens):
             tokens = "\t" + " ".join(f"{x:.4f}" for x in s.token_logprobs) if args.per_token else ""
             sink.write(f"{s.total:.4f}\t{s.mean:.4f}{tokens}\n")
-    finally:
-        if args.output:
-            sink.close()
     return 0
 
 

@@ -41,7 +41,7 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.average import average_run
 
     no_extra(extra)
-    print(f"averaged model written to {average_run(args.run_dir, args.last, args.output)}")
+    print(f"averaged model written to {average_run(args.run_dir, args.last, args.output, force=args.force)}")
     return 0
 
 

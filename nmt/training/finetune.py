@@ -11,19 +11,21 @@ from pathlib import Path
 from nmt.config import SIZE_FIELDS, TrainConfig
 from nmt.errors import NmtError
 from nmt.model_dir import load_model_config
+from nmt.plan import open_keys
 from nmt.tokenizer import JOINT_FILE, SRC_FILE, TGT_FILE, UNK, PairTokenizer
 
 SAMPLE = 2000  # pairs read for the segmentation figures
 
 
-def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None]:
-    """`cfg` with the model and tokenizer settings of `cfg.init_from`, and its tokenizer (None without init_from).
+def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dict[str, str]]:
+    """`cfg` with the model and tokenizer settings of `cfg.init_from`, its tokenizer (None without init_from), and
+    the keys `cfg` left open that the model directory fixed, with that reason (for the plan's printout).
 
     Mismatches are errors naming the key: another language pair, a joint config for a separate-vocabulary model
     (or the reverse), a vocabulary size or model size the directory does not have. `model.dropout` may differ.
     """
     if not cfg.init_from:
-        return cfg, None
+        return cfg, None, {}
     directory = Path(cfg.init_from)
     if not directory.is_dir():
         raise NmtError(f"init_from {directory}: not a folder; give a trained model directory (output_dir/model)")
@@ -38,7 +40,9 @@ def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None]:
         model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
     tok_cfg = dataclasses.replace(cfg.tokenizer, vocab_size=(trained.get("tokenizer") or {}).get("vocab_size")
                                   or tokenizer.tgt_vocab_size, kind=_kind(tokenizer))
-    return dataclasses.replace(cfg, model=model_cfg, tokenizer=tok_cfg), tokenizer
+    out = dataclasses.replace(cfg, model=model_cfg, tokenizer=tok_cfg)
+    fixed = set(open_keys(cfg)) - set(open_keys(out))
+    return out, tokenizer, {k: f"the model directory's (init_from {directory})" for k in fixed}
 
 
 def _training_config(directory: Path) -> dict:

@@ -12,10 +12,13 @@ import time
 from accelerate.logging import get_logger
 
 from nmt import checkpoint as ckpt
+from nmt.config import save_yaml
 from nmt.errors import NmtError
+from nmt.plan import TRAIN_SHARE, retime, retime_line
 from nmt.training import step
 from nmt.training.artifacts import log_metrics, save_checkpoint
 from nmt.training.evaluation import evaluate_and_keep_best
+from nmt.training.planning import save_plan
 from nmt.training.progress import Progress, TokenRate
 from nmt.training.state import Run
 from nmt.training.step import Optim, StepStats
@@ -87,38 +90,102 @@ def micro_batches(loader):
         yield from loader
 
 
-class Loop:
-    """Trains `run` until `total` steps, a stop signal, the time budget or patience ends it."""
+def step_limit(run: Run, sampler) -> tuple[int | None, str | None]:
+    """The step the run ends at and why, from max_steps, max_epochs and a linear schedule's end (the least of
+    those set); (None, None): only the time budget, early stopping or a signal ends it."""
+    cfg, chosen = run.cfg, run.plan.chosen if run.plan else {}
 
-    def __init__(self, run: Run, optim: Optim, loader, sampler, total: int):
-        self.run, self.optim, self.loader, self.sampler, self.total = run, optim, loader, sampler, total
-        self.meter, self.rate, self.started = Meter(), TokenRate(), time.monotonic()
+    def by(key: str) -> str:
+        return "chosen by the plan" if key in chosen else "set in the config"
+
+    limits = []
+    if cfg.max_steps:
+        limits.append((cfg.max_steps, f"max_steps {cfg.max_steps:,}, {by('max_steps')}"))
+    if cfg.max_epochs:
+        # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
+        limits.append((cfg.max_epochs * sampler.steps_per_epoch(0), f"max_epochs {cfg.max_epochs}, {by('max_epochs')}"))
+    if cfg.optim.schedule == "linear" and cfg.optim.decay_steps:
+        limits.append((cfg.optim.decay_steps, f"the linear schedule's end at optim.decay_steps {cfg.optim.decay_steps:,}"))
+    return min(limits) if limits else (None, None)
+
+
+class Loop:
+    """Trains `run` until a step limit, a stop signal, the time budget or patience ends it."""
+
+    def __init__(self, run: Run, optim: Optim, loader, sampler):
+        self.run, self.optim, self.loader, self.sampler = run, optim, loader, sampler
+        self.total, self.limit = step_limit(run, sampler)
+        self.meter, self.rate = Meter(), TokenRate()
         self.stopped_by: str | None = None
+        self.session = Session()  # this process's steps, for re-timing the plan
+
+    @property
+    def expected(self) -> int:
+        """The steps the progress bar counts to: the step limit, else the plan's estimate for the budget."""
+        planned = self.run.plan.steps if self.run.plan and self.run.plan.steps else self.run.state.step + 1
+        return self.total if self.total is not None else planned
 
     def __call__(self, signals: StopSignals) -> str | None:
-        """Returns why it stopped early ("SIGTERM", "SIGINT", "time", "patience"), or None."""
+        """Returns why it stopped early ("SIGTERM", "SIGINT", "time", "patience"), or None (a step limit)."""
         batches, state = micro_batches(self.loader), self.run.state
-        bar = Progress(self.run.accelerator, self.total, state.step, self.run.cfg.max_minutes, self.run.cfg.log_every)
+        bar = Progress(self.run.accelerator, self.expected, state.step, self.budget_left_minutes(),
+                       self.run.cfg.log_every)
         self.run.stop_requested = lambda: signals.received is not None
         try:
-            while state.step < self.total and self.stopped_by is None:
+            while (self.total is None or state.step < self.total) and self.stopped_by is None:
                 self.one_step(batches, signals, bar)
                 self.after_step(signals)
+                if self.session.due(state.step, self.run):
+                    self.retime(bar)
         finally:
             self.run.stop_requested = lambda: False
             bar.close()
+        self.run.stop_reason = self.reason()
+        self.run.epochs = self.sampler.epoch + self.sampler.step_in_epoch / self.sampler.steps_per_epoch()
         return self.stopped_by
+
+    def budget_left_minutes(self) -> float | None:
+        cfg = self.run.cfg
+        return None if cfg.max_minutes is None else cfg.max_minutes - self.run.elapsed() / 60
+
+    def reason(self) -> str:
+        return {"time": "the time budget is spent", "patience": f"no better validation in {self.run.cfg.patience} "
+                "validations (patience)", "SIGTERM": "SIGTERM", "SIGINT": "SIGINT"}.get(
+                    self.stopped_by, self.limit or "")
+
+    def retime(self, bar: Progress) -> None:
+        """The plan's steps again at the speed of this run's own steps (all processes agree: the main
+        process's figure is shared), saved so that a resume continues the same plan."""
+        from accelerate.utils import broadcast_object_list
+
+        run = self.run
+        box = [(self.session.seconds_per_step(), run.elapsed())]
+        if run.accelerator.num_processes > 1:
+            broadcast_object_list(box)  # every process then plans the same cadence
+        planned_s = None
+        if run.plan.steps and run.plan.minutes:
+            planned_s = 60 * run.plan.minutes * TRAIN_SHARE / run.plan.steps
+        run.cfg, run.plan = retime(run.cfg, run.plan, run.state.step, *box[0])
+        step.set_schedule(self.optim, run.cfg)
+        self.total, self.limit = step_limit(run, self.sampler)
+        bar.total = self.expected
+        if run.is_main:
+            print(retime_line(run.plan, planned_s), file=sys.stderr, flush=True)
+            save_plan(run.plan, run.out)
+            save_yaml(run.cfg, run.out / "config.yaml")
 
     def one_step(self, batches, signals: StopSignals, bar: Progress) -> None:
         run, state, cfg = self.run, self.run.state, self.run.cfg
         step_start = time.perf_counter()
         window = [to_device(next(batches), run.accelerator.device) for _ in range(cfg.accum_steps)]
-        out_of_time = cfg.max_minutes is not None and time.monotonic() - self.started > 60 * cfg.max_minutes
+        out_of_time = cfg.max_minutes is not None and run.elapsed() > 60 * cfg.max_minutes
         stop = bool(signals.received) or out_of_time
         stats = step.train_step(run.accelerator, run.objective, self.optim, window, stop=stop)  # as nmt check times it
         state.step += 1
         state.tokens_seen += stats.tokens
         state.sampler = self.sampler.state_dict()
+        state.elapsed_s = run.elapsed()
+        self.session.stepped(time.perf_counter() - step_start)
         note_finite(run, stats.finite)
         self.meter.add(stats)
         bar.update(state.step, {"epoch": self.sampler.epoch, "loss": f"{stats.loss:.3f}", "lr": f"{self.lr:.2e}",
@@ -145,6 +212,33 @@ class Loop:
                 log.info(f"early stop at step {state.step}: best was step {state.best_step}", main_process_only=True)
         if state.step % cfg.save_every == 0 or last or self.stopped_by:
             save_checkpoint(run)
+
+
+class Session:
+    """The wall time of this session's training steps, their data loading included, validation and checkpoints
+    not (TRAIN_SHARE leaves them their share): the real speed the plan is re-timed with, once, after RETIME_STEPS
+    steps."""
+
+    RETIME_STEPS = 50  # steps timed (after the first, which warms up), fewer for a short plan
+
+    def __init__(self):
+        self.seconds, self.steps = 0.0, 0
+
+    def stepped(self, seconds: float) -> None:
+        self.steps += 1
+        if self.steps > 1:  # the first step warms up allocator and kernels
+            self.seconds += seconds
+
+    def seconds_per_step(self) -> float:
+        return self.seconds / max(self.steps - 1, 1)
+
+    def due(self, step: int, run: Run) -> bool:
+        """Re-time now: a time budget, a plan never re-timed, and enough steps timed."""
+        plan = run.plan
+        if run.cfg.max_minutes is None or plan is None or plan.retimed is not None or not plan.minutes:
+            return False
+        wanted = max(5, min(self.RETIME_STEPS, (plan.steps or 0) // 20))
+        return self.steps - 1 >= wanted
 
 
 def note_finite(run: Run, finite: bool) -> None:

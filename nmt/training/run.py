@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
+from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
@@ -20,11 +22,13 @@ from nmt.data import prepare
 from nmt.launch import main_process_first
 from nmt.model_dir import SUMMARY_FILE
 from nmt.objective import pad_id_of
+from nmt.plan import Plan
+from nmt.textfiles import atomic_file
 from nmt.training.artifacts import publish_final, start_run
 from nmt.training.evaluation import try_average, tune_alpha
 from nmt.training.finetune import pretrained
 from nmt.training.loop import Loop, StopSignals
-from nmt.training.planning import planned, save_plan
+from nmt.training.planning import load_plan, planned, save_plan, tokenizer_for_data
 from nmt.training.resume import claim_output_dir, resume
 from nmt.training.setup import (
     build_model,
@@ -32,8 +36,6 @@ from nmt.training.setup import (
     make_accelerator,
     make_loader,
     prepare_objective,
-    resumed_sizes,
-    run_sizes,
 )
 from nmt.training.state import Run, TrainResult
 from nmt.validate import check_run
@@ -57,31 +59,32 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
 
 
 def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
+    started = time.monotonic()  # the time budget counts from here: data preparation and planning spend it too
     check_run(cfg)  # every range and path key, before any work
     check_trackers(cfg.log_with)
     accelerator = make_accelerator(cfg)
     found = claim_output_dir(accelerator, cfg)  # the checkpoints to resume from (none: a fresh run)
     set_seed(cfg.seed)
-    cfg, tokenizer = pretrained(resumed_sizes(cfg))  # init_from: the model directory's sizes and tokenizer
+    previous = load_plan(Path(cfg.output_dir)) if found else None  # a resumed run keeps its plan
+    given, tokenizer, inherited = pretrained(cfg)  # init_from: the model directory's architecture and tokenizer
+    for_data = tokenizer_for_data(given, previous)
     # the others wait outside any collective (no timeout) while the main process prepares
-    corpus = prepare(cfg.data, cfg.tokenizer, functools.partial(main_process_first, local=not cfg.data.shared_cache),
-                     tokenizer=tokenizer)
-    cfg, plan = planned(accelerator, cfg, corpus)
-    cfg = run_sizes(accelerator, cfg, corpus)
+    corpus = prepare(for_data.data, for_data.tokenizer,
+                     functools.partial(main_process_first, local=not cfg.data.shared_cache), tokenizer=tokenizer,
+                     max_positions=given.model.max_positions)
+    cfg, plan = resolved(accelerator, given, corpus, inherited, previous, started)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))
-    # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
-    total = cfg.max_steps or cfg.max_epochs * sampler.steps_per_epoch(0)
-    cfg, total = decay_horizon(cfg, total)
     objective, optim = prepare_objective(accelerator, cfg, model)
-    run = Run(accelerator, cfg, corpus, objective)
+    run = Run(accelerator, cfg, corpus, objective, plan=plan, started=started)
     if found:
         run.state = resume(run, sampler, found)
+        run.started = started - run.state.elapsed_s  # the budget spent before the resume counts
     start_run(run)
-    if plan is not None and run.is_main:
+    if run.is_main:
         save_plan(plan, run.out)
     with StopSignals() as signals:
-        stopped_by = Loop(run, optim, loader, sampler, total)(signals)
+        stopped_by = Loop(run, optim, loader, sampler)(signals)
     if stopped_by in ("SIGTERM", "SIGINT"):
         accelerator.end_training()
         return TrainResult(None, run.state.step, stopped_by=stopped_by,
@@ -89,22 +92,69 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     return finish(run)
 
 
-def decay_horizon(cfg: TrainConfig, total: int) -> tuple[TrainConfig, int]:
-    """A linear schedule ends training where its lr reaches 0: at optim.decay_steps, or at the run's own end."""
-    if cfg.optim.schedule != "linear":
-        return cfg, total
-    if cfg.optim.decay_steps is None:
-        return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, decay_steps=total)), total
-    return cfg, min(total, cfg.optim.decay_steps)
+def resolved(accelerator, cfg: TrainConfig, corpus, inherited: dict[str, str], previous: Plan | None,
+             started: float) -> tuple[TrainConfig, Plan]:
+    """`cfg` resolved once for the run (`nmt.plan.resolve`): planned and timed on the main process, shared with
+    the others (which apply the same choices), and printed."""
+    box = [None]
+    if accelerator.is_main_process:
+        left = None if cfg.max_minutes is None else cfg.max_minutes - (time.monotonic() - started) / 60
+        _, plan = planned(cfg, corpus, processes=accelerator.num_processes, device=str(accelerator.device),
+                          precision=str(accelerator.mixed_precision), inherited=inherited, previous=previous,
+                          minutes_left=left)
+        box = [plan.to_dict()]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(box)
+    cfg, plan = planned(cfg, corpus, processes=accelerator.num_processes, inherited=inherited,
+                        previous=Plan.from_dict(box[0]), timed=False)
+    if accelerator.is_main_process:
+        print("nmt: " + "\n".join(plan.lines()), flush=True)
+    return cfg, plan
 
 
 def finish(run: Run) -> TrainResult:
-    """The final model directory: the checkpoint average if asked for and no worse, else best/."""
+    """The final model directory (the checkpoint average if asked for and no worse, else best/), scored on the
+    test set, and what the user has."""
     if run.cfg.average_last > 1:
         try_average(run)
     final = publish_final(run)
     tuned = tune_alpha(run, final) if run.cfg.tune_alpha else {}
+    minutes = run.elapsed() / 60  # the budget's part: the test translation below is not training
+    test = score_test(run, final)
     run.accelerator.end_training()
     summary = json.loads((final / SUMMARY_FILE).read_text())
-    return TrainResult(final, run.state.step, {**summary["metrics"], **tuned})
+    result = TrainResult(final, run.state.step, {**summary["metrics"], **tuned, "step": summary["step"]},
+                         minutes=minutes, max_minutes=run.cfg.max_minutes, stop_reason=run.stop_reason,
+                         epochs=run.epochs, test=test, commands=commands(run.cfg, final))
+    if run.is_main:  # what the end of the run printed, for scripts
+        with atomic_file(run.out / "summary.json") as f:
+            f.write(json.dumps({**dataclasses.asdict(result), "model_dir": str(final)}, indent=2, default=str))
+    return result
 
+
+def score_test(run: Run, model_dir: Path) -> dict:
+    """BLEU and chrF of the final model on the test split, beam 4 as `nmt evaluate` decodes (empty: no test set).
+    The main process translates; the others wait."""
+    test = run.corpus.splits.get("test")
+    scores = {}
+    if run.is_main and test is not None and len(test):
+        from nmt.metrics import corpus_scores
+        from nmt.translate import Translator
+
+        hyps = Translator.from_pretrained(model_dir, device=run.accelerator.device).translate(list(test["src"]), beam_size=4)
+        scores = {**{k: v for k, v in corpus_scores(hyps, list(test["tgt"])).items() if k in ("bleu", "chrf")},
+                  "pairs": len(hyps)}
+    run.accelerator.wait_for_everyone()
+    return scores
+
+
+def commands(cfg: TrainConfig, model_dir: Path) -> list[str]:
+    """How to use the model: the commands to translate with it and to evaluate it on the test files."""
+    src, ref = "TEST.SRC", "TEST.REF"
+    test = cfg.data.test
+    if isinstance(test, str) and Path(f"{test}.{cfg.data.src_lang}").is_file():
+        src, ref = f"{test}.{cfg.data.src_lang}", f"{test}.{cfg.data.tgt_lang}"
+    return [f"translate: nmt translate {model_dir} --input FILE --output FILE",
+            f"evaluate:  nmt evaluate {model_dir} --src {src} --ref {ref}"]

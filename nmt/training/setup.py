@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import inspect
-from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
@@ -16,7 +15,7 @@ from torch.utils.data import DataLoader
 from nmt.batching import TokenBatchSampler
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
-from nmt.config import TrainConfig, pin_sizes, read_yaml
+from nmt.config import TrainConfig
 from nmt.data import Corpus
 from nmt.dropout_epochs import bpe_dropout
 from nmt.encoding import source_lengths
@@ -26,7 +25,6 @@ from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
 from nmt.tokenizer import PairTokenizer
 from nmt.training.finetune import check_same_tokenizer
-from nmt.training.sizing import sized_config
 from nmt.training.step import default_device, launched_precision, make_optim, run_precision
 
 log = get_logger(__name__)
@@ -66,21 +64,6 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         print(f"nmt: mixed precision bf16, chosen for the time budget: this {device_type.upper()} multiplies bf16 "
               "in hardware (ACCELERATE_MIXED_PRECISION=no trains in fp32)", flush=True)
     return accelerator
-
-
-def run_sizes(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus) -> TrainConfig:
-    """`cfg` with every size resolved (`sized_config`); the sizes chosen for the corpus are printed."""
-    cfg, chosen = sized_config(cfg, corpus)
-    if chosen and accelerator.is_main_process:
-        print(f"nmt: sizes chosen for {corpus.stats['sizing_pairs']:,} training pairs (auto_sizes; set them to "
-              f"override): {'; '.join(chosen)}", flush=True)
-    return cfg
-
-
-def resumed_sizes(cfg: TrainConfig) -> TrainConfig:
-    """On resume, the sizes the run was started with (its config.yaml), whatever auto_sizes says now."""
-    saved = Path(cfg.output_dir) / "config.yaml"
-    return pin_sizes(cfg, read_yaml(saved)) if cfg.resume and saved.is_file() else cfg
 
 
 def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Module | None) -> torch.nn.Module:

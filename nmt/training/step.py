@@ -112,6 +112,12 @@ def make_optim(model: torch.nn.Module, cfg: TrainConfig) -> Optim:
     return Optim(optimizer, scheduler, cfg.optim.clip_norm)
 
 
+def set_schedule(optim: Optim, cfg: TrainConfig) -> None:
+    """Step the lr by `cfg`'s schedule from now on (a re-planned warmup or end); the step count stays."""
+    scheduler = getattr(optim.scheduler, "scheduler", optim.scheduler)  # under Accelerate: the wrapped LambdaLR
+    scheduler.lr_lambdas = [schedule_of(cfg)]
+
+
 def default_device(device: str | None = None) -> torch.device:
     """`device`, by default the first GPU, else the CPU: where the plan's timing and `nmt check`'s probe run."""
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -129,7 +135,7 @@ def run_precision(cfg: TrainConfig, device_type: str) -> str:
     """The mixed precision a run trains in: the launcher's when it chose one (`accelerate launch`, a profile,
     ACCELERATE_MIXED_PRECISION); else, under a time budget (max_minutes), bf16 where the device multiplies it in
     hardware: more steps in the same minutes (1.55x on a 2-core AVX512-BF16 CPU, benchmarks/train_speed.py),
-    which validated better (README "Results"); else fp32 ("no")."""
+    which validated better (docs/results.md); else fp32 ("no")."""
     launched = launched_precision()
     if launched is not None:
         return launched

@@ -1,0 +1,453 @@
+"""The plan: the one resolution of a configuration's open fields into a complete configuration.
+
+A config may leave fields null, meaning "choose for me": the model's shape, the vocabulary size, the batch size,
+the learning rate and its warmup, the validation cadence, checkpoint averaging, dropout, the step limit.
+`resolve(cfg, facts, speed)` fills every one of them from the corpus, the measured training speed and the time
+budget, and records one reason per value it chose. `nmt train`, `nmt check`, resume and fine-tuning all call it;
+everything after it reads the resolved config only. The printed plan (`Plan.lines`) is made from the values the
+resolved config holds, so it cannot name one value and train with another, and it says nothing of the values
+the user set.
+
+Pure functions, no torch: the speed comes in as a function from a model shape to seconds per token, timed by
+the caller on real training steps. Anchored on a hand-tuned recipe for 48k pairs in 25 CPU minutes (d192 3+3,
+2,048-token batches, lr 0.0011, warmup 600 of ~4,800 steps, validation every 300, 3 checkpoints averaged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+from nmt.config import MODEL_PRESETS, TrainConfig
+
+
+class Dims(NamedTuple):
+    """A model's shape, as far as the rule needs it."""
+
+    name: str
+    d_model: int
+    n_heads: int
+    n_encoder_layers: int
+    n_decoder_layers: int
+    d_ff: int
+
+
+DIM_KEYS = Dims._fields[1:]
+# the model shapes the rule chooses from, smallest first: named sizes of the config (MODEL_PRESETS)
+RUNGS = tuple(Dims(name, *(MODEL_PRESETS[name][k] for k in DIM_KEYS)) for name in ("tiny", "d128", "d192", "small", "base"))
+
+# (training pairs below, tokenizer.vocab_size, the widest model the corpus may use): the one sizing table.
+# Small corpora want small vocabularies and small models (Sennrich & Zhang 2019: a few thousand BPE merges for
+# low-resource NMT); 32k joint subwords with Transformer base is the WMT-scale setting of Vaswani et al. 2017.
+# Under 1k pairs nothing learns to translate: such runs are smoke tests and get the tiny model. Under 20k pairs
+# d192 validated better than small on Tatoeba's first 10k pairs. "big" is never chosen: ask for it by name.
+SIZES = (
+    (1_000, 1_000, "tiny"),
+    (20_000, 2_000, "d192"),
+    (100_000, 4_000, "small"),
+    (300_000, 8_000, "small"),
+    (1_000_000, 8_000, "base"),
+    (5_000_000, 16_000, "base"),
+    (None, 32_000, "base"),
+)
+# under a time budget, the widest allowed model that still sees this many epochs: on Tatoeba in 25 minutes d192
+# seeing ~27 epochs validated better than small (d256) seeing ~14
+MIN_EPOCHS = 20.0
+# from this many planned epochs over a corpus under 20k pairs, training segments each epoch anew (BPE-dropout):
+# at ~300 epochs over 10k pairs, where training without it stops gaining by mid-run, it validated higher
+MANY_EPOCHS = 100.0
+BPE_DROPOUT = 0.1  # Provilkov et al. 2020's p
+DEFAULT_EPOCHS = 10  # without a time budget or a step limit
+TARGET_STEPS = 4000  # 4,096-token batches only when the budget still allows this many updates with them
+BATCHES = (4096, 2048)
+FILL = 0.95  # share of max_tokens a batch fills (length buckets pad ~4%)
+TRAIN_SHARE = 0.9  # of the time left; the rest goes to validation and checkpoints
+WARMUP_SHARE = 0.12  # of the planned steps (600 of ~4,800 on Tatoeba)
+MAX_WARMUP = 4000
+LR_AT_192 = 1.1e-3  # peak lr for d_model 192; scaled by 1/sqrt(d_model), as Vaswani et al.'s schedule does
+VALIDATIONS = 16  # about this many validations per run
+AVERAGE_LAST = 3  # checkpoints averaged at the end (kept only if it validates at least as well)
+TIMED_VALID_SENTENCES = 500  # under a time budget validation BLEU decodes this many pairs
+
+# the keys a plan may choose, in the order it prints them
+KEYS = ("max_epochs", "tokenizer.vocab_size", "model.size", *(f"model.{k}" for k in DIM_KEYS), "max_tokens",
+        "model.dropout", "tokenizer.dropout", "optim.lr", "optim.warmup_steps", "optim.decay_steps", "eval_every",
+        "save_every", "average_last", "keep_last", "eval_max_sentences")
+# keys that follow the planned number of steps: re-planned when the real run's speed is known
+STEP_KEYS = ("optim.warmup_steps", "optim.decay_steps", "eval_every", "save_every", "average_last", "keep_last")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the plan knows of the corpus: training pairs after cleaning, and the cost of an epoch (padded tokens of
+    the longer side summed over the pairs) and of its costliest pair."""
+
+    train_pairs: int
+    epoch_cost: int = 0
+    longest_cost: int = 0
+    # the training sampler's optimizer steps in an epoch for a max_tokens (exact; None: estimated from epoch_cost)
+    epoch_steps: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass
+class Plan:
+    """What nmt chose, the value and one reason per key, and the run's expected length."""
+
+    chosen: dict[str, Any] = field(default_factory=dict)  # dotted key -> value, as in the resolved config
+    reasons: dict[str, str] = field(default_factory=dict)  # dotted key -> why
+    steps: int | None = None  # optimizer steps expected (None: unknown)
+    epochs: float | None = None
+    minutes: float | None = None  # the time budget
+    seconds_per_token: float | None = None  # measured on the chosen model, one process
+    retimed: dict | None = None  # the re-plan after the first real steps (`retime`)
+
+    def lines(self) -> list[str]:
+        """The printed plan: one line per value nmt chose, with its reason; nothing for the values given."""
+        if not self.chosen:
+            return ["plan: every setting given; nothing chosen"]
+        head = "plan: chosen for " + (f"the {self.minutes:g}-minute budget" if self.minutes else "this corpus") + \
+            (f" (~{self.steps:,} steps, {self.epochs:.1f} epochs)" if self.steps and self.epochs else "") + \
+            "; set a key to override it"
+        return [head] + [f"  {key} {show(self.chosen[key])}: {self.reasons[key]}" for key in self.chosen]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Plan:
+        return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+def show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# --- what is open ------------------------------------------------------------------------------------------
+
+
+def get(cfg: TrainConfig, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def put(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+    """`cfg` with the dotted `values` set (a new config; sections replaced, not mutated)."""
+    sections: dict[str, dict] = {}
+    top = {}
+    for key, value in values.items():
+        section, _, name = key.rpartition(".")
+        (sections.setdefault(section, {}) if section else top)[name] = value
+    replaced = {s: dataclasses.replace(getattr(cfg, s), **v) for s, v in sections.items()}
+    return dataclasses.replace(cfg, **top, **replaced)
+
+
+def open_keys(cfg: TrainConfig) -> list[str]:
+    """The keys `cfg` leaves to the plan, in KEYS order."""
+    out = []
+    for key in KEYS:
+        if key == "max_epochs":
+            is_open = cfg.max_epochs is None and cfg.max_steps is None
+        elif key == "model.size":
+            is_open = cfg.model.size == "auto" and any(getattr(cfg.model, k) is None for k in DIM_KEYS)
+        elif key == "tokenizer.dropout":
+            is_open = cfg.tokenizer.dropout is None and cfg.tokenizer.kind == "bpe"
+        elif key == "optim.decay_steps":
+            is_open = cfg.optim.schedule == "linear" and cfg.optim.decay_steps is None
+        else:
+            is_open = get(cfg, key) is None
+        if is_open:
+            out.append(key)
+    return out
+
+
+# --- the rule --------------------------------------------------------------------------------------------
+
+
+def size_row(train_pairs: int) -> tuple[int, str]:
+    """(vocab_size, widest model) for a corpus of `train_pairs` training pairs."""
+    for below, vocab_size, widest in SIZES:
+        if below is None or train_pairs < below:
+            return vocab_size, widest
+    raise AssertionError("SIZES ends with an open row")
+
+
+def vocab_size_for(train_pairs: int) -> int:
+    """tokenizer.vocab_size for a corpus of `train_pairs` training pairs (after cleaning)."""
+    return size_row(train_pairs)[0]
+
+
+def rung(name: str) -> Dims:
+    return next(r for r in RUNGS if r.name == name)
+
+
+def allowed(train_pairs: int) -> list[Dims]:
+    """The shapes a corpus of this size may use, smallest first; tiny only for smoke-test corpora."""
+    widest = size_row(train_pairs)[1]
+    if widest == "tiny":
+        return [RUNGS[0]]
+    return list(RUNGS[1:[r.name for r in RUNGS].index(widest) + 1])
+
+
+def flops_per_token(m: Dims) -> float:
+    """Relative training cost per token of a shape: the layers' matrix products (attention's length terms and the
+    vocabulary projection, much the same for every shape, left out)."""
+    d, ff = m.d_model, m.d_ff
+    return m.n_encoder_layers * (4 * d * d + 2 * d * ff) + m.n_decoder_layers * (8 * d * d + 2 * d * ff)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds the run: a time budget (the minutes left for training) and step or epoch limits."""
+
+    minutes: float | None
+    max_steps: int | None
+    max_epochs: int | None
+    processes: int = 1
+    accum_steps: int = 1
+
+
+def steps_per_epoch(facts: Facts, max_tokens: int, limits: Limits) -> int:
+    if facts.epoch_steps is not None:
+        return facts.epoch_steps(max_tokens)
+    return max(1, math.ceil(facts.epoch_cost / (max_tokens * FILL * limits.processes * limits.accum_steps)))
+
+
+def step_seconds(per_token: float, timed: Dims, model: Dims, max_tokens: int, limits: Limits) -> float:
+    """Seconds of one optimizer step of `model`, from seconds per token measured on `timed`."""
+    return per_token * flops_per_token(model) / flops_per_token(timed) * max_tokens * FILL * limits.accum_steps
+
+
+def expected_steps(facts: Facts, limits: Limits, step_s: float | None, max_tokens: int) -> int | None:
+    """Optimizer steps the run will take: the least of max_steps, max_epochs and what the time budget allows
+    (None: nothing bounds it that the plan can count)."""
+    bounds = [b for b in (limits.max_steps,) if b]
+    if limits.max_epochs:
+        bounds.append(limits.max_epochs * steps_per_epoch(facts, max_tokens, limits))
+    if limits.minutes is not None and step_s:
+        bounds.append(int(60 * limits.minutes * TRAIN_SHARE / step_s))
+    return max(1, min(bounds)) if bounds else None
+
+
+Speed = Callable[[Dims], float]  # a shape -> seconds per cost token of training it (one process)
+
+
+def resolve(cfg: TrainConfig, facts: Facts, *, speed: Speed | None = None, processes: int = 1,
+            minutes_left: float | None = None, previous: Plan | None = None,
+            inherited: dict[str, str] | None = None) -> tuple[TrainConfig, Plan]:
+    """`cfg` with every open field chosen, and the plan that says what was chosen and why.
+
+    Args:
+        cfg: the configuration as the user gave it (null: choose), after init_from filled what the model
+            directory fixes (`inherited`: those keys and their reason).
+        facts: the corpus (`Facts`).
+        speed: times a shape on real training steps (None: no timing; a time budget then cannot be planned).
+        processes: the launch's process count (batches are per process).
+        minutes_left: the time budget left for training (default cfg.max_minutes).
+        previous: the plan of the run being resumed: its choices are kept, nothing is timed again.
+    """
+    if previous is not None:
+        return _kept(cfg, facts, previous, speed, processes, minutes_left, inherited or {})
+    choose = _Chooser(cfg, Plan(minutes=cfg.max_minutes), open_keys(cfg))
+    limits = _limits(choose, minutes_left, speed, processes)
+    choose("tokenizer.vocab_size", vocab_size_for(facts.train_pairs), f"for {facts.train_pairs:,} training pairs")
+    dims, timed = _shape(choose, facts, limits, speed)
+    choose.plan.seconds_per_token = timed[1] if timed else None
+
+    def seconds(tokens: int) -> float | None:
+        return step_seconds(timed[1], timed[0], dims, tokens, limits) if timed else None
+
+    _batch_size(choose, facts, limits, seconds)
+    tokens = choose.cfg.max_tokens
+    steps = expected_steps(facts, limits, seconds(tokens), tokens)
+    epochs = steps / steps_per_epoch(facts, tokens, limits) if steps else 0.0
+    choose.plan.steps, choose.plan.epochs = steps, epochs or None
+    choose("model.dropout", *dropout_for(facts.train_pairs, epochs))
+    choose("tokenizer.dropout", *bpe_dropout_for(facts.train_pairs, epochs))
+    d = choose.cfg.model.d_model
+    choose("optim.lr", float(f"{LR_AT_192 * math.sqrt(192 / d):.2g}"), f"for d_model {d} (1.1e-3 x sqrt(192/d))")
+    for key, (value, why) in step_choices(steps or 1, choose.cfg, choose.keys, timed=limits.minutes is not None).items():
+        choose(key, value, why)
+    sentences = TIMED_VALID_SENTENCES if limits.minutes is not None else None
+    choose("eval_max_sentences", sentences, "under a time budget, BLEU on the first validation pairs (the loss only "
+           "during the warmup)" if sentences else "all validation pairs")
+    return _finish(choose.cfg, choose.plan, inherited or {}), choose.plan
+
+
+def _kept(cfg: TrainConfig, facts: Facts, previous: Plan, speed: Speed | None, processes: int,
+          minutes_left: float | None, inherited: dict[str, str]) -> tuple[TrainConfig, Plan]:
+    """A resumed run's resolution: the choices of its plan, for the keys still open."""
+    keys = open_keys(cfg)
+    kept = {k: previous.chosen[k] for k in keys if k in previous.chosen}
+    plan = dataclasses.replace(previous, chosen=kept, reasons={k: previous.reasons[k] for k in kept})
+    named = "model.size" in kept  # the shape's fields come with its name
+    if any(k not in kept and not (named and k.removeprefix("model.") in DIM_KEYS) for k in keys):
+        # a key the run's plan did not choose then: chosen now, the kept ones as given
+        cfg, fresh = resolve(put(cfg, kept), facts, speed=speed, processes=processes, minutes_left=minutes_left)
+        plan.chosen, plan.reasons = {**kept, **fresh.chosen}, {**plan.reasons, **fresh.reasons}
+    return _finish(cfg, plan, inherited), plan
+
+
+def _limits(choose: _Chooser, minutes_left: float | None, speed: Speed | None, processes: int) -> Limits:
+    """What bounds the run. Without an epoch or step limit a time budget ends it, else DEFAULT_EPOCHS do."""
+    cfg = choose.cfg
+    minutes = cfg.max_minutes if minutes_left is None else minutes_left
+    limits = Limits(minutes if speed is not None else None, cfg.max_steps, cfg.max_epochs, processes, cfg.accum_steps)
+    if cfg.max_epochs is None and cfg.max_steps is None:
+        if cfg.max_minutes is not None:
+            choose("max_epochs", None, f"the {cfg.max_minutes:g}-minute budget ends the run")
+        else:
+            choose("max_epochs", DEFAULT_EPOCHS, "no time budget, step or epoch limit given")
+    if not (limits.minutes or limits.max_steps or limits.max_epochs):  # no budget, or one not timed (nmt check)
+        limits = dataclasses.replace(limits, max_epochs=DEFAULT_EPOCHS)
+    return limits
+
+
+def _shape(choose: _Chooser, facts: Facts, limits: Limits, speed: Speed | None) -> tuple[Dims, tuple[Dims, float] | None]:
+    """The model's shape (given, or the widest allowed that sees MIN_EPOCHS in the budget), and its timing (the
+    shape, seconds per token) when a time budget needs one."""
+    keys, timed = choose.keys, None
+    if any(getattr(choose.cfg.model, k) is None for k in DIM_KEYS):
+        model, why, timed = _choose_model(facts, limits, speed)
+        shape = (f"d_model {model.d_model}, {model.n_heads} heads, {model.n_encoder_layers}+{model.n_decoder_layers} "
+                 f"layers, d_ff {model.d_ff}")
+        if all(f"model.{k}" in keys for k in DIM_KEYS):  # a named size: the config says which, the line its shape
+            choose("model.size", model.name, f"{shape}; {why}")
+            choose.cfg = put(choose.cfg, {f"model.{k}": getattr(model, k) for k in DIM_KEYS})
+        else:
+            for k in DIM_KEYS:
+                choose(f"model.{k}", getattr(model, k), f"the rest of model {model.name} ({shape})")
+    name = choose.cfg.model.size if choose.cfg.model.size != "auto" else "given"
+    dims = Dims(name, *(get(choose.cfg, f"model.{k}") for k in DIM_KEYS))
+    if speed is not None and limits.minutes is not None and (timed is None or timed[0][1:] != dims[1:]):
+        timed = (dims, speed(dims))  # the shape that trains: small models run below their FLOP share
+    return dims, timed
+
+
+def _batch_size(choose: _Chooser, facts: Facts, limits: Limits, seconds: Callable[[int], float | None]) -> None:
+    """4,096-token batches when the budget still allows TARGET_STEPS updates with them, else 2,048 (more, smaller
+    updates learned more on Tatoeba in 25 minutes); never below the costliest pair."""
+    tokens, why = BATCHES[0], "no time budget"
+    if limits.minutes is not None and seconds(BATCHES[0]) is not None:
+        steps = expected_steps(facts, limits, seconds(BATCHES[0]), BATCHES[0])
+        tokens = BATCHES[0] if steps >= TARGET_STEPS else BATCHES[-1]
+        why = f"{steps:,} steps with {BATCHES[0]:,}-token batches {'>=' if steps >= TARGET_STEPS else '<'} {TARGET_STEPS:,}"
+    if tokens < facts.longest_cost:
+        tokens, why = facts.longest_cost, f"the longest training pair costs {facts.longest_cost:,} tokens"
+    choose("max_tokens", tokens, why)
+
+
+def step_choices(steps: int, cfg: TrainConfig, keys: list[str], timed: bool) -> dict[str, tuple[Any, str]]:
+    """The values that follow the number of steps (warmup, validation cadence, averaging, a linear schedule's
+    end), for the keys among `keys`; `cfg` holds the values given or chosen before."""
+    out: dict[str, tuple[Any, str]] = {}
+    warmup = max(1, min(MAX_WARMUP, round(WARMUP_SHARE * steps)))
+    out["optim.warmup_steps"] = warmup, f"{WARMUP_SHARE:.0%} of ~{steps:,} steps"
+    out["optim.decay_steps"] = steps, ("the linear schedule ends with the budget's steps" if timed else
+                                       "the linear schedule ends with the run's last step")
+    every = max(1, steps // VALIDATIONS)
+    out["eval_every"] = every, f"~{VALIDATIONS} validations in ~{steps:,} steps"
+    out["save_every"] = (cfg.eval_every if "eval_every" not in keys else every), "with each validation"
+    save_every = cfg.save_every if "save_every" not in keys else out["save_every"][0]
+    average = AVERAGE_LAST if steps // save_every >= 2 * AVERAGE_LAST else 0
+    out["average_last"] = average, (f"the last {AVERAGE_LAST} checkpoints, kept if no worse" if average else
+                                    f"fewer than {2 * AVERAGE_LAST} checkpoints to average")
+    avg = cfg.average_last if "average_last" not in keys else average
+    out["keep_last"] = max(avg or 0, 2), "enough to average" if (avg or 0) > 2 else "the last 2 besides best/"
+    return {k: v for k, v in out.items() if k in keys}
+
+
+class _Chooser:
+    """Sets a key that `cfg` leaves open, recording the value and its reason; a given key stays as it is."""
+
+    def __init__(self, cfg: TrainConfig, plan: Plan, keys: list[str]):
+        self.cfg, self.plan, self.keys = cfg, plan, keys
+
+    def __call__(self, key: str, value: Any, why: str) -> None:
+        if key not in self.keys:
+            return
+        self.cfg = put(self.cfg, {key: value})
+        if value is not None or key in ("max_epochs", "eval_max_sentences"):
+            self.plan.chosen[key], self.plan.reasons[key] = value, why
+
+
+def _choose_model(facts: Facts, limits: Limits, speed: Speed | None) -> tuple[Dims, str, tuple[Dims, float] | None]:
+    """The widest allowed shape that sees MIN_EPOCHS epochs in the budget (else the narrowest), why, and the
+    timing made on the way."""
+    shapes = allowed(facts.train_pairs)
+    names = ", ".join(r.name for r in shapes)
+    if speed is None or limits.minutes is None:
+        return shapes[-1], f"the widest for {facts.train_pairs:,} training pairs (no time budget)", None
+    timed = (shapes[-1], speed(shapes[-1]))
+    epochs = 0.0
+    for m in reversed(shapes):
+        steps = expected_steps(facts, limits, step_seconds(timed[1], timed[0], m, BATCHES[-1], limits), BATCHES[-1])
+        epochs = steps / steps_per_epoch(facts, BATCHES[-1], limits)
+        if epochs >= MIN_EPOCHS:
+            return m, f"the widest of {names} that sees >= {MIN_EPOCHS:g} epochs in the budget (~{epochs:.1f})", timed
+    return shapes[0], f"the narrowest of {names}: none sees {MIN_EPOCHS:g} epochs (~{epochs:.1f} for it)", timed
+
+
+def dropout_for(train_pairs: int, epochs: float) -> tuple[float, str]:
+    if train_pairs < 1_000 or epochs < 2:
+        return 0.0, "under 2 epochs or a smoke-test corpus: nothing to overfit"
+    if train_pairs < 20_000:
+        return 0.2, "under 20k training pairs: many epochs over little data"
+    return 0.1, "20k training pairs or more"
+
+
+def bpe_dropout_for(train_pairs: int, epochs: float) -> tuple[float, str]:
+    """BPE_DROPOUT for MANY_EPOCHS or more over 1k to 20k pairs, else 0 (off); and why."""
+    if 1_000 <= train_pairs < 20_000 and epochs >= MANY_EPOCHS:
+        return BPE_DROPOUT, f"~{epochs:.0f} epochs over under 20k training pairs: each epoch segmented anew"
+    return 0.0, f"on only for {MANY_EPOCHS:g} epochs or more over under 20k training pairs"
+
+
+def _finish(cfg: TrainConfig, plan: Plan, inherited: dict[str, str]) -> TrainConfig:
+    """The resolved config: the plan's choices set; the keys init_from fixed join the plan with their reason."""
+    out = put(cfg, plan.chosen)
+    plan.chosen = {k: plan.chosen[k] for k in KEYS if k in plan.chosen}
+    if inherited:
+        plan.chosen = {**{k: get(out, k) for k in inherited}, **plan.chosen}
+        plan.reasons = {**inherited, **plan.reasons}
+    return out
+
+
+# --- re-planning once the real run's speed is known ----------------------------------------------------------
+
+
+def retime(cfg: TrainConfig, plan: Plan, step: int, seconds_per_step: float, elapsed_s: float) -> tuple[TrainConfig, Plan]:
+    """The plan again for the steps the time left allows at the real run's measured `seconds_per_step` (data
+    loading and Python overhead included, which the timed probe misses): the keys that follow the number of
+    steps and that nmt chose are re-planned; a warmup already passed stays. Deterministic given its inputs,
+    which the caller saves, so a resumed run continues the same plan."""
+    left_s = max(60 * plan.minutes - elapsed_s, 0.0)
+    steps = max(step + 1, step + int(left_s * TRAIN_SHARE / seconds_per_step))
+    keys = [k for k in STEP_KEYS if k in plan.chosen]
+    if cfg.optim.warmup_steps is not None and cfg.optim.warmup_steps <= step and "optim.warmup_steps" in keys:
+        keys.remove("optim.warmup_steps")  # the lr has already reached its peak
+    values = {k: v for k, (v, _) in step_choices(steps, cfg, keys, timed=True).items()}
+    new = dataclasses.replace(plan, chosen={**plan.chosen, **values}, steps=steps, retimed={
+        "at_step": step, "seconds_per_step": seconds_per_step, "elapsed_s": elapsed_s, "steps": steps,
+        "values": values})
+    if plan.epochs and plan.steps:
+        new.epochs = plan.epochs * steps / plan.steps
+    return put(cfg, values), new
+
+
+def retime_line(plan: Plan, planned_step_s: float | None) -> str:
+    r = plan.retimed
+    was = f" (the probe said {planned_step_s:.3g})" if planned_step_s else ""
+    values = ", ".join(f"{k} {show(v)}" for k, v in r["values"].items())
+    return (f"nmt: re-timed after {r['at_step']:,} steps: {r['seconds_per_step']:.3g} s a step{was}, so ~{r['steps']:,} "
+            f"steps in the budget" + (f"; {values}" if values else ""))

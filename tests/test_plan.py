@@ -1,0 +1,186 @@
+"""The one resolution (nmt.plan.resolve): a config with open fields, the corpus and the measured speed in; a
+complete config and the plan that says what was chosen out."""
+
+import pytest
+
+from nmt.config import MODEL_PRESETS, ModelConfig, OptimConfig, TokenizerConfig, TrainConfig, load_config
+from nmt.plan import (
+    BATCHES,
+    FILL,
+    KEYS,
+    SIZES,
+    TRAIN_SHARE,
+    Facts,
+    Plan,
+    flops_per_token,
+    get,
+    open_keys,
+    resolve,
+    retime,
+    rung,
+    vocab_size_for,
+)
+
+TATOEBA = Facts(train_pairs=47_842, epoch_cost=335_492, longest_cost=30)  # as prepared: ~7 cost tokens a pair
+
+
+def speed_for(steps: int, minutes: float, model: str = "d192"):
+    """The speed at which `model` takes `steps` 2,048-token steps in the training share of `minutes`."""
+    per_token = 60 * minutes * TRAIN_SHARE / (steps * BATCHES[-1] * FILL)
+    return lambda dims: per_token * flops_per_token(dims) / flops_per_token(rung(model))
+
+
+def budget(minutes: float, **overrides) -> TrainConfig:
+    return TrainConfig(max_minutes=minutes, **overrides)
+
+
+def test_tatoeba_25_minutes_on_a_fast_cpu_gives_the_hand_tuned_recipe():
+    """A hand-tuned config reached ~4,800 steps in 25 minutes on a fast 2-core CPU: d192, 2,048 tokens, lr 0.0011,
+    warmup 600, validation every 300, 3 checkpoints averaged."""
+    cfg, plan = resolve(budget(25), TATOEBA, speed=speed_for(4800, 25))
+    assert (cfg.model.size, cfg.model.d_model, cfg.model.n_encoder_layers, cfg.model.d_ff) == ("d192", 192, 3, 768)
+    assert cfg.max_tokens == 2048 and plan.steps == 4800 and cfg.optim.lr == pytest.approx(1.1e-3)
+    assert 500 <= cfg.optim.warmup_steps <= 700 and 250 <= cfg.eval_every <= 350 and cfg.save_every == cfg.eval_every
+    assert cfg.average_last == 3 and cfg.keep_last >= 3 and cfg.model.dropout == 0.1
+    assert cfg.tokenizer.dropout == 0.0 and cfg.tokenizer.vocab_size == 4_000  # ~27 epochs over 48k pairs
+    assert cfg.max_epochs is None and cfg.max_steps is None  # the budget ends the run
+
+
+def test_a_budget_alone_sets_no_epoch_limit_and_no_budget_trains_ten_epochs():
+    cfg, plan = resolve(budget(25), TATOEBA, speed=speed_for(4800, 25))
+    assert cfg.max_epochs is None and plan.reasons["max_epochs"] == "the 25-minute budget ends the run"
+    cfg, plan = resolve(TrainConfig(), TATOEBA)
+    assert cfg.max_epochs == 10 and "max_epochs" in plan.chosen
+    mine, plan = resolve(budget(25, max_epochs=3), TATOEBA, speed=speed_for(4800, 25))
+    assert mine.max_epochs == 3 and "max_epochs" not in plan.chosen  # what the user wrote, and nothing printed
+    assert plan.steps == 3 * -(-TATOEBA.epoch_cost // int(2048 * FILL))  # the epochs bound the plan first
+
+
+def test_the_resolved_config_has_no_open_field_left():
+    """Every open key is chosen; the only nulls left are chosen ones that mean something (no epoch limit under a
+    budget, all validation pairs)."""
+    dims = {f"model.{k}" for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff")}
+    for cfg in (TrainConfig(), budget(25), budget(25, optim=OptimConfig(schedule="linear"))):
+        out, plan = resolve(cfg, TATOEBA, speed=speed_for(4800, 25))
+        assert set(open_keys(cfg)) - set(plan.chosen) == dims  # the shape: named by model.size, which is chosen
+        assert set(open_keys(out)) == {k for k, v in plan.chosen.items() if v is None}
+
+
+def test_every_printed_value_is_the_resolved_one_and_given_values_print_nothing():
+    given = TrainConfig(max_minutes=25, max_tokens=1000, optim=OptimConfig(lr=0.002), model=ModelConfig(d_model=64))
+    out, plan = resolve(given, TATOEBA, speed=speed_for(4800, 25))
+    printed = plan.lines()[1:]
+    for line in printed:
+        key, rest = line.strip().split(" ", 1)
+        value = rest.split(":", 1)[0]
+        assert value == __import__("nmt.plan", fromlist=["show"]).show(get(out, key)), line
+    keys = [line.split()[0] for line in printed]
+    assert {"max_tokens", "optim.lr", "model.d_model", "model.size"}.isdisjoint(keys)  # given, or not all chosen
+    assert (out.max_tokens, out.optim.lr, out.model.d_model) == (1000, 0.002, 64)
+    assert out.model.n_encoder_layers == 3 and "model.n_encoder_layers" in keys  # the rest of the shape, chosen
+
+
+def test_the_quickstart_config_prints_only_what_it_leaves_open():
+    """configs/default.yaml gives the lr, warmup and cadence: the plan names none of them."""
+    from pathlib import Path
+
+    default = load_config(Path(__file__).parent.parent / "configs" / "default.yaml")
+    out, plan = resolve(default, Facts(20_000, 200_000, 40))
+    assert list(plan.chosen) == ["average_last", "keep_last"] == open_keys(default)
+    assert (out.optim.lr, out.optim.warmup_steps, out.eval_every) == (0.002, 200, 250)
+    assert [line.split(":")[0] for line in plan.lines()[1:]] == ["  average_last 0", "  keep_last 2"]
+
+
+def test_warmup_and_validations_scale_with_the_budget():
+    short, long = (resolve(budget(m), TATOEBA, speed=speed_for(4800 * m // 25, m)) for m in (10, 75))
+    for cfg, plan in (short, long):
+        assert cfg.optim.warmup_steps == round(0.12 * plan.steps) and plan.steps // cfg.eval_every == 16
+    assert (short[0].model.size, long[0].model.size) == ("d128", "small")  # a longer budget affords a wider model
+    assert short[0].optim.warmup_steps < 1000  # a share of the run, not a fixed 1,000
+
+
+def test_a_slower_machine_gets_a_smaller_model_and_a_faster_one_a_larger():
+    slow, _ = resolve(budget(25), TATOEBA, speed=speed_for(1500, 25))
+    fast, _ = resolve(budget(25), TATOEBA, speed=speed_for(20_000, 25))
+    assert slow.model.size == "d128" and slow.optim.lr > 1.1e-3  # narrower: higher peak lr
+    assert fast.model.size == "small" and fast.max_tokens == 4096  # enough steps for full batches
+
+
+def test_corpus_size_caps_the_model_and_sets_dropout():
+    tiny, _ = resolve(budget(5), Facts(600, 6_000, 20), speed=speed_for(10**6, 5))
+    assert tiny.model.size == "tiny" and tiny.model.dropout == 0.0 and tiny.tokenizer.vocab_size == 1_000
+    small, _ = resolve(budget(60), Facts(10_000, 200_000, 40), speed=speed_for(20_000, 60))
+    assert small.model.size == "d192" and small.model.dropout == 0.2  # many epochs over little data, no wider
+    larger, _ = resolve(budget(60), Facts(30_000, 600_000, 40), speed=speed_for(20_000, 60))
+    assert larger.model.size == "small" and larger.model.dropout == 0.1
+
+
+def test_one_sizing_table_without_a_budget():
+    """Without a time budget the model is the widest the corpus may use: the same table as the budget's cap."""
+    for below, vocab, widest in SIZES:
+        pairs = (below or 10**8) - 1
+        cfg, _ = resolve(TrainConfig(), Facts(pairs, pairs * 10, 40))
+        assert cfg.model.size == widest and cfg.tokenizer.vocab_size == vocab == vocab_size_for(pairs)
+        assert (cfg.model.d_model, cfg.model.d_ff) == (MODEL_PRESETS[widest]["d_model"], MODEL_PRESETS[widest]["d_ff"])
+
+
+def test_many_epochs_over_a_small_corpus_turn_on_bpe_dropout():
+    small = Facts(10_000, 200_000, 40)
+    many, plan = resolve(budget(60), small, speed=speed_for(20_000, 60))
+    assert plan.epochs >= 100 and many.tokenizer.dropout == 0.1 and "each epoch segmented anew" in plan.reasons[
+        "tokenizer.dropout"]
+    few, plan = resolve(budget(10), small, speed=speed_for(1500, 10))
+    assert plan.epochs < 100 and few.tokenizer.dropout == 0.0
+    assert resolve(budget(60, tokenizer=TokenizerConfig(dropout=0.3)), small, speed=speed_for(20_000, 60))[0] \
+        .tokenizer.dropout == 0.3  # given: kept
+    unigram, plan = resolve(budget(60, tokenizer=TokenizerConfig(kind="unigram")), small, speed=speed_for(20_000, 60))
+    assert unigram.tokenizer.dropout is None and "tokenizer.dropout" not in plan.chosen  # BPE-dropout needs merges
+
+
+def test_max_tokens_never_below_the_longest_pair():
+    cfg, _ = resolve(budget(25), Facts(47_842, 1_050_000, 5000), speed=speed_for(4800, 25))
+    assert cfg.max_tokens == 5000
+
+
+def test_exact_epoch_steps_are_used_when_known():
+    facts = Facts(47_842, 335_492, 30, epoch_steps=lambda max_tokens: 7 if max_tokens == 4096 else 13)
+    cfg, plan = resolve(TrainConfig(max_epochs=4), facts)
+    assert plan.steps == 28 and cfg.max_tokens == 4096
+
+
+def test_a_linear_schedule_ends_with_the_planned_steps():
+    cfg, plan = resolve(budget(25, optim=OptimConfig(schedule="linear")), TATOEBA, speed=speed_for(4800, 25))
+    assert cfg.optim.decay_steps == plan.steps == 4800
+    assert resolve(budget(25), TATOEBA, speed=speed_for(4800, 25))[0].optim.decay_steps is None  # not needed
+    given = budget(25, optim=OptimConfig(schedule="linear", decay_steps=100))
+    assert resolve(given, TATOEBA, speed=speed_for(4800, 25))[0].optim.decay_steps == 100
+
+
+def test_the_plan_round_trips_and_a_resume_keeps_its_choices_without_timing():
+    cfg, plan = resolve(budget(25), TATOEBA, speed=speed_for(4800, 25))
+    saved = Plan.from_dict(plan.to_dict())
+    assert saved == plan
+
+    def no_timing(dims):
+        raise AssertionError("a resume timed again")
+
+    again, kept = resolve(budget(25), Facts(10, 100, 5), speed=no_timing, previous=saved)  # the corpus no longer matters
+    assert again == cfg and kept.chosen == plan.chosen
+
+
+def test_retiming_replans_the_steps_left_and_keeps_a_passed_warmup():
+    cfg, plan = resolve(budget(25), TATOEBA, speed=speed_for(4800, 25))
+    slower, new = retime(cfg, plan, step=50, seconds_per_step=60 * 25 * TRAIN_SHARE / 4800 * 1.5, elapsed_s=60)
+    assert new.steps < plan.steps and new.retimed["at_step"] == 50
+    assert slower.eval_every == new.steps // 16 and slower.optim.warmup_steps == round(0.12 * new.steps)
+    assert (slower.optim.lr, slower.model.d_model, slower.max_tokens) == (cfg.optim.lr, cfg.model.d_model, cfg.max_tokens)
+    late, _ = retime(cfg, plan, step=1000, seconds_per_step=0.5, elapsed_s=600)
+    assert late.optim.warmup_steps == cfg.optim.warmup_steps  # the lr already reached its peak
+    mine, plan2 = resolve(budget(25, eval_every=7), TATOEBA, speed=speed_for(4800, 25))
+    assert retime(mine, plan2, 50, 1.0, 60)[0].eval_every == 7  # a given value is never re-planned
+
+
+def test_keys_cover_every_field_the_plan_fills():
+    assert len(KEYS) == len(set(KEYS))
+    for key in KEYS:
+        get(TrainConfig(), key)  # each is a real config key
