@@ -1,11 +1,14 @@
 """Load on `nmt serve` over loopback: requests/s and p50/p99 latency for N concurrent clients, with the server's
-dynamic batching on and off, in one run.
+dynamic batching on and off, and with batching on beside hostile clients, in one run.
 
 Each mode starts its own `nmt serve MODEL_DIR --port 0` on 127.0.0.1, sends a few warm-up requests, then lets
 `--clients` threads send `--requests` requests each (`--sentences` sentences per request, drawn in a fixed order
 from `--input` or the synthetic corpus), one after the other per client, and stops the server with SIGTERM.
+The third mode runs the same clients while `--hostile` more threads, for as long as the normal clients run,
+send bodies a byte at a time, headers a byte at a time, costly requests they leave at once, and oversized ones
+(by bytes and by decoding cost); it prints the normal clients' p50/p99 latency there over the quiet server's.
 
-    python benchmarks/serve_load.py runs/default/model --clients 16 --requests 20
+    python benchmarks/serve_load.py runs/default/model --clients 16 --requests 20 --hostile 16
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -75,18 +80,91 @@ def load(port: int, work: list[list[list[str]]], beam: int) -> dict:
             "p99 ms": 1000 * quantile(0.99), "mean ms": 1000 * statistics.fmean(latencies), "errors": len(errors)}
 
 
-def run_mode(args, batching: bool, work: list[list[list[str]]]) -> dict:
+HOSTILE_KINDS = ("slow body", "slow headers", "leaves mid-body", "costly request, leaves at once", "oversized body",
+                 "over the cost limit")
+REQUEST_TIMEOUT = 2.0  # the server's --request-timeout in the hostile mode: slow clients are cut off after it
+HOSTILE_PAUSE = 0.05  # seconds a hostile client waits between attempts: each makes at most 20 a second
+
+
+def _post_head(length: int) -> bytes:
+    return b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % length
+
+
+def hostile(port: int, kind: str, stop, outcomes: dict, pool: list[str]) -> None:
+    """One hostile client: does its `kind` of harm again and again until `stop`; counts what the server answered."""
+    costly = json.dumps({"sentences": pool[:32], "beam": 8}).encode()
+    over_cost = json.dumps({"sentences": [""] * 256, "beam": 1000}).encode()
+    while not stop.is_set():
+        outcome = "left"
+        try:
+            with socket.create_connection((HOST, port), timeout=3 * REQUEST_TIMEOUT + 5) as sock:
+                if kind in ("slow body", "slow headers"):
+                    head = b"POST /translate HTTP/1.1\r\nHost: x\r\n"
+                    sock.sendall(head + b"Content-Length: 1000\r\n\r\n{" if kind == "slow body" else head)
+                    outcome = "open at the end"
+                    while not stop.is_set():  # a byte every 0.2 s until the server cuts it off
+                        try:
+                            sock.sendall(b"X")
+                        except OSError:
+                            outcome = "cut off"
+                            break
+                        time.sleep(0.2)
+                elif kind == "leaves mid-body":
+                    sock.sendall(_post_head(len(costly)) + costly[: len(costly) // 2])
+                elif kind == "costly request, leaves at once":
+                    sock.sendall(_post_head(len(costly)) + costly)
+                else:
+                    body = b"x" * 65536 if kind == "oversized body" else over_cost
+                    sock.sendall(_post_head(100_000_000 if kind == "oversized body" else len(body)) + body)
+                    answer = sock.recv(64)
+                    outcome = answer[9:12].decode() if answer.startswith(b"HTTP/1.1 ") else "closed"
+        except OSError:  # reset or broken pipe: the server cut it off
+            outcome = "closed"
+        outcomes[(kind, outcome)] = outcomes.get((kind, outcome), 0) + 1
+        time.sleep(HOSTILE_PAUSE)
+
+
+def hostile_swarm(port: int, n: int, stop, results, pool: list[str]) -> None:
+    """`n` hostile clients as threads of their own process (the measured clients' process stays quiet)."""
+    outcomes: dict = {}
+    threads = [threading.Thread(target=hostile, args=(port, HOSTILE_KINDS[i % len(HOSTILE_KINDS)], stop, outcomes,
+                                                      pool)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results.put(outcomes)
+
+
+def run_mode(args, batching: bool, work: list[list[list[str]]], hostiles: int = 0, pool: list[str] = ()) -> dict:
     flags = ["--max-queue", str(max(64, args.clients * 2)), "--max-wait-ms", str(args.max_wait_ms),
-             "--threads", str(args.threads)] + ([] if batching else ["--no-batching"])
-    proc, port = start_server(args.model_dir, flags)
+             "--threads", str(args.threads), "--request-timeout", str(REQUEST_TIMEOUT)]
+    proc, port = start_server(args.model_dir, flags + ([] if batching else ["--no-batching"]))
+    context = multiprocessing.get_context("spawn")
+    stop, results = context.Event(), context.Queue()
+    swarm = context.Process(target=hostile_swarm, args=(port, hostiles, stop, results, list(pool))) if hostiles else None
+    outcomes: dict = {}
     try:
         for reqs in work[: min(2, len(work))]:  # warm-up: first calls allocate and compile
             post(port, {"sentences": reqs[0], "beam": args.beam})
+        if swarm:
+            swarm.start()
+            time.sleep(REQUEST_TIMEOUT + 1)  # the swarm is doing harm (slow clients cut off once) before measuring
         figures = load(port, work, args.beam)
+        stop.set()
+        if swarm:
+            outcomes = results.get(timeout=60)
+            swarm.join(timeout=60)
         _, stats = post(port, {})
         figures["requests/batch"] = stats["requests"] / max(stats["batches"], 1)
         figures["max requests/batch"] = stats["max_requests_per_batch"]
+        figures["hostile"] = outcomes
+        figures["dropped"] = stats.get("dropped", 0)
+        warmup = sum(len(reqs[0]) for reqs in work[: min(2, len(work))])
+        figures["decoded for others"] = stats.get("sentences_decoded", 0) - warmup - sum(len(r) for reqs in work
+                                                                                          for r in reqs)
     finally:
+        stop.set()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
     return figures
@@ -110,6 +188,8 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="the server's --max-wait-ms when batching")
     p.add_argument("--threads", type=int, default=0, help="the server's torch threads (0: torch's default)")
+    p.add_argument("--hostile", type=int, default=10, choices=range(0, 65), metavar="[0-64]",
+                   help="hostile clients beside the normal ones in the third mode (0: no third mode)")
     args = p.parse_args()
     pool = sentences_from(args.input)
     n = args.sentences
@@ -118,7 +198,9 @@ def main() -> None:
     print(f"nmt serve over loopback: {args.clients} clients x {args.requests} requests of {n} sentence(s), "
           f"beam {args.beam}, model {args.model_dir}")
     rows = {"batching on": run_mode(args, True, work), "batching off": run_mode(args, False, work)}
-    keys = list(next(iter(rows.values())))
+    if args.hostile:
+        rows["hostile"] = run_mode(args, True, work, args.hostile, pool)
+    keys = [k for k in next(iter(rows.values())) if k not in ("hostile", "dropped", "decoded for others")]
     print(f"{'':14}" + "".join(f"{k:>20}" for k in keys))
     for name, figures in rows.items():
         print(f"{name:14}" + "".join(f"{figures[k]:>20.1f}" if isinstance(figures[k], float) else f"{figures[k]:>20}"
@@ -126,7 +208,16 @@ def main() -> None:
     on, off = rows["batching on"], rows["batching off"]
     print(f"batching on / off: {on['requests/s'] / off['requests/s']:.2f}x requests/s, "
           f"p99 {on['p99 ms'] / off['p99 ms']:.2f}x")
-
+    if args.hostile:
+        bad = rows["hostile"]
+        print(f"{args.hostile} hostile clients in their own process, each pausing {HOSTILE_PAUSE:g} s between "
+              f"attempts ({', '.join(HOSTILE_KINDS)}); what they got: "
+              + ", ".join(f"{kind}: {outcome} x{n}" for (kind, outcome), n in sorted(bad["hostile"].items()))
+              + f"; requests the server dropped: {bad['dropped']}; sentences it decoded for them: "
+              f"{bad['decoded for others']}")
+        print(f"normal clients, quiet -> with hostile clients: p50 {on['p50 ms']:.1f} -> {bad['p50 ms']:.1f} ms "
+              f"({bad['p50 ms'] / on['p50 ms']:.2f}x), p99 {on['p99 ms']:.1f} -> {bad['p99 ms']:.1f} ms "
+              f"({bad['p99 ms'] / on['p99 ms']:.2f}x; target: under 2x)")
 
 if __name__ == "__main__":
     main()

@@ -167,3 +167,37 @@ def tied_embedding_notice_muted():
         yield
     finally:
         logger.removeFilter(quiet)
+
+
+def uvicorn_protocol_with_header_deadline(seconds: float) -> type:
+    """uvicorn's h11 protocol class, closing a connection whose next request's headers have not all arrived within
+    `seconds` of the connection opening or of its previous response: uvicorn times out only idle keep-alive
+    connections, so a client trickling header bytes would hold a connection for ever. uvicorn 0.54.0:
+    `uvicorn.protocols.http.h11_impl.H11Protocol` and its `cycle` (the current request, set when its headers are
+    complete), `transport`, `loop`, `connection_made` and `on_response_complete` are not public API."""
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    if int(uvicorn.__version__.split(".")[0]) != 0 or int(uvicorn.__version__.split(".")[1]) < 30:
+        logging.getLogger(__name__).warning("uvicorn %s is untested here; slow request headers are not cut off",
+                                            uvicorn.__version__)
+        return H11Protocol
+
+    class HeaderDeadlineProtocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def _arm(self) -> None:
+            self.loop.call_later(seconds, self._expire, self.cycle)
+
+        def _expire(self, cycle) -> None:
+            idle = cycle is None or cycle.response_complete  # not inside a request whose headers came
+            if self.cycle is cycle and idle and not self.transport.is_closing():  # and no new one since
+                self.transport.close()
+
+    return HeaderDeadlineProtocol

@@ -1,38 +1,52 @@
 """`nmt serve`: an HTTP JSON API over a model directory (Starlette app, served by uvicorn).
 
 POST /translate {"sentences": [...], "beam": 4, ...} -> {"translations": [...], "batch": {...}}
-GET /health, GET /info (the model, as `nmt info --json`, and the server's limits), GET /stats (batch sizes).
+GET /health, GET /info (the model's architecture and metrics, and the server's limits), GET /stats (batch sizes).
 Concurrent requests are batched by `nmt.request_batcher.Batcher`; the one home of starlette and uvicorn.
+
+Every request a client gets wrong is answered 4xx with {"error": "..."}; what a request may cost is bounded
+before it is queued (its decoding cost: sentences x beam x length limit), and what a client holds is bounded in
+time (headers and body deadlines, keep-alive, a connection limit). See docs/serving.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hmac
+import ipaddress
 import json
 import logging
+import os
 import signal
 import socket
 import sys
-from dataclasses import asdict
 
 import torch
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from nmt.compat import uvicorn_protocol_with_header_deadline
 from nmt.errors import NmtError
-from nmt.request_batcher import Batcher, Job, QueueFull, ServeConfig, Stopping
+from nmt.ranges import RANGE, Range
+from nmt.request_batcher import API_KEY_ENV, Batcher, Job, QueueFull, ServeConfig, Stopping
+from nmt.search import SearchConfig
 
 log = logging.getLogger(__name__)
 
-
-# Request options: JSON key -> (Translator.translate keyword, type, smallest, largest).
-OPTIONS = {"beam": ("beam_size", int, 1, 64), "alpha": ("alpha", float, 0.0, 10.0), "nbest": ("nbest", int, 1, 64),
-           "max_new_tokens": ("max_new_tokens", int, 1, 4096)}
+# Request options: JSON key -> (Translator.translate keyword, type). Their ranges are SearchConfig's: what a request
+# may cost is bounded by --max-cost, not by a second set of numbers here.
+OPTIONS = {"beam": ("beam_size", int), "alpha": ("alpha", float), "nbest": ("nbest", int),
+           "max_new_tokens": ("max_new_tokens", int)}
+SEARCH_RANGES = {f.name: f.metadata[RANGE] for f in dataclasses.fields(SearchConfig) if RANGE in f.metadata}
+# what GET /info shows of `nmt info --json`: no paths, no command lines
+PUBLIC_INFO = ("architecture", "parameters", "tensors", "dtypes", "vocab", "step", "best", "num_processes", "search")
 
 
 class BadRequest(Exception):
@@ -44,41 +58,75 @@ class BadRequest(Exception):
 def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float]:
     """A request body -> (sentences, Translator.translate keywords, timeout in seconds); BadRequest names the field."""
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BadRequest(400, f"the body is not UTF-8 (byte {e.start} cannot start a character)") from None
+    except json.JSONDecodeError as e:
         raise BadRequest(400, f"the body is not valid JSON ({e})") from None
+    except RecursionError:
+        raise BadRequest(400, "the body nests JSON too deeply") from None
+    except ValueError as e:  # a number of more digits than Python converts
+        raise BadRequest(400, f"the body holds a number too long to read ({str(e).split(':')[0]})") from None
     if not isinstance(data, dict):
         raise BadRequest(400, 'the body must be a JSON object like {"sentences": ["Hello."]}')
     unknown = sorted(set(data) - {"sentences", "timeout", *OPTIONS})
     if unknown:
-        raise BadRequest(400, f"unknown field {unknown[0]!r}; known: sentences, timeout, {', '.join(OPTIONS)}")
+        raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, {', '.join(OPTIONS)}")
     sentences = data.get("sentences")
-    if not isinstance(sentences, list) or not sentences or not all(isinstance(s, str) for s in sentences):
+    if not isinstance(sentences, list) or not sentences:
         raise BadRequest(400, "'sentences' must be a non-empty list of strings")
     if len(sentences) > cfg.max_sentences:
         raise BadRequest(413, f"{len(sentences)} sentences in one request; the limit is {cfg.max_sentences}")
+    for i, s in enumerate(sentences):
+        if not isinstance(s, str):
+            raise BadRequest(400, f"'sentences' must be a non-empty list of strings; item {i} is {_short(s)}")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRequest(400, f"sentence {i} is not valid Unicode (a lone surrogate at character {e.start})") \
+                from None
     options = {"beam_size": cfg.beam}
-    for key, (keyword, kind, lo, hi) in OPTIONS.items():
+    for key, (keyword, kind) in OPTIONS.items():
         if key in data:
-            options[keyword] = _number(data[key], key, kind, lo, hi)
+            options[keyword] = _number(data[key], key, kind, SEARCH_RANGES[keyword])
     if options.get("nbest", 1) > options["beam_size"]:
         raise BadRequest(400, f"'nbest' ({options['nbest']}) cannot exceed 'beam' ({options['beam_size']})")
-    timeout = _number(data.get("timeout", cfg.timeout), "timeout", float, 0.001, cfg.timeout)
+    timeout = _number(data.get("timeout", cfg.timeout), "timeout", float, Range(f"(0, {cfg.timeout}]"))
     return [s.replace("\n", " ") for s in sentences], options, timeout
 
 
-def _number(value, key: str, kind: type, lo: float, hi: float):
+def _number(value, key: str, kind: type, allowed: Range):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise BadRequest(400, f"{key!r} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
-    if not lo <= value <= hi:
-        raise BadRequest(400, f"{key!r} must be between {lo} and {hi}, got {value}")
+        raise BadRequest(400, f"{key!r} must be {'an integer' if kind is int else 'a number'}, got {_short(value)}")
+    # nmt.ranges.Range reads a number as a float: an integer past float's range is refused before it gets there
+    if (isinstance(value, int) and abs(value) > 1 << 53) or value not in allowed:
+        raise BadRequest(400, f"{key!r} must be in {allowed}, got {_short(value)}")
     return kind(value)
+
+
+def _short(value) -> str:
+    """A client's value in an error message, cut short (it may be megabytes long)."""
+    if isinstance(value, int) and abs(value) >= 10 ** 30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def decoding_costs(translator, tokens: list[int], options: dict) -> list[int]:
+    """Per sentence: beam x the most output tokens search may generate for it (as Translator.translate and
+    nmt.search.length_limits bound them: min(a + b * source length, max_new_tokens), truncated sources)."""
+    limit = translator.model.cfg.max_positions
+    search = SearchConfig(**{k: v for k, v in {**translator.search_defaults, **options}.items()
+                             if k in SEARCH_RANGES and k != "max_new_tokens"})
+    most = min(options.get("max_new_tokens", limit), limit - 1)
+    return [search.beam_size * max(1, min(int(search.max_len_a + search.max_len_b * min(n, limit)), most))
+            for n in tokens]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 past `limit` bytes (by Content-Length, or while reading a chunked one)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and len(declared) < 20 and int(declared) > limit:
         raise BadRequest(413, f"the body has {declared} bytes; the limit is {limit}")
     body = bytearray()
     async for chunk in request.stream():
@@ -88,23 +136,53 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers={"Retry-After": "1"} if status == 429 else None)
+async def _client_left(receive) -> None:
+    """Returns when the client closes its connection (the body is read: uvicorn's next message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _error(status: int, message: str, close: bool = False) -> JSONResponse:
+    headers = {"Retry-After": "1"} if status in (429, 503) else {}
+    if close:  # the rest of the request is not read: the connection cannot carry another one
+        headers["Connection"] = "close"
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 class Api:
     """The routes' handlers over one Batcher that calls `translator.translate`."""
 
     def __init__(self, translator, cfg: ServeConfig, info: dict | None = None):
-        self.translator, self.cfg, self.info = translator, cfg, info or {}
+        self.translator, self.cfg = translator, cfg
+        self.info = {k: v for k, v in (info or {}).items() if k in PUBLIC_INFO}
         self.batcher = Batcher(translator.translate, cfg.batch_tokens, cfg.max_queue, cfg.max_wait_ms / 1000,
-                               cfg.batching)
+                               cfg.batching, max_cost=cfg.batch_cost, max_queued_cost=cfg.max_queued_cost)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.deadline: float | None = None  # loop time when a shutdown gives up on the requests in flight
+        self.abandoned_call = False  # a shutdown left a model call running in its thread
 
     async def translate(self, request: Request) -> JSONResponse:
         try:
-            sentences, options, timeout = parse_request(await read_body(request, self.cfg.max_body_bytes), self.cfg)
-            tokens = sum(len(ids) for ids in self.translator.tokenizer.encode_src(sentences))
-            job = Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens)
+            body = await asyncio.wait_for(read_body(request, self.cfg.max_body_bytes), self.cfg.request_timeout)
+        except asyncio.TimeoutError:
+            return _error(408, f"the body did not arrive within {self.cfg.request_timeout:g} s", close=True)
+        except BadRequest as e:
+            return _error(e.status, str(e), close=True)
+        except ClientDisconnect:  # it left halfway through its body: nobody reads an answer
+            self.batcher.stats.disconnected += 1
+            return _error(400, "the client closed the connection before its body was complete")
+        try:
+            sentences, options, timeout = parse_request(body, self.cfg)
+            tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(sentences)]
+            job = Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens,
+                      decoding_costs(self.translator, tokens, options))
+            if job.cost > self.cfg.max_cost:
+                self.batcher.stats.rejected_cost += 1
+                raise BadRequest(413, f"the request's decoding cost is {job.cost} (sentences x beam x length limit: "
+                                 f"{len(sentences)} sentences, beam {options['beam_size']}, up to "
+                                 f"{max(job.costs) // options['beam_size']} output tokens each); the limit is "
+                                 f"{self.cfg.max_cost}: send fewer or shorter sentences, a smaller beam or "
+                                 "max_new_tokens")
             future = self.batcher.submit(job)
         except BadRequest as e:
             return _error(e.status, str(e))
@@ -112,45 +190,95 @@ class Api:
             return _error(429, str(e))
         except Stopping as e:
             return _error(503, str(e))
+        left = asyncio.ensure_future(_client_left(request.receive))
         try:
-            outputs = await asyncio.wait_for(asyncio.shield(future), timeout)
-        except asyncio.TimeoutError:
-            future.cancel()  # the batcher skips it if it has not started
-            self.batcher.stats.timed_out += 1
+            done, _ = await asyncio.wait({future, left}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # uvicorn gave up on this request: so does the batcher
+            self.batcher.cancel(job, "disconnected")
+            raise
+        finally:
+            left.cancel()
+        if not future.done():
+            self.batcher.cancel(job, "disconnected" if left in done else "timed_out")
+            # a client that left reads no answer; uvicorn drops it
             return _error(504, f"no translation within the request's timeout of {timeout:g} s")
+        try:
+            outputs = future.result()
+        except Stopping as e:
+            return _error(503, str(e))
         except Exception as e:  # noqa: BLE001 - the model failed on this request: the client learns why
             return _error(500, f"translation failed: {e}")
         return JSONResponse({"translations": [_jsonable(o) for o in outputs], "batch": job.batch})
 
     async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "queued": len(self.batcher.pending), "in_flight": self.batcher.in_flight})
+        return JSONResponse({"status": "ok", "queued": sum(job.live for job in self.batcher.pending),
+                             "in_flight": self.batcher.in_flight})
 
     async def show_info(self, request: Request) -> JSONResponse:
-        return JSONResponse({"model": self.info, "backend": self.translator.backend, "server": asdict(self.cfg),
-                             "options": list(OPTIONS)})
+        return JSONResponse({"model": self.info, "backend": self.translator.backend, "server": self.cfg.public(),
+                             "options": {key: str(SEARCH_RANGES[keyword]) for key, (keyword, _) in OPTIONS.items()}})
 
     async def stats(self, request: Request) -> JSONResponse:
-        return JSONResponse({**self.batcher.stats.as_dict(), "queued": len(self.batcher.pending),
-                             "in_flight": self.batcher.in_flight})
+        return JSONResponse({**self.batcher.stats.as_dict(), "queued": sum(job.live for job in self.batcher.pending),
+                             "in_flight": self.batcher.in_flight, "queued_cost": self.batcher.queued_cost})
+
+    def begin_shutdown(self) -> None:
+        """Take no new requests; give the ones in flight --shutdown-timeout seconds, then 503 (event loop thread)."""
+        if self.deadline is None:
+            self.batcher.stop_admitting()
+            self.deadline = self.loop.time() + self.cfg.shutdown_timeout
+            self.loop.call_later(self.cfg.shutdown_timeout, self.batcher.abandon)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
+        self.loop = asyncio.get_running_loop()
         self.batcher.start()
         yield
-        await self.batcher.close()  # uvicorn has let the open requests finish; the queue is empty by now
+        self.begin_shutdown()  # uvicorn has waited for the open requests, up to its own bound
+        if not await self.batcher.close(max(0.0, self.deadline - self.loop.time())):
+            self.abandoned_call = True
+            print("nmt serve: the model call in progress is abandoned", file=sys.stderr, flush=True)
+        if self.batcher.abandoned:
+            print(f"nmt serve: gave up on {self.batcher.abandoned} request(s) after --shutdown-timeout "
+                  f"{self.cfg.shutdown_timeout:g} s", file=sys.stderr, flush=True)
 
     @staticmethod
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404, 405: JSON like the rest
         return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}"}, status_code=exc.status_code)
 
+    @staticmethod
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:  # a defect: JSON all the same
+        return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
+
+
+class RequireKey:
+    """ASGI middleware: every request but GET /health must carry `Authorization: Bearer KEY` (401 JSON otherwise)."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                response = JSONResponse({"error": "missing or wrong API key: send 'Authorization: Bearer KEY'"},
+                                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
 
 def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlette:
-    """The ASGI app: POST /translate, GET /health /info /stats; `app.state.batcher` is its Batcher."""
+    """The ASGI app: POST /translate, GET /health /info /stats; `app.state.api` is its Api."""
+    if cfg.beam not in SEARCH_RANGES["beam_size"]:
+        raise NmtError(f"flag '--beam': {cfg.beam} is outside the allowed range {SEARCH_RANGES['beam_size']}")
     api = Api(translator, cfg, info)
     app = Starlette(routes=[Route("/translate", api.translate, methods=["POST"]), Route("/health", api.health),
                             Route("/info", api.show_info), Route("/stats", api.stats)], lifespan=api.lifespan,
-                    exception_handlers={HTTPException: api.http_error})
-    app.state.batcher = api.batcher
+                    middleware=[Middleware(RequireKey, key=cfg.api_key)] if cfg.api_key else [],
+                    exception_handlers={HTTPException: api.http_error, Exception: api.server_error})
+    app.state.api = api
     return app
 
 
@@ -161,9 +289,11 @@ def _jsonable(output):
 class _Server(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         if not self.should_exit:
-            batcher = self.config.app.state.batcher
-            print(f"nmt serve: stopping; {batcher.in_flight} request(s) in flight finish first", file=sys.stderr,
-                  flush=True)
+            api = self.config.app.state.api
+            print(f"nmt serve: stopping; {api.batcher.in_flight} request(s) in flight get up to "
+                  f"{api.cfg.shutdown_timeout:g} s to finish", file=sys.stderr, flush=True)
+            if api.loop is not None:
+                api.loop.call_soon_threadsafe(api.begin_shutdown)
         super().handle_exit(sig, frame)
 
 
@@ -181,15 +311,29 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def serve(translator, cfg: ServeConfig, info: dict | None = None) -> None:
-    """Serve until SIGTERM or Ctrl-C; both let the requests in flight finish, then return."""
+    """Serve until SIGTERM or Ctrl-C; both stop admitting, give the requests in flight --shutdown-timeout seconds,
+    then return."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    app = build_app(translator, cfg, info)
+    if not cfg.api_key and not is_loopback(cfg.host):
+        print(f"nmt serve: warning: --host {cfg.host} is reachable beyond this machine and no API key is set: anyone "
+              f"who reaches it can use it; set ${API_KEY_ENV} (or --api-key)", file=sys.stderr, flush=True)
     sock = bind(cfg.host, cfg.port)
     host, port = sock.getsockname()[:2]
-    app = build_app(translator, cfg, info)
-    server = _Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=cfg.timeout
-                                    + 5, lifespan="on"))
+    server = _Server(uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on",
+        http=uvicorn_protocol_with_header_deadline(cfg.request_timeout), limit_concurrency=cfg.max_connections,
+        timeout_keep_alive=cfg.keep_alive,
+        timeout_graceful_shutdown=cfg.shutdown_timeout + 1))  # a backstop: Api.begin_shutdown answers them first
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     print(f"nmt serve: listening on http://{address} (POST /translate, GET /health /info /stats)", flush=True)
     # uvicorn re-raises the signal that stopped it once it has shut down; a quiet handler makes that a normal return
@@ -201,3 +345,7 @@ def serve(translator, cfg: ServeConfig, info: dict | None = None) -> None:
             signal.signal(sig, handler)
         sock.close()
     print("nmt serve: stopped", file=sys.stderr, flush=True)
+    if app.state.api.abandoned_call:
+        # the model thread is inside torch: interpreter shutdown under it aborts the process; end it here instead
+        sys.stdout.flush()
+        os._exit(0)

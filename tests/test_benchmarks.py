@@ -161,10 +161,14 @@ def test_serve_load(corpus_dir, tmp_path):
     model_dir = train(tiny_config(corpus_dir, tmp_path, max_steps=6, eval_every=6, save_every=6)).model_dir
     reset_accelerate_state()
     out = run("serve_load.py", str(model_dir), "--clients", "4", "--requests", "3", "--beam", "1", "--threads", "1",
-              "--max-wait-ms", "20")
+              "--max-wait-ms", "20", "--hostile", "6")
     rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("batching o")
             and "/" not in line}
     assert set(rows) == {"on", "off"}, out
     assert rows["off"][-1] == "1" and int(rows["on"][-1]) > 1, out  # max requests/batch: only batching shares
     assert rows["on"][5] == rows["off"][5] == "0", out  # no errors
     assert "batching on / off:" in out
+    hostile = next(line for line in out.splitlines() if line.startswith("hostile"))
+    assert hostile.split()[6] == "0", out  # the normal clients beside hostile ones: no errors
+    assert "slow body: cut off" in out and "slow headers: cut off" in out, out  # after --request-timeout
+    assert "over the cost limit: 413" in out and "normal clients, quiet -> with hostile clients: p50" in out, out

@@ -115,7 +115,8 @@ HOMES = {  # third-party library -> the only modules that import it (one home pe
     "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},
     "datasets": {"tables", "readers", "encoding", "data", "dropout_epochs"},  # the data layer
     "accelerate": {"compat", "launch", *(n for n in LAYER if n.startswith("training."))},
-    "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "uvicorn": {"serve"},
+    "matplotlib": {"plot", "attention"}, "starlette": {"serve"},
+    "uvicorn": {"serve", "compat"},  # compat: the private protocol class serve extends
 }
 
 

@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,19 +37,20 @@ def model_dir(corpus_dir, tmp_path_factory) -> Path:
 class Server:
     """`nmt serve MODEL_DIR --port 0 FLAGS` in a subprocess; `port` is the one it printed."""
 
-    def __init__(self, model_dir: Path, *flags: str):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    def __init__(self, model_dir: Path, *flags: str, env: dict | None = None):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "nmt.cli", "serve", str(model_dir), "--port", "0", *flags],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()  # blocks until it listens (or dies)
         assert "listening on http://127.0.0.1:" in line, (line, self.proc.stderr.read())
         self.port = int(line.split("127.0.0.1:")[1].split()[0])
 
-    def call(self, method: str, path: str, body: dict | bytes | None = None, timeout: float = 120) -> tuple[int, dict]:
+    def call(self, method: str, path: str, body: dict | bytes | None = None, timeout: float = 120,
+             headers: dict | None = None) -> tuple[int, dict]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             data = json.dumps(body).encode() if isinstance(body, dict) else body
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
             response = conn.getresponse()
             return response.status, json.loads(response.read())
         finally:
@@ -63,8 +65,8 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(model_dir: Path, *flags: str):
-    server = Server(model_dir, *flags)
+def serving(model_dir: Path, *flags: str, env: dict | None = None):
+    server = Server(model_dir, *flags, env=env)
     try:
         yield server
     finally:
@@ -97,31 +99,137 @@ def test_concurrent_requests_are_batched_and_answer_as_nmt_translate(model_dir, 
     assert stats["batches"] < len(requests)
     assert max(body["batch"]["requests"] for _, body in answers) == stats["max_requests_per_batch"]
     assert status_info == 200 and info["model"]["architecture"]["d_model"] == 32 and "beam" in info["options"]
+    shown = json.dumps(info)  # no paths and no command lines of the machine that trained or serves it
+    assert not {"model_dir", "argv", "command", "data"} & set(info["model"]) and str(model_dir.parent) not in shown
+    assert info["server"]["max_cost"] > 0 and "api_key" not in info["server"]
     assert code == 0 and "nmt serve: stopped" in err, err
 
 
-def test_bad_requests_get_4xx_with_a_message(model_dir):
-    with serving(model_dir, "--max-body-bytes", "2000", "--max-sentences", "8") as server:
+def test_malformed_and_hostile_requests_get_4xx_json_never_500(model_dir):
+    with serving(model_dir, "--max-body-bytes", "6000", "--max-sentences", "8", "--max-cost", "20000") as server:
         cases = [
             (b"{not json", 400, "not valid JSON"),
+            (b"", 400, "not valid JSON"),
+            (b"[]", 400, "must be a JSON object"),
+            (b'{"sentences": ["\xff\xfe"]}', 400, "not UTF-8"),
+            (b'{"sentences": ["\\ud800 lone"]}', 400, "sentence 0 is not valid Unicode (a lone surrogate"),
+            (b'{"sentences": ' + b"[" * 1400 + b"]" * 1400 + b"}", 400, "nests JSON too deeply"),
+            (b'{"sentences": ["a"], "beam": ' + b"9" * 5000 + b"}", 400, "number too long to read"),
+            (b'{"sentences": ["a"], "beam": ' + b"9" * 4000 + b"}", 400,
+             "'beam' must be in [1, 1000], got an integer of 4000 digits"),
+            (b'{"sentences": ["a"], "alpha": -' + b"9" * 400 + b"}", 400, "'alpha' must be in [0, 10], got an integer"),
+            (b'{"sentences": ["a"], "alpha": NaN}', 400, "'alpha' must be in [0, 10], got nan"),
+            (b'{"sentences": ["a"], "alpha": 1e999}', 400, "'alpha' must be in [0, 10], got inf"),
             ({"text": ["Hello."]}, 400, "unknown field 'text'"),
             ({"sentences": "Hello."}, 400, "'sentences' must be a non-empty list of strings"),
             ({"sentences": []}, 400, "'sentences' must be a non-empty list of strings"),
-            ({"sentences": ["a"], "beam": 0}, 400, "'beam' must be between 1 and 64"),
-            ({"sentences": ["a"], "beam": "4"}, 400, "'beam' must be an integer"),
+            ({"sentences": ["a", 3]}, 400, "item 1 is 3"),
+            ({"sentences": ["a"], "beam": 0}, 400, "'beam' must be in [1, 1000], got 0"),
+            ({"sentences": ["a"], "beam": "4"}, 400, "'beam' must be an integer, got '4'"),
+            ({"sentences": ["a"], "beam": True}, 400, "'beam' must be an integer, got True"),
+            ({"sentences": ["a"], "beam": 2.5}, 400, "'beam' must be an integer"),
+            ({"sentences": ["a"], "timeout": 1e9}, 400, "'timeout' must be in (0, 60.0]"),
             ({"sentences": ["a"], "beam": 2, "nbest": 3}, 400, "'nbest' (3) cannot exceed 'beam' (2)"),
             ({"sentences": ["a"] * 9}, 413, "9 sentences in one request; the limit is 8"),
-            ({"sentences": ["word " * 500]}, 413, "the limit is 2000"),
+            ({"sentences": ["word " * 1300]}, 413, "the limit is 6000"),
+            ({"sentences": [""] * 8, "beam": 1000}, 413, "decoding cost is"),  # few source tokens, a costly search
         ]
         for body, status, needle in cases:
             got, answer = server.call("POST", "/translate", body)
-            assert got == status and needle in answer["error"], (body, got, answer)
+            assert got == status and needle in answer["error"], (body[:80], got, answer)
+        declared = read_all(raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"9" * 12
+                                + b"\r\n\r\n{"))  # refused by what it declares, before it is read
+        assert declared.startswith(b"HTTP/1.1 413") and b"\"the body has 999999999999 bytes" in declared, declared
         assert server.call("GET", "/translate") == (405, {"error": "Method Not Allowed: GET /translate"})
         assert server.call("GET", "/nope")[0] == 404
         status, answer = server.call("POST", "/translate", {"sentences": ["I am young."], "beam": 2, "nbest": 2})
         assert status == 200 and [len(answer["translations"]), len(answer["translations"][0])] == [1, 2]
         assert set(answer["translations"][0][0]) == {"text", "score"}
+        assert server.call("GET", "/stats")[1]["rejected_cost"] == 1
         assert server.call("GET", "/health")[0] == 200  # the server goes on after bad requests
+        code, err = server.stop()
+    assert code == 0 and "Traceback" not in err and "Exception" not in err, err
+
+
+def test_an_api_key_guards_every_route_but_health(model_dir):
+    with serving(model_dir, env={"NMT_API_KEY": "s3cret"}) as server:
+        body = {"sentences": ["I am young."], "beam": 1}
+        assert server.call("GET", "/health")[0] == 200
+        for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for method, path, data in (("GET", "/info", None), ("GET", "/stats", None), ("POST", "/translate", body),
+                                       ("GET", "/nope", None)):
+                status, answer = server.call(method, path, data, headers=headers)
+                assert status == 401 and "API key" in answer["error"], (headers, path, status, answer)
+        good = {"Authorization": "Bearer s3cret"}
+        assert server.call("POST", "/translate", body, headers=good)[0] == 200
+        assert server.call("GET", "/info", headers=good)[0] == 200
+
+
+def test_a_non_loopback_address_without_a_key_is_warned_about(model_dir):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NMT_API_KEY": ""}  # 192.0.2.1 (TEST-NET-1): never this machine's
+    proc = subprocess.run([sys.executable, "-m", "nmt.cli", "serve", str(model_dir), "--host", "192.0.2.1", "--port",
+                           "0"], capture_output=True, text=True, env=env, timeout=120)
+    assert "warning: --host 192.0.2.1 is reachable beyond this machine and no API key is set" in proc.stderr
+    assert proc.returncode == 2 and "cannot listen on 192.0.2.1:0" in proc.stderr, proc.stderr
+
+
+def raw(port: int, data: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(data)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection."""
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+def test_slow_clients_are_cut_off_and_connections_are_limited(model_dir):
+    with serving(model_dir, "--request-timeout", "1", "--max-connections", "4", "--keep-alive", "1") as server:
+        start = time.monotonic()
+        slow_body = raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"sen")
+        answer = read_all(slow_body)
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in answer, answer
+        assert time.monotonic() - start < 10
+        start = time.monotonic()
+        slow_headers = raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\n")
+        with contextlib.suppress(OSError):  # a byte every 0.2 s: never a whole request
+            while time.monotonic() - start < 10:
+                slow_headers.sendall(b"X")
+                time.sleep(0.2)
+        assert 0.9 < time.monotonic() - start < 5 and read_all(slow_headers) == b""  # closed without an answer
+        idle = [raw(server.port, b"") for _ in range(4)]  # the limit, in connections that send nothing
+        time.sleep(0.2)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 503
+        assert all(read_all(s) == b"" for s in idle)  # closed by the server within --request-timeout
+        assert server.call("GET", "/health")[0] == 200
+
+
+def test_work_of_clients_that_left_or_timed_out_is_dropped(model_dir):
+    with serving(model_dir, "--max-wait-ms", "1500", "--batch-tokens", "8") as server:
+        raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 24\r\n\r\n{").close()  # mid-body
+        gone = raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 24\r\n\r\n"
+                                b'{"sentences": ["a b c"]}')
+        wait_for(server, "queued", 1)
+        gone.close()  # while it waits for company
+        wait_for(server, "in_flight", 0)
+        time.sleep(1.6)
+        stats = server.call("GET", "/stats")[1]
+        assert (stats["disconnected"], stats["dropped"], stats["sentences_decoded"]) == (2, 1, 0), stats
+        # a request of many model calls (--batch-tokens 8: two sentences a call) whose client gives up after 0.5 s
+        status, answer = server.call("POST", "/translate", {"sentences": ["a b c"] * 200, "beam": 8, "timeout": 0.5})
+        assert status == 504, answer
+        wait_for(server, "in_flight", 0)
+        time.sleep(0.5)
+        stats = server.call("GET", "/stats")[1]
+        assert stats["timed_out"] == 1 and stats["dropped"] == 2 and 0 < stats["sentences_decoded"] < 200, stats
+        code, err = server.stop()
+    assert code == 0 and "Traceback" not in err, err
 
 
 def wait_for(server: Server, key: str, value: int, timeout: float = 30) -> None:
@@ -130,6 +238,24 @@ def wait_for(server: Server, key: str, value: int, timeout: float = 30) -> None:
     while server.call("GET", "/health")[1][key] != value:
         assert time.monotonic() < deadline, f"{key} never reached {value}"
         time.sleep(0.01)
+
+
+def test_sigterm_gives_the_requests_in_flight_a_bounded_time(model_dir):
+    with serving(model_dir, "--shutdown-timeout", "1", "--max-cost", "100000000", "--max-queued-cost", "100000000",
+                 "--timeout", "300") as server:
+        answers: list = []
+        long = {"sentences": [" ".join("abcdefghij") * 10] * 64, "beam": 64}  # many seconds, over many model calls
+        sender = threading.Thread(target=lambda: answers.append(server.call("POST", "/translate", long)))
+        sender.start()
+        wait_for(server, "queued", 0)
+        wait_for(server, "in_flight", 1)
+        start = time.monotonic()
+        code, err = server.stop()
+        stopped = time.monotonic() - start
+        sender.join()
+    assert code == 0 and stopped < 6, (stopped, err)
+    assert answers[0][0] == 503 and "gave up on this request" in answers[0][1]["error"], answers
+    assert "gave up on 1 request(s) after --shutdown-timeout 1 s" in err and "nmt serve: stopped" in err, err
 
 
 def test_full_queue_429_timeout_504_and_sigterm_lets_requests_in_flight_finish(model_dir):
@@ -153,4 +279,5 @@ def test_full_queue_429_timeout_504_and_sigterm_lets_requests_in_flight_finish(m
         code, err = server.stop()  # SIGTERM while the request waits in the queue
         sender.join()
     assert last[0][0] == 200 and len(last[0][1]["translations"]) == 1, last
-    assert code == 0 and "stopping; 1 request(s) in flight finish first" in err and "nmt serve: stopped" in err, err
+    assert code == 0 and "stopping; 1 request(s) in flight get up to 10 s to finish" in err, err
+    assert "nmt serve: stopped" in err and "gave up" not in err, err

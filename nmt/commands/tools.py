@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from nmt.commands.common import no_extra
 from nmt.errors import NmtError
@@ -53,9 +54,12 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             raise
         raise NmtError(f"nmt serve needs {e.name}: pip install 'nmt[serve]' (starlette and uvicorn)") from None
     from nmt.info import describe
-    from nmt.request_batcher import ServeConfig
+    from nmt.request_batcher import API_KEY_ENV, ServeConfig
     from nmt.translate import Translator
 
-    cfg = ServeConfig(**{k: getattr(args, k) for k in vars(ServeConfig())})
+    values = {k: getattr(args, k) for k in vars(ServeConfig())}
+    if values["api_key"] is None:  # an empty variable is no key; an empty --api-key is an error
+        values["api_key"] = os.environ.get(API_KEY_ENV) or None
+    cfg = ServeConfig(**values)
     serve(Translator.from_pretrained(args.model_dir, device=args.device), cfg, describe(args.model_dir))
     return 0
