@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -67,7 +68,7 @@ def _scalar(tp: Any, value: Any, path: str) -> Any:
     if tp is Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        return float(value) if abs(value) < 2**1023 else math.inf if value > 0 else -math.inf  # refused by its range
     if tp is float and isinstance(value, str) and EXPONENT_FLOAT.fullmatch(value.strip()):
         return float(value)  # 1e-3: YAML 1.1 (PyYAML) reads a float without a dot as a string
     if tp is int and isinstance(value, bool) or not isinstance(value, tp):
