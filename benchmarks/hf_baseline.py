@@ -1,4 +1,4 @@
-"""Issue #8's baseline: HF transformers' MarianMTModel trained the way the HF translation examples do.
+"""The HF baseline: transformers' MarianMTModel trained the way the HF translation examples do.
 
 A MarianMTModel from a config (d_model 256, 3+3 layers, 4 heads, FFN 1024, tied embeddings), a joint BPE
 tokenizer of 8,000 trained with `tokenizers`, Accelerate, AdamW 5e-4 (0.9, 0.98), inverse-sqrt with 1,000
@@ -40,7 +40,7 @@ from nmt.tokenizer import BOS, EOS, PAD  # noqa: E402
 
 @dataclass
 class BaselineConfig:
-    """The issue's recipe; sizes can be shrunk for a smoke test."""
+    """The baseline's recipe; sizes can be shrunk for a smoke test."""
 
     vocab_size: int = 8000
     d_model: int = 256

@@ -9,7 +9,7 @@ Systems, each trained for the same wall-clock minutes:
   budget    nmt's defaults: README's own-corpus command, `nmt train` with the data paths and --max_minutes and
             nothing else (the subset is written to its own files first), the rest planned (nmt.plan)
   fixed     the fixed defaults before the plan (lr 5e-4, warmup 1,000, 4,096-token batches, validation every
-            500 steps, no averaging, model and vocabulary by corpus size): what issue 14's table measured
+            500 steps, no averaging, model and vocabulary by corpus size)
   tuned     the hand-tuned configs/tatoeba-en-de.yaml (--tuned-config)
   baseline  benchmarks/hf_baseline.py's MarianMTModel recipe (needs the bench extra)
 An nmt system named with "-fp32" (budget-fp32, tuned-fp32) trains in fp32 whatever the hardware: the others take

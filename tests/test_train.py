@@ -37,7 +37,7 @@ def test_train_writes_everything_and_translates(tiny_cfg):
 
 
 def test_under_a_time_budget_validations_during_warmup_score_the_loss_only(tiny_cfg, monkeypatch):
-    """Issue 14, cheap validations early: no decoding while the learning rate warms up (step <= warmup_steps)."""
+    """Cheap validations early: no decoding while the learning rate warms up (step <= warmup_steps)."""
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # fp32 on any CPU: the precision is not under test
     tiny_cfg.max_minutes, tiny_cfg.eval_every, tiny_cfg.save_every = 30.0, 3, 3  # warmup_steps 10, max_steps 12
     train(tiny_cfg)
