@@ -150,7 +150,11 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     with (main_first or nullcontext)(), prompt_memory_pool():
         with _timed(seconds, "read"):
             raw, split_stats, among = _read_splits(cfg, cache_root)
-        key = _content_key(raw, cfg, tok_cfg, tokenizer)
+        fingerprints = split_fingerprints(raw)
+        key = _content_key(raw, cfg, tok_cfg, None)
+        # a given tokenizer (a resumed run's own, init_from's) reuses the entry it was trained in, else has its own
+        if tokenizer is not None and not _holds_tokenizer(cache_root / "prepared" / key, tokenizer):
+            key = _content_key(raw, cfg, tok_cfg, tokenizer)
         work = cache_root / "prepared" / key
         work.mkdir(parents=True, exist_ok=True)
         with _timed(seconds, "clean"):
@@ -167,7 +171,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     if "train" in encoded:
         encoded["train"], clean_stats = _trained_on(encoded["train"], cfg, clean_stats, kept, split_stats)
     stats = {**split_stats, "clean": clean_stats, "cache": str(work), "sizing_pairs": sizing_pairs,
-             "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
+             "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds, "fingerprints": fingerprints}
     return Corpus(encoded, tokenizer, stats)
 
 
@@ -268,6 +272,23 @@ def _carve(train: datasets.Dataset, stays: np.ndarray, name: str, ratio: float, 
         out.parent.mkdir(parents=True, exist_ok=True)
         return write_rows(train, picked, out)
     return open_arrow(out, f"nmt-{out.parent.name}-{out.stem}")
+
+
+def split_fingerprints(raw: dict[str, datasets.Dataset]) -> dict[str, str]:
+    """Per split, the sha256 of what the cache key is made of: its content fingerprint and length (a file is known
+    by its path, size and modification time, as the reading cache knows it). Recorded by runs, checkpoints and
+    model directories, so a resume on changed data can name the split."""
+    return {name: hashlib.sha256(f"{name}:{dataset_fingerprint(raw[name])}:{len(raw[name])}".encode()).hexdigest()
+            for name in SPLITS}
+
+
+def _holds_tokenizer(work: Path, tokenizer: PairTokenizer) -> bool:
+    """`work` (a cache entry keyed without a tokenizer) holds exactly `tokenizer`, trained there."""
+    try:
+        cached = PairTokenizer.load(work / "tokenizer")
+    except NmtError:
+        return False
+    return (cached.src.to_str(), cached.tgt.to_str()) == (tokenizer.src.to_str(), tokenizer.tgt.to_str())
 
 
 def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: TokenizerConfig,
