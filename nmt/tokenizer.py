@@ -160,11 +160,11 @@ class PairTokenizer:
     def check_fits(self, src_vocab_size: int, tgt_vocab_size: int, directory: str | Path) -> None:
         """Raises a named error when a model's vocabulary sizes are not this tokenizer's, or when model directory
         `directory` records another tokenizer than the file(s) it holds (`nmt.checkpoint.check_fingerprint`)."""
-        check_fingerprint(directory)
         if (src_vocab_size, tgt_vocab_size) != (self.src_vocab_size, self.tgt_vocab_size):
             raise NmtError(f"{directory}: the tokenizer ({self.src_vocab_size}/{self.tgt_vocab_size} tokens) does "
                            f"not match the model ({src_vocab_size}/{tgt_vocab_size}); copy the tokenizer that the "
                            "model was trained with")
+        check_fingerprint(directory)
 
 
 
