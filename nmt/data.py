@@ -150,9 +150,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     with (main_first or nullcontext)(), prompt_memory_pool():
         with _timed(seconds, "read"):
             raw, split_stats, among = _read_splits(cfg, cache_root)
-        fingerprints = split_fingerprints(raw)
         key = _content_key(raw, cfg, tok_cfg, None)
-        # a given tokenizer (a resumed run's own, init_from's) reuses the entry it was trained in, else has its own
         if tokenizer is not None and not _holds_tokenizer(cache_root / "prepared" / key, tokenizer):
             key = _content_key(raw, cfg, tok_cfg, tokenizer)
         work = cache_root / "prepared" / key
@@ -171,7 +169,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     if "train" in encoded:
         encoded["train"], clean_stats = _trained_on(encoded["train"], cfg, clean_stats, kept, split_stats)
     stats = {**split_stats, "clean": clean_stats, "cache": str(work), "sizing_pairs": sizing_pairs,
-             "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds, "fingerprints": fingerprints}
+             "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
     return Corpus(encoded, tokenizer, stats)
 
 
@@ -237,7 +235,7 @@ def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Datas
     if len(parts) > 1:
         splits["train"] = datasets.concatenate_datasets(parts)
     among = None if not carved else np.concatenate([stays, np.ones(sum(sizes[1:]), dtype=bool)])
-    return splits, {"carved_from_train": carved, "corpora": sizes}, among
+    return splits, {"carved_from_train": carved, "corpora": sizes, "fingerprints": split_fingerprints(splits)}, among
 
 
 def _read_train(spec: str, cfg: DataConfig, cache: Path) -> datasets.Dataset:
@@ -276,18 +274,16 @@ def _carve(train: datasets.Dataset, stays: np.ndarray, name: str, ratio: float, 
 
 def split_fingerprints(raw: dict[str, datasets.Dataset]) -> dict[str, str]:
     """Per split, the sha256 of what the cache key is made of: its content fingerprint and length (a file is known
-    by its path, size and modification time, as the reading cache knows it). Recorded by runs, checkpoints and
-    model directories, so a resume on changed data can name the split."""
+    by path, size and modification time, as the reading cache knows it), so a resume on changed data names it."""
     return {name: hashlib.sha256(f"{name}:{dataset_fingerprint(raw[name])}:{len(raw[name])}".encode()).hexdigest()
             for name in SPLITS}
 
 
 def _holds_tokenizer(work: Path, tokenizer: PairTokenizer) -> bool:
-    """`work` (a cache entry keyed without a tokenizer) holds exactly `tokenizer`, trained there."""
-    try:
-        cached = PairTokenizer.load(work / "tokenizer")
-    except NmtError:
+    """Cache entry `work` trained `tokenizer`: given again (a resumed run's own), it reuses that entry's files."""
+    if not (work / "tokenizer").is_dir():
         return False
+    cached = PairTokenizer.load(work / "tokenizer")
     return (cached.src.to_str(), cached.tgt.to_str()) == (tokenizer.src.to_str(), tokenizer.tgt.to_str())
 
 
