@@ -1,23 +1,32 @@
-"""Where runs keep things on disk: step_N checkpoints (atomic), best/ and the final model directory.
+"""Where runs keep things on disk: step_N checkpoints (atomic), best/ and the final model directory, and what
+each was made with.
 
 A checkpoint is written under a temporary name and renamed into place, so a directory named
-step_N is always complete; `latest` is the newest such directory.
+step_N is always complete; `latest` is the newest such directory. Checkpoints and model directories record
+the sha256 fingerprints of the data they were trained on and of their tokenizer file(s) (`FINGERPRINTS`), so a
+resume on other data and a model directory with another tokenizer are named instead of silently misread.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from nmt.errors import NmtError
+from nmt.model_dir import JOINT_FILE, SRC_FILE, SUMMARY_FILE, TGT_FILE, read_json
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE = "nmt_checkpoint.json"  # written last inside a checkpoint, before the rename
+TEMPORARY = (".tmp-", ".old-")  # name prefixes of folders being written or replaced (`temp_dir_for`, `publish`)
+FINGERPRINTS = "fingerprints"  # key in COMPLETE and training.json: {"train", "valid", "test", "tokenizer"} -> sha256
 
 
 def checkpoints_dir(output_dir: str | Path) -> Path:
@@ -70,7 +79,21 @@ def read_info(path: Path) -> dict:
 
 
 def temp_dir_for(final: Path) -> Path:
-    return final.parent / f".tmp-{final.name}"
+    """A name of this process's own for `final` while it is written: two writers never share one."""
+    return final.parent / f".tmp-{final.name}-{_unique()}"
+
+
+def _unique() -> str:
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_temporaries(output_dir: str | Path) -> None:
+    """Delete the temporary folders a killed run left in `output_dir` and its checkpoints/ (call only while
+    holding the folder's lock: then no other process is writing them)."""
+    for root in (Path(output_dir), checkpoints_dir(output_dir)):
+        for d in root.iterdir() if root.is_dir() else []:
+            if d.name.startswith(TEMPORARY) and d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def mark_complete(tmp: Path, info: dict) -> None:
@@ -107,9 +130,7 @@ def fsync_dir(folder: Path) -> None:
 def publish(tmp: Path, final: Path) -> None:
     """Rename a finished temporary directory into place, replacing an older one atomically enough:
     the old directory is moved aside first and removed only after the new one is in place."""
-    old = final.parent / f".old-{final.name}"
-    if old.exists():
-        shutil.rmtree(old)
+    old = final.parent / f".old-{final.name}-{_unique()}"
     fsync_tree(tmp)
     if final.exists():
         os.replace(final, old)
@@ -124,3 +145,52 @@ def prune(output_dir: str | Path, keep_last: int) -> None:
     found = list_checkpoints(output_dir)
     for d in found[: max(len(found) - max(keep_last, 1), 0)]:
         shutil.rmtree(d, ignore_errors=True)
+
+
+# --- fingerprints: what a checkpoint or model directory was made with ---------------------------------------------
+
+
+def sha256_parts(parts: Iterable[bytes]) -> str:
+    """One sha256 over several byte strings, each prefixed by its length (no two splits of the bytes collide)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()
+
+
+def tokenizer_files(directory: str | Path) -> list[Path]:
+    """The tokenizer file(s) in `directory`, as PairTokenizer.load picks them (empty: none there)."""
+    directory = Path(directory)
+    if (directory / JOINT_FILE).is_file():
+        return [directory / JOINT_FILE]
+    pair = [directory / SRC_FILE, directory / TGT_FILE]
+    return pair if all(p.is_file() for p in pair) else []
+
+
+def tokenizer_sha256(directory: str | Path) -> str | None:
+    """The fingerprint of the tokenizer file(s) in `directory`, byte for byte; None when it holds none."""
+    files = tokenizer_files(directory)
+    return sha256_parts(p.read_bytes() for p in files) if files else None
+
+
+def check_fingerprint(directory: str | Path) -> None:
+    """A model directory's tokenizer must be the one its model was trained with: training.json records the sha256
+    of the tokenizer file(s) as they were written, and another tokenizer (even one of the same size, whose ids
+    mean other subwords) is refused. Directories without that record (not written by training) pass."""
+    directory = Path(directory)
+    try:
+        recorded = (read_json(directory / SUMMARY_FILE).get(FINGERPRINTS) or {}).get("tokenizer")
+    except (OSError, NmtError):
+        return  # no training.json, or not one training wrote: nothing recorded to compare
+    found = tokenizer_sha256(directory)
+    if recorded and found and found != recorded:
+        names = " + ".join(p.name for p in tokenizer_files(directory))
+        raise NmtError(f"{directory}: {names} is not the tokenizer this model was trained with (its sha256 is "
+                       f"{found[:12]}..., {SUMMARY_FILE} records {recorded[:12]}...), so its ids would mean other "
+                       f"subwords; put back the model's own tokenizer file(s) (the run's best/ or model/ holds them)")
+
+
+def data_changes(saved: dict, now: dict) -> list[str]:
+    """The names in `now` (splits: "train", "valid", "test") whose fingerprint differs from `saved`'s; a name
+    `saved` does not record (a checkpoint from before fingerprints) is not compared."""
+    return [name for name, value in now.items() if saved.get(name) not in (None, value)]

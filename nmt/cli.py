@@ -59,6 +59,8 @@ def _add_train(sub) -> None:
                    "run is moved aside to OUTPUT_DIR.old-<time>")
     p.add_argument("--resume-with-changes", action="store_true", help="resume although data, tokenizer, model or "
                    "optimizer settings differ from the checkpoint's (they are named)")
+    p.add_argument("--allow-data-change", action="store_true", help="resume although the data files differ from "
+                   "the ones the checkpoint was trained on (named); the run keeps its own tokenizer")
     p.add_argument("--init-from", metavar="DIR", help="fine-tune a trained model directory (output_dir/model): its "
                    "architecture, tokenizer and weights, a fresh optimizer and schedule")
     p.add_argument("--dry-run", action="store_true", help="check data, batches, time and memory (as nmt check); no training")

@@ -184,6 +184,7 @@ class TrainConfig:
     resume: str | None = path_key(None, "checkpoint")  # "latest", "auto" (latest if any, else fresh) or a checkpoint
     overwrite: bool = False  # a fresh run into a used output_dir first moves the old run aside (to output_dir.old-TIME)
     resume_with_changes: bool = False  # resume although data, tokenizer, model or optim settings differ from the checkpoint
+    allow_data_change: bool = False  # resume although the data files differ from the checkpoint's (its tokenizer is kept)
     init_from: str | None = path_key(None, "model")  # a model directory to fine-tune: its architecture, tokenizer, weights
     max_minutes: float | None = ranged(None, "(0, 1e8]")  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
     max_bad_steps: int = ranged(20, "[1, 1e9]")  # stop (with a checkpoint) after this many non-finite steps in a row

@@ -216,7 +216,9 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     with (main_first or nullcontext)(), prompt_memory_pool():
         with _timed(seconds, "read"):
             raw, split_stats, among = _read_splits(cfg, cache_root)
-        key = _content_key(raw, cfg, tok_cfg, tokenizer)
+        key = _content_key(raw, cfg, tok_cfg, None)
+        if tokenizer is not None and not _holds_tokenizer(cache_root / "prepared" / key, tokenizer):
+            key = _content_key(raw, cfg, tok_cfg, tokenizer)
         work = cache_root / "prepared" / key
         work.mkdir(parents=True, exist_ok=True)
         with _timed(seconds, "clean"):
@@ -309,7 +311,7 @@ def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Datas
     if len(parts) > 1:
         splits["train"] = datasets.concatenate_datasets(parts)
     among = None if not carved else np.concatenate([stays, np.ones(sum(sizes[1:]), dtype=bool)])
-    return splits, {"carved_from_train": carved, "corpora": sizes}, among
+    return splits, {"carved_from_train": carved, "corpora": sizes, "fingerprints": split_fingerprints(splits)}, among
 
 
 def _read_train(spec: str, cfg: DataConfig, cache: Path) -> datasets.Dataset:
@@ -344,6 +346,21 @@ def _carve(train: datasets.Dataset, stays: np.ndarray, name: str, ratio: float, 
         out.parent.mkdir(parents=True, exist_ok=True)
         return write_rows(train, picked, out)
     return open_arrow(out, f"nmt-{out.parent.name}-{out.stem}")
+
+
+def split_fingerprints(raw: dict[str, datasets.Dataset]) -> dict[str, str]:
+    """Per split, the sha256 of what the cache key is made of: its content fingerprint and length (a file is known
+    by path, size and modification time, as the reading cache knows it), so a resume on changed data names it."""
+    return {name: hashlib.sha256(f"{name}:{dataset_fingerprint(raw[name])}:{len(raw[name])}".encode()).hexdigest()
+            for name in SPLITS}
+
+
+def _holds_tokenizer(work: Path, tokenizer: PairTokenizer) -> bool:
+    """Cache entry `work` trained `tokenizer`: given again (a resumed run's own), it reuses that entry's files."""
+    if not (work / "tokenizer").is_dir():
+        return False
+    cached = PairTokenizer.load(work / "tokenizer")
+    return (cached.src.to_str(), cached.tgt.to_str()) == (tokenizer.src.to_str(), tokenizer.tgt.to_str())
 
 
 def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: TokenizerConfig,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from nmt.checkpoint import check_fingerprint
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
 from nmt.model_dir import JOINT_FILE, SRC_FILE, TGT_FILE
@@ -165,11 +166,13 @@ class PairTokenizer:
         raise NmtError(f"{directory}: no {JOINT_FILE} (or {SRC_FILE} + {TGT_FILE}); is this an nmt model directory?")
 
     def check_fits(self, src_vocab_size: int, tgt_vocab_size: int, directory: str | Path) -> None:
-        """Raises a named error when a model's vocabulary sizes are not this tokenizer's."""
+        """Raises a named error when a model's vocabulary sizes are not this tokenizer's, or when model directory
+        `directory` records another tokenizer than the file(s) it holds (`nmt.checkpoint.check_fingerprint`)."""
         if (src_vocab_size, tgt_vocab_size) != (self.src_vocab_size, self.tgt_vocab_size):
             raise NmtError(f"{directory}: the tokenizer ({self.src_vocab_size}/{self.tgt_vocab_size} tokens) does "
                            f"not match the model ({src_vocab_size}/{tgt_vocab_size}); copy the tokenizer that the "
                            "model was trained with")
+        check_fingerprint(directory)
 
 
 

@@ -1,6 +1,7 @@
 """nmt.checkpoint: complete step_N folders only, `latest`, atomic publishing and retention."""
 
 import json
+import os
 
 import pytest
 
@@ -11,6 +12,7 @@ from nmt.checkpoint import (
     prune,
     publish,
     read_info,
+    remove_temporaries,
     resolve_resume,
     temp_dir_for,
 )
@@ -72,3 +74,14 @@ def test_checkpoints_are_listed_by_step_number_not_by_name(tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_2", "step_10", "step_100"]
     prune(tmp_path, keep_last=2)
     assert [json.loads((p / COMPLETE).read_text())["step"] for p in list_checkpoints(tmp_path)] == [10, 100]
+
+
+def test_temporary_names_are_each_writers_own_and_a_killed_writers_are_removed(tmp_path):
+    final = tmp_path / "checkpoints" / "step_4"
+    mine, again = temp_dir_for(final), temp_dir_for(final)
+    assert mine != again and mine.parent == final.parent and f"-{os.getpid()}-" in mine.name
+    left = [mine, tmp_path / ".tmp-best-123-abcd", tmp_path / "checkpoints" / ".old-step_2-123-abcd"]
+    for d in [*left, final, tmp_path / "best"]:
+        d.mkdir(parents=True)
+    remove_temporaries(tmp_path)  # what a killed run was writing; nothing else
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["best", "checkpoints", "step_4"]

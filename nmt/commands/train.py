@@ -38,7 +38,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         overrides.append(f"resume={args.resume}")
     if args.init_from:
         overrides.append(f"init_from={args.init_from}")
-    overrides += [f"{key}=true" for key in ("overwrite", "resume_with_changes") if getattr(args, key)]
+    overrides += [f"{key}=true" for key in ("overwrite", "resume_with_changes", "allow_data_change") if getattr(args, key)]
     cfg = load_config(args.config, overrides)
     if args.dry_run:
         return _preflight(cfg, args)

@@ -1,5 +1,6 @@
 """What a run leaves on disk: the run directory (config.yaml, data.json, metrics.jsonl), step_N checkpoints
-(Accelerate's state, written atomically) and inference-ready model directories (best/, model/)."""
+(Accelerate's state and the run's tokenizer, written atomically) and inference-ready model directories (best/,
+model/). Each records the fingerprints of the run's data and tokenizer (`nmt.checkpoint.FINGERPRINTS`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+from accelerate.utils import broadcast_object_list
 
 from nmt import checkpoint as ckpt
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
@@ -27,7 +30,7 @@ def start_run(run: Run) -> None:
         run.out.mkdir(parents=True, exist_ok=True)
         trim_metrics(run.out / "metrics.jsonl", run.state.step)
         save_yaml(cfg, run.out / "config.yaml")
-        (run.out / "data.json").write_text(json.dumps(stats, indent=2))
+        (run.out / "data.json").write_text(json.dumps({**stats, ckpt.FINGERPRINTS: fingerprints(run)}, indent=2))
         n_params = sum(p.numel() for p in run.model.parameters())
         print(f"nmt: {accelerator.num_processes} process(es) on {accelerator.device}, "
               f"precision {accelerator.mixed_precision}; {n_params / 1e6:.2f}M parameters; "
@@ -36,6 +39,18 @@ def start_run(run: Run) -> None:
             print(f"nmt: {overlap}", flush=True)
     if cfg.log_with:
         accelerator.init_trackers("nmt", config=_flat(to_dict(cfg)))
+
+
+def fingerprints(run: Run, directory: Path | None = None) -> dict:
+    """sha256 of the run's data (per split, `nmt.data.split_fingerprints`) and of its tokenizer file(s): those in
+    `directory`, or (None) as the run's tokenizer writes them."""
+    tok = run.corpus.tokenizer
+    if directory is not None:
+        tokenizer = ckpt.tokenizer_sha256(directory)
+    else:  # the text tokenizers' save writes: to_str(pretty=True)
+        files = [tok.src] if tok.joint else [tok.src, tok.tgt]
+        tokenizer = ckpt.sha256_parts(t.to_str(pretty=True).encode() for t in files)
+    return {**(run.corpus.stats.get(ckpt.FINGERPRINTS) or {}), "tokenizer": tokenizer}
 
 
 def trim_metrics(path: Path, step: int) -> None:
@@ -96,7 +111,8 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
             run.corpus.tokenizer.save(tmp)
         summary = {"step": run.state.step, "metrics": metrics, "data": run.corpus.stats, "argv": sys.argv,
                    "segmentation": segmentation(run.corpus.splits["train"]),  # what init_from compares with
-                   "num_processes": accelerator.num_processes, "config": to_dict(run.cfg)}
+                   "num_processes": accelerator.num_processes, "config": to_dict(run.cfg),
+                   ckpt.FINGERPRINTS: fingerprints(run, tmp)}  # what loading compares (checkpoint.check_fingerprint)
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         ckpt.publish(tmp, final)
     del weights
@@ -113,17 +129,23 @@ def _save_weights(model, weights: dict, directory: Path) -> None:
 
 
 def save_checkpoint(run: Run) -> None:
-    """accelerator.save_state into a temporary folder, renamed to step_N once complete."""
+    """accelerator.save_state and the run's tokenizer (a resume encodes with it, never training another) into a
+    temporary folder, renamed to step_N once complete."""
     accelerator, state = run.accelerator, run.state
     final = ckpt.checkpoints_dir(run.out) / f"step_{state.step}"
-    tmp = ckpt.temp_dir_for(final)
+    tmp = [ckpt.temp_dir_for(final)]  # the main process's name, shared by every process writing into it
+    if accelerator.num_processes > 1:
+        broadcast_object_list(tmp)
+    tmp = tmp[0]
     accelerator.wait_for_everyone()
     with tied_embedding_notice_muted():  # only around save_state: nmt leaves its host's logging alone
         accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if run.is_main:
+        run.corpus.tokenizer.save(tmp)
         ckpt.mark_complete(tmp, {"step": state.step, "num_processes": accelerator.num_processes,
-                                 "state": dataclasses.asdict(state), "config": to_dict(run.cfg)})
+                                 "state": dataclasses.asdict(state), "config": to_dict(run.cfg),
+                                 ckpt.FINGERPRINTS: fingerprints(run, tmp)})
         ckpt.publish(tmp, final)
         ckpt.prune(run.out, run.cfg.keep_last)
     accelerator.wait_for_everyone()

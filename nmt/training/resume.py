@@ -1,21 +1,25 @@
-"""Which run a training continues, and from where: a used output_dir is never mixed with a fresh run
-(`--resume latest|auto|PATH` or `--overwrite`), a checkpoint resumes only the run that wrote it (its config is
-compared), and a damaged newest checkpoint is named and passed over for the previous complete one."""
+"""Which run a training continues, and from where: one `nmt train` per output_dir at a time (a lock beside it), a
+used output_dir is never mixed with a fresh run nor cut by a resume that holds none of its checkpoints
+(`--resume latest|auto|PATH` or `--overwrite`), a checkpoint resumes only the run that wrote it (its config and the
+fingerprints of its data and tokenizer are compared), and a damaged newest checkpoint is named and passed over for
+the previous complete one."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import socket
 import time
 from pathlib import Path
 
 from accelerate.logging import get_logger
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 
 from nmt import checkpoint as ckpt
 from nmt.config import TrainConfig, read_yaml
 from nmt.errors import NmtError
 from nmt.strict import to_dict
+from nmt.tokenizer import PairTokenizer
 from nmt.training.state import Run, TrainState
 from nmt.training.verify import check_rng_restored, damage
 from nmt.validate import load_state_error
@@ -30,26 +34,30 @@ FREE_IN_SECTIONS = ("data.cache_dir",)
 
 
 def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
-    """The checkpoints to resume from, newest first (empty: a fresh run). A fresh run into an output_dir that
-    already holds a run is refused, unless `overwrite` moves the old run aside first."""
+    """The checkpoints to resume from, newest first (empty: a fresh run), once this run holds the output_dir's
+    lock. A folder that holds a run is changed only by a resume from that run's own checkpoints: a fresh run, or a
+    resume that finds none there (`auto` on a finished run whose checkpoints were deleted, a checkpoint of another
+    folder), is refused, unless `overwrite` moves the old run aside first."""
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise NmtError(f"output_dir {out}: is a file; give a folder (it is made if missing)")
+    lock_output_dir(accelerator, out)
     found = ckpt.resume_candidates(cfg.resume, out)
     used = out.is_dir() and any(out.iterdir())
-    if cfg.resume == "auto" and not found and used and (out / "config.yaml").is_file():
-        # the same job again after it died before its first checkpoint: nothing to keep but a stale best/
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            shutil.rmtree(out / "best", ignore_errors=True)
-        accelerator.wait_for_everyone()
-    elif not found and used:
+    if used and found and found[0].resolve().parent.parent != out.resolve():
+        raise NmtError(f"--resume {cfg.resume}: output_dir {out} already holds another run; continue the checkpoint "
+                       f"in its own run's folder ({found[0].parent.parent}) or in an unused --output_dir")
+    if used and not found:
         if cfg.resume == "auto":
-            raise NmtError(f"--resume auto: output_dir {out} holds files but no nmt run (no checkpoint, no "
-                           "config.yaml); choose another --output_dir")
+            what = ("a run but none of its checkpoints (a run whose checkpoints were deleted, or one stopped before "
+                    "its first), so it cannot be continued" if (out / "config.yaml").is_file()
+                    else "files but no nmt run (no checkpoint, no config.yaml)")
+            raise NmtError(f"--resume auto: output_dir {out} holds {what}; it is left as it is: start over with "
+                           f"--overwrite instead of --resume (moves it aside to {out}.old-<time>), or choose another "
+                           "--output_dir")
         if not cfg.overwrite:
-            raise NmtError(f"output_dir {out} already holds a run; continue it with --resume latest (or --resume "
-                           "auto: its newest checkpoint if any, else a fresh start), or start over with --overwrite "
+            raise NmtError(f"output_dir {out} already holds a run; continue it from its checkpoints with --resume "
+                           "latest (or --resume auto), or start over with --overwrite "
                            f"(moves the old run aside to {out}.old-<time>), or choose another --output_dir")
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
@@ -59,7 +67,74 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
             out.rename(aside)
             print(f"nmt: --overwrite: moved the previous run in {out} to {aside}", flush=True)
         accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        ckpt.remove_temporaries(out)  # what a killed run was writing (this run holds the lock: nobody else is)
     return found
+
+
+# --- one run per output_dir: a lock beside it ------------------------------------------------------------------------
+
+_held: dict[str, object] = {}  # lock file -> the FileLock this process holds (until released or the process ends)
+
+
+def lock_file(out: Path) -> Path:
+    """The lock of output_dir `out`: a hidden file beside it, so that the folder itself stays untouched until the
+    run starts and `--overwrite` can move the folder aside while the lock stays held."""
+    out = out.resolve()
+    return out.parent / f".{out.name}.nmt.lock"
+
+
+def lock_output_dir(accelerator, out: Path) -> None:
+    """Hold `out`'s lock for this run: a second `nmt train` into the same folder is refused, naming the process
+    that holds it. The main process takes it and tells the others, so that every process stops alike before any
+    collective. An flock: the operating system releases it when the process ends, however it ends."""
+    problem = None
+    if accelerator.is_main_process:
+        try:
+            _take_lock(out)
+        except NmtError as e:
+            problem = str(e)
+        except Exception as e:  # noqa: BLE001 (the others must hear of any failure, or they wait for the main process)
+            problem = f"output_dir {out}: cannot take its lock {lock_file(out)} ({type(e).__name__}: {e})"
+    if accelerator.num_processes > 1:
+        box = [problem]
+        broadcast_object_list(box)
+        problem = box[0]
+    if problem:
+        raise NmtError(problem)
+
+
+def _take_lock(out: Path) -> None:
+    from filelock import FileLock, Timeout
+
+    path = lock_file(out)
+    if str(path) in _held:
+        return  # an earlier train() of this process (a notebook) that ended without releasing it
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise NmtError(f"another nmt train is using output_dir {out} ({_holder(path)}); wait for it to end or stop "
+                       "it, or choose another --output_dir") from None
+    _held[str(path)] = lock
+    # beside the lock file, which older filelock versions empty on every try to take it
+    path.with_suffix(".pid").write_text(f"{os.getpid()} {socket.gethostname()}\n")
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid, host = path.with_suffix(".pid").read_text().split()
+    except (OSError, ValueError):
+        return "pid unknown"
+    return f"pid {pid}" if host == socket.gethostname() else f"pid {pid} on {host}"
+
+
+def release_output_dir(output_dir: str | Path) -> None:
+    """Let other runs use `output_dir` again (at the end of train(); the end of the process does it anyway)."""
+    lock = _held.pop(str(lock_file(Path(output_dir))), None)
+    if lock is not None:
+        lock.release()
 
 
 def config_changes(saved: dict, cfg: TrainConfig) -> list[str]:
@@ -102,6 +177,53 @@ def check_same_run(path: Path, cfg: TrainConfig) -> None:
                 "schedule keep the checkpoint's state", main_process_only=True)
 
 
+def check_same_data(path: Path, run: Run) -> None:
+    """Refuse to resume `path` on data other than it was trained on (the fingerprints it recorded), naming the
+    splits, unless `allow_data_change`; and in every case under a tokenizer other than its own."""
+    cfg = run.cfg
+    saved = ckpt.read_info(path).get(ckpt.FINGERPRINTS) or {}
+    changed = ckpt.data_changes(saved, run.corpus.stats.get(ckpt.FINGERPRINTS) or {})
+    if changed:
+        named = ", ".join(f"{name} ({getattr(cfg.data, name) or f'carved from {cfg.data.train}'})" for name in changed)
+        if not cfg.allow_data_change:
+            raise NmtError(f"--resume: the data changed since {path} was written: {named} (files are known by path, "
+                           "size and modification time); put the run's data back, start a new run in another "
+                           "--output_dir, or pass --allow-data-change to continue on this data with the run's own "
+                           "tokenizer")
+        log.warning(f"resuming {path} on changed data (--allow-data-change): {named}; the run's own tokenizer encodes "
+                    "it" + ("; validation scores before and after this step are not comparable, and best/ keeps "
+                            "the best on either" if "valid" in changed else ""), main_process_only=True)
+    own = saved_tokenizer(path)
+    if own is not None and _serialized(own) != _serialized(run.corpus.tokenizer):
+        raise NmtError(f"--resume: {path} was trained with another tokenizer than this run has (one trained again on "
+                       "changed data, or from changed tokenizer.* settings), so its ids would mean other subwords; "
+                       "resume with the run's data and settings, or start a new run in another --output_dir")
+
+
+def saved_tokenizer(path: Path) -> PairTokenizer | None:
+    """The tokenizer checkpoint `path` holds, when it holds one whose files are the ones it recorded (a damaged
+    checkpoint is named by `pick_checkpoint`, which passes over it)."""
+    try:
+        recorded = (ckpt.read_info(path).get(ckpt.FINGERPRINTS) or {}).get("tokenizer")
+    except NmtError:
+        return None
+    if not recorded or ckpt.tokenizer_sha256(path) != recorded:
+        return None
+    return PairTokenizer.load(path)
+
+
+def resumed_tokenizer(found: list[Path]) -> PairTokenizer | None:
+    """The tokenizer of the run `found` resumes, from its newest checkpoint that holds it whole (None: a fresh run,
+    or checkpoints written before they held one). Data are encoded with it, so a resume never trains a tokenizer
+    again: on changed data (--allow-data-change) a new one of the same size would fit the model's shapes while
+    its ids meant other subwords."""
+    return next((tok for path in found if (tok := saved_tokenizer(path)) is not None), None)
+
+
+def _serialized(tokenizer: PairTokenizer) -> tuple[str, str]:
+    return tokenizer.src.to_str(), tokenizer.tgt.to_str()
+
+
 def pick_checkpoint(run: Run, found: list[Path]) -> Path:
     """The newest of `found` that is whole on every process; damaged ones are named (an explicit path that is
     damaged stops with the name of the previous complete checkpoint)."""
@@ -133,6 +255,7 @@ def resume(run: Run, sampler, found: list[Path]) -> TrainState:
     accelerator = run.accelerator
     check_same_run(found[0], run.cfg)
     path = pick_checkpoint(run, found)
+    check_same_data(path, run)
     try:
         accelerator.load_state(str(path))
     except RuntimeError as e:  # weights of another model size: name the tensor, both shapes and the changed keys

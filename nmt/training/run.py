@@ -29,7 +29,7 @@ from nmt.training.evaluation import try_average, tune_alpha
 from nmt.training.finetune import pretrained
 from nmt.training.loop import Loop, StopSignals
 from nmt.training.planning import load_plan, planned, save_plan, tokenizer_for_data
-from nmt.training.resume import claim_output_dir, resume
+from nmt.training.resume import claim_output_dir, release_output_dir, resume, resumed_tokenizer
 from nmt.training.setup import (
     build_model,
     check_trackers,
@@ -54,6 +54,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
     try:
         return _train(cfg, model)
     finally:
+        release_output_dir(cfg.output_dir)
         if fresh and accelerate_state_exists() and PartialState().num_processes == 1:
             reset_accelerate_state()
 
@@ -67,6 +68,7 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     set_seed(cfg.seed)
     previous = load_plan(Path(cfg.output_dir)) if found else None  # a resumed run keeps its plan
     given, tokenizer, inherited = pretrained(cfg)  # init_from: the model directory's architecture and tokenizer
+    tokenizer = resumed_tokenizer(found) or tokenizer  # a resume encodes with the run's own tokenizer, never a new one
     for_data = tokenizer_for_data(given, previous)
     # the others wait outside any collective (no timeout) while the main process prepares
     corpus = prepare(for_data.data, for_data.tokenizer,

@@ -1,7 +1,8 @@
 """Is a checkpoint whole? Every file of a step_N folder is read before Accelerate loads it (a truncated
-`optimizer.bin` after a node crash, a random-state file Accelerate would silently skip), and after loading the
-random states are checked to be the saved ones. (Weights of another model size are not damage: loading them
-fails with the shapes and the changed keys named, `nmt.validate.load_state_error`.)"""
+`optimizer.bin` after a node crash, a random-state file Accelerate would silently skip, a tokenizer file that is
+not the one recorded), and after loading the random states are checked to be the saved ones. (Weights of another
+model size are not damage: loading them fails with the shapes and the changed keys named,
+`nmt.validate.load_state_error`.)"""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def damage(path: Path, rank: int) -> str | None:
             return f"{ckpt.COMPLETE} holds no training state"
     except (OSError, ValueError) as e:
         return f"{ckpt.COMPLETE} is unreadable ({type(e).__name__})"
+    recorded = (info.get(ckpt.FINGERPRINTS) or {}).get("tokenizer")
+    if recorded and ckpt.tokenizer_sha256(path) != recorded:
+        names = " + ".join(p.name for p in ckpt.tokenizer_files(path))
+        return f"{names} is not the tokenizer it recorded (sha256)" if names else "its tokenizer file is missing"
     weights = sorted(path.rglob("*.safetensors"))
     if not weights and not any(path.glob("pytorch_model*")):  # (FSDP's sharded weights: a pytorch_model_fsdp_0/)
         return f"{SAFE_WEIGHTS_NAME} is missing"
