@@ -20,7 +20,7 @@ from nmt.compat import accelerate_state_exists, reset_accelerate_state
 from nmt.config import TrainConfig
 from nmt.data import prepare
 from nmt.launch import main_process_first
-from nmt.model_dir import SUMMARY_FILE
+from nmt.model_dir import CONFIG_FILE, SUMMARY_FILE
 from nmt.objective import pad_id_of
 from nmt.plan import Plan
 from nmt.textfiles import atomic_file
@@ -141,7 +141,7 @@ def score_test(run: Run, model_dir: Path) -> dict:
     The main process translates; the others wait."""
     test = run.corpus.splits.get("test")
     scores = {}
-    if run.is_main and test is not None and len(test):
+    if run.is_main and test is not None and len(test) and (model_dir / CONFIG_FILE).is_file():  # nmt's model: searchable
         from nmt.metrics import corpus_scores
         from nmt.translate import Translator
 
