@@ -51,7 +51,7 @@ class ServeConfig:
     max_cost: int = _flag(1 << 17, "decoding cost a request may ask for: the sum over its sentences of beam x length "
                           "limit (the output tokens each may get); more gets HTTP 413", "[1, 1e12]")
     max_queued_cost: int = _flag(1 << 20, "decoding cost waiting for the model; a request that would pass it gets "
-                                 "HTTP 429", "[1, 1e15]")
+                                 "HTTP 429", "[1, 1e12]")
     timeout: float = _flag(60.0, "seconds a request may wait for its translations (HTTP 504 after), and the most "
                            "a request may ask for", "(0, 86400]")
     request_timeout: float = _flag(10.0, "seconds a client has to send a request's headers and body; a slower one "

@@ -172,7 +172,7 @@ def run_sh(readme: Readme, cmd: Cmd, monkeypatch) -> None:
     proc = readme.shell(cmd.text, readme.fast)
     assert proc.returncode == 0, tail(proc)
     out = readme.dir / readme.load("configs/default.yaml", readme.fast).output_dir
-    assert f"after {STEPS} steps" in proc.stdout and summary(out)["num_processes"] == 1, tail(proc)
+    assert f"nmt: trained {STEPS} steps" in proc.stdout and summary(out)["num_processes"] == 1, tail(proc)
     n = int(re.search(r"^== test set: (\d+) sentences, beam 4$", proc.stdout, re.M)[1])
     assert n == 40 and len((out / "test.hyp").read_text().splitlines()) == n, tail(proc)
     assert re.search(r"^BLEU [\d.]+  nrefs:1\|", proc.stdout, re.M) and re.search(r"^chrF [\d.]+  ", proc.stdout, re.M)

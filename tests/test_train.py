@@ -311,7 +311,7 @@ def test_progress_total_comes_from_the_time_budget(tiny_cfg, capsys):
     result = train(tiny_cfg)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train:")]
     done, total = map(int, lines[-1].split()[2].split("/"))
-    assert done == total == result.steps < 100_000
+    assert done == result.steps <= total < 100_000  # the total follows the re-timed plan's estimate
     assert all(int(line.split()[2].split("/")[1]) < 100_000 for line in lines[1:])
 
 
