@@ -236,11 +236,10 @@ class Session:
 
     def __init__(self):
         self.seconds, self.steps = 0.0, 0
-        self.validation_s: float | None = None  # the first validation that decoded
+        self.validation_s: float | None = None  # the latest validation that decoded: what the next will take
 
     def validated(self, seconds: float) -> None:
-        if self.validation_s is None:
-            self.validation_s = seconds
+        self.validation_s = seconds  # the first includes decoding's warm-up; later ones are the better guess
 
     def stepped(self, seconds: float) -> None:
         self.steps += 1

@@ -94,7 +94,8 @@ class TrainResult:
         if self.stopped_by:
             return (f"stopped by {self.stopped_by} after step {self.steps}; checkpoint {self.checkpoint}. "
                     "Resume: run the same command with --resume latest (or auto; without --overwrite)")
-        used = f"{self.minutes:.1f}" + (f" of {self.max_minutes:g}" if self.max_minutes else "")
+        digits = 2 if (self.max_minutes or self.minutes) < 1 else 1  # a budget under a minute needs hundredths
+        used = f"{self.minutes:.{digits}f}" + (f" of {self.max_minutes:g}" if self.max_minutes else "")
         lines = [f"nmt: trained {self.steps:,} steps" + (f" ({self.epochs:.1f} epochs)" if self.epochs else "") +
                  f" in {used} minutes; stopped: {self.stop_reason or 'done'}"]
         valid = ", ".join(f"{k} {self.best[k]:.2f}" for k in ("bleu", "chrf", "valid_nll") if
