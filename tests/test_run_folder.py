@@ -68,6 +68,17 @@ def test_resume_auto_leaves_a_run_whose_checkpoints_were_deleted_as_it_is(finish
     assert len(aside) == 1 and snapshot(aside[0]) == before
 
 
+def test_overwrite_refuses_to_move_aside_a_folder_holding_this_runs_input(finished_run, corpus_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    args = args_for(corpus_dir, tmp_path, "run", 2)
+    assert main(["train", *args, "--init_from", str(run / "model"), "--overwrite"]) == 2  # fine-tune into its own folder
+    line = error_of(capsys)
+    assert f"init_from {run / 'model'} lies inside it" in line and "--output_dir" in line
+    assert snapshot(run) == before and not any(p.name.startswith("run.old-") for p in tmp_path.iterdir())
+
+
 def test_runs_checkpoints_and_model_directories_record_their_data_and_tokenizer(finished_run):
     step = list_checkpoints(finished_run)[-1]
     recorded = json.loads((step / COMPLETE).read_text())["fingerprints"]

@@ -59,6 +59,7 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
             raise NmtError(f"output_dir {out} already holds a run; continue it from its checkpoints with --resume "
                            "latest (or --resume auto), or start over with --overwrite "
                            f"(moves the old run aside to {out}.old-<time>), or choose another --output_dir")
+        _refuse_inputs_inside(cfg, out)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             aside = out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -70,6 +71,21 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
     if accelerator.is_main_process:
         ckpt.remove_temporaries(out)  # what a killed run was writing (this run holds the lock: nobody else is)
     return found
+
+
+def _refuse_inputs_inside(cfg: TrainConfig, out: Path) -> None:
+    """`--overwrite` moves the old run aside: an input of this run inside it (`init_from` R/model, a corpus
+    written into the run folder) would vanish from under the new run, so that is refused before anything moves."""
+    train = [cfg.data.train] if isinstance(cfg.data.train, str) else list(cfg.data.train)
+    inputs = [("init_from", cfg.init_from), *(("data.train", t) for t in train), ("data.valid", cfg.data.valid),
+              ("data.test", cfg.data.test)]
+    root = out.resolve()
+    for key, value in inputs:
+        if isinstance(value, str) and value:
+            path = Path(value).expanduser().resolve()
+            if path == root or root in path.parents:
+                raise NmtError(f"--overwrite would move {out} aside, and {key} {value} lies inside it; copy it out "
+                               "of the old run first (e.g. cp -r), or choose another --output_dir")
 
 
 # --- one run per output_dir: a lock beside it ------------------------------------------------------------------------
