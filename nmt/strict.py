@@ -81,6 +81,14 @@ def to_dict(cfg: Any) -> dict:
     return _plain(cfg)
 
 
+def flat(d: dict, prefix: str = "") -> dict:
+    """A nested dict as one level of dotted keys: {"optim": {"lr": 1}} -> {"optim.lr": 1}."""
+    out = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}

@@ -18,7 +18,7 @@ from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import save_yaml
 from nmt.data import overlap_line
 from nmt.model_dir import SUMMARY_FILE, WEIGHTS_FILE
-from nmt.strict import to_dict
+from nmt.strict import flat, to_dict
 from nmt.training.finetune import copy_tokenizer, segmentation
 from nmt.training.state import Run
 
@@ -38,7 +38,8 @@ def start_run(run: Run) -> None:
         if overlap := overlap_line(stats):
             print(f"nmt: {overlap}", flush=True)
     if cfg.log_with:
-        accelerator.init_trackers("nmt", config=_flat(to_dict(cfg)))
+        accelerator.init_trackers("nmt", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                                                   for k, v in flat(to_dict(cfg)).items()})
 
 
 def fingerprints(run: Run, directory: Path | None = None) -> dict:
@@ -70,14 +71,6 @@ def trim_metrics(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
-    return out
 
 
 def log_metrics(run: Run, metrics: dict) -> None:

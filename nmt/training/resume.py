@@ -18,7 +18,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from nmt import checkpoint as ckpt
 from nmt.config import TrainConfig, read_yaml
 from nmt.errors import NmtError
-from nmt.strict import to_dict
+from nmt.strict import flat, to_dict
 from nmt.tokenizer import PairTokenizer
 from nmt.training.state import Run, TrainState
 from nmt.training.verify import check_rng_restored, damage
@@ -155,16 +155,9 @@ def release_output_dir(output_dir: str | Path) -> None:
 
 def config_changes(saved: dict, cfg: TrainConfig) -> list[str]:
     """`key: old -> new` for every setting that makes the run (IDENTITY_*) and differs from `saved`."""
-    now, old = _flat(to_dict(cfg)), _flat(saved)
+    now, old = flat(to_dict(cfg)), flat(saved)
     keys = [k for k in now if (k.split(".")[0] in IDENTITY_SECTIONS or k in IDENTITY_KEYS) and k not in FREE_IN_SECTIONS]
     return [f"{k}: {old[k]!r} -> {now[k]!r}" for k in keys if k in old and old[k] != now[k]]
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
 
 
 def saved_config(path: Path) -> dict | None:
