@@ -168,6 +168,14 @@ class Seq2SeqTransformer(nn.Module):
         save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
 
     @classmethod
+    def from_hf(cls, hf_dir: str | Path) -> Seq2SeqTransformer:
+        """The model of a transformers MarianMTModel or M2M100ForConditionalGeneration directory, computing the
+        same logits (see `nmt.interop`; `nmt import` also converts the tokenizer into a model directory)."""
+        from nmt.interop import model_from_hf  # the one home of transformers, imported only when used
+
+        return model_from_hf(hf_dir)
+
+    @classmethod
     def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu",
                         cfg: ModelConfig | None = None) -> Seq2SeqTransformer:
         """Load what `save_pretrained` wrote. Reads JSON and safetensors only: no code runs.
