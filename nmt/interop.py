@@ -22,7 +22,7 @@ import torch
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
 
-INSTALL_HINT = "pip install 'nmt[hf]' (transformers and sentencepiece)"
+INSTALL_HINT = "pip install 'nmt[hf]' (transformers, sentencepiece and protobuf)"
 MARIAN, M2M100, PEGASUS = "marian", "m2m_100", "pegasus"
 
 
@@ -151,15 +151,12 @@ def tokenizer_from_hf(hf_dir: str | Path, config=None, src_lang: str | None = No
     joint vocab.json, one tokenizer per side. With `src_lang`/`tgt_lang` (M2M100, NLLB) the source starts with
     its language token and the target with its own, as transformers' tokenizer does with src_lang/tgt_lang.
     """
-    from tokenizers import Tokenizer
-
-    from nmt.tokenizer import PairTokenizer
+    from nmt.tokenizer import PairTokenizer, read_tokenizer, with_template
 
     hf_dir = Path(hf_dir)
     config = config or _hf_config(hf_dir)
     if (hf_dir / "tokenizer.json").is_file():
-        src = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
-        src.post_processor = None
+        src = with_template(read_tokenizer(hf_dir / "tokenizer.json"), None, [])
         src.no_truncation()
         src.no_padding()
         tgt = None
@@ -176,9 +173,8 @@ def tokenizer_from_hf(hf_dir: str | Path, config=None, src_lang: str | None = No
         if not (src_lang and tgt_lang):
             raise NmtError(f"{hf_dir} is a multilingual M2M100/NLLB model: give --src-lang and --tgt-lang, its "
                            "language tokens (e.g. __en__ __de__, or eng_Latn deu_Latn)")
-        tgt = Tokenizer.from_str(src.to_str())
-        src.post_processor = _template(src, f"{src_lang} $A </s>", [src_lang, "</s>"])
-        tgt.post_processor = _template(tgt, f"{tgt_lang} $A", [tgt_lang])
+        tgt = with_template(src, f"{tgt_lang} $A", [tgt_lang])
+        src = with_template(src, f"{src_lang} $A </s>", [src_lang, "</s>"])
     elif src_lang or tgt_lang:
         raise NmtError(f"{hf_dir}: --src-lang/--tgt-lang are for multilingual M2M100/NLLB models; a Marian model "
                        "translates one language pair")
@@ -191,21 +187,9 @@ def _read_json(path: Path) -> dict:
     return read_json(path)
 
 
-def _template(tok, single: str, specials: list[str]):
-    from tokenizers import processors
-
-    ids = [(name, tok.token_to_id(name)) for name in specials]
-    missing = [name for name, i in ids if i is None]
-    if missing:
-        raise NmtError(f"the tokenizer has no token {missing[0]!r}; give a language token of the model (as its "
-                       "tokenizer writes it, e.g. __en__ or eng_Latn)")
-    return processors.TemplateProcessing(single=single, special_tokens=ids)
-
-
 def _spm_tokenizer(path: Path, vocab: dict[str, int]):
     """One side of a Marian tokenizer: the SentencePiece model's segmentation (its pieces and scores), with the ids
-    of the joint vocab.json. Pieces of the other side's model never win a segmentation here (their score is below
-    every piece of this one)."""
+    of the joint vocab.json (see `_foreign` for the pieces of the other side's model)."""
     try:
         from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
         proto = import_protobuf().ModelProto()
@@ -226,11 +210,18 @@ def _spm_tokenizer(path: Path, vocab: dict[str, int]):
     if vocab.get(unk) != proto.trainer_spec.unk_id:
         raise NmtError(f"{path}: its unknown piece {unk!r} has id {proto.trainer_spec.unk_id} there but "
                        f"{vocab.get(unk)} in vocab.json; nmt cannot import that mapping")
-    never = min(scores.values()) - 1000.0
+    lowest = min(scores.values())
     pieces = sorted(vocab, key=vocab.get)
-    tok = SpmConverter.build_tokenizer_from_spm_proto(proto, [(p, scores.get(p, never)) for p in pieces])
+    tok = SpmConverter.build_tokenizer_from_spm_proto(proto, [(p, scores.get(p, _foreign(p, lowest))) for p in pieces])
     tok.add_special_tokens([t for t in ("</s>", "<unk>", "<pad>") if t in vocab])
     return tok
+
+
+def _foreign(piece: str, lowest: float) -> float:
+    """The score of a vocab.json piece that this side's SentencePiece model lacks. SentencePiece gives a character it
+    does not know as itself, at its unknown score (the lowest minus 10), and transformers looks that string up in
+    vocab.json: a single character scores so here. Longer pieces of the other side never win a segmentation."""
+    return lowest - 10.0 if len(piece) == 1 else lowest - 1e6
 
 
 def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, tgt_lang: str | None = None,
@@ -379,15 +370,13 @@ def hf_model_from_nmt(model):
 
 def hf_tokenizer_from_nmt(tokenizer, cfg: ModelConfig):
     """A `PreTrainedTokenizerFast` over nmt's joint tokenizer, its source template adding the final </s>."""
-    from tokenizers import Tokenizer
+    from nmt.tokenizer import with_template
 
     transformers = require_transformers()
-    if not tokenizer.joint:
-        raise NmtError("the model has separate source and target tokenizers: a transformers tokenizer is one; "
-                       "train with tokenizer.joint true")
-    tok = Tokenizer.from_str(tokenizer.src.to_str())
-    if tok.post_processor is None:
-        tok.post_processor = _template(tok, "$A </s>", ["</s>"])
+    if not tokenizer.one_file:
+        raise NmtError("the model has separate source and target tokenizers (tokenizer.src.json, tokenizer.tgt.json): "
+                       "a transformers tokenizer is one; train with tokenizer.joint true")
+    tok = tokenizer.src if tokenizer.src_specials else with_template(tokenizer.src, "$A </s>", ["</s>"])
     name = tok.id_to_token
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=name(cfg.pad_id), eos_token=name(cfg.eos_id),

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from nmt.checkpoint import check_fingerprint
 from nmt.config import TokenizerConfig
@@ -122,6 +122,13 @@ class PairTokenizer:
 
     @property
     def joint(self) -> bool:
+        """One vocabulary: an id means the same token on both sides (one tokenizer, or two segmenters over one
+        vocabulary, as Marian's source and target SentencePiece models; then embeddings may be shared)."""
+        return self.src is self.tgt or self.src.get_vocab(with_added_tokens=True) == self.tgt.get_vocab(True)
+
+    @property
+    def one_file(self) -> bool:
+        """Source and target are one tokenizer, saved as tokenizer.json."""
         return self.src is self.tgt
 
     @property
@@ -164,7 +171,7 @@ class PairTokenizer:
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.joint:
+        if self.one_file:
             self.src.save(str(directory / JOINT_FILE))
         else:
             self.src.save(str(directory / SRC_FILE))
@@ -265,6 +272,24 @@ class DropoutSegmenter:
             if k >= 0 and (rank := ranks.get((symbols[i], symbols[k]))) is not None:
                 heapq.heappush(heap, (rank, i))
         return [s for s in symbols if s is not None]
+
+
+def read_tokenizer(path: Path) -> Tokenizer:
+    """A tokenizer file as it is, unchecked (`nmt import` reads a transformers tokenizer.json with it)."""
+    return Tokenizer.from_file(str(path))
+
+
+def with_template(tok: Tokenizer, single: str | None, specials: list[str]) -> Tokenizer:
+    """A copy of `tok` whose post-processor is the template `single` (e.g. "__en__ $A </s>") of the special tokens
+    `specials`, or none (`single` None). An NmtError names a special token the vocabulary lacks."""
+    ids = [(name, tok.token_to_id(name)) for name in specials]
+    missing = [name for name, i in ids if i is None]
+    if missing:
+        raise NmtError(f"the tokenizer has no token {missing[0]!r}; give a language token of the model (as its "
+                       "tokenizer writes it, e.g. __en__ or eng_Latn)")
+    copy = Tokenizer.from_str(tok.to_str())
+    copy.post_processor = None if single is None else processors.TemplateProcessing(single=single, special_tokens=ids)
+    return copy
 
 
 def _load_file(path: Path) -> Tokenizer:
