@@ -88,8 +88,7 @@ class ModelConfig:
     pre_norm: bool = True  # LayerNorm before each sublayer (stable); False: post-norm as in Vaswani et al.
     share_embeddings: bool = True  # one embedding table for source, target and output (joint vocab only)
     scale_embedding: bool = True  # multiply embeddings by sqrt(d_model) before adding positions
-    # sinusoid layout: sin/cos interleaved; sin half then cos half (Marian, Pegasus); M2M100's (offset 2)
-    positions: Literal["interleaved", "halves", "m2m100"] = "interleaved"
+    positions: Literal["interleaved", "halves", "m2m100"] = "interleaved"  # sinusoids: nmt's, Marian's, M2M100's
     final_logits_bias: bool = False  # a fixed (not trained) bias added to the output logits (Marian's)
     max_positions: int = ranged(1024, "[2, 1e6]")  # longest sequence the sinusoidal table covers
     pad_id: int = ranged(0, "[0, 1e7]")  # padding id: masks are derived from it
