@@ -195,6 +195,9 @@ def _spm_tokenizer(path: Path, vocab: dict[str, int]):
         proto = import_protobuf().ModelProto()
     except ImportError:
         raise NmtError(f"reading {path.name} needs sentencepiece and protobuf: {INSTALL_HINT}") from None
+    except Exception as e:  # noqa: BLE001 - protobuf's VersionError: a runtime older than sentencepiece's generated code
+        raise NmtError(f"reading {path.name}: protobuf cannot load sentencepiece's model format ({e}); upgrade "
+                       "protobuf (pip install -U protobuf)") from None
     proto.ParseFromString(path.read_bytes())
     if proto.trainer_spec.model_type != 1:  # sentencepiece's ModelType.UNIGRAM
         raise NmtError(f"{path}: not a unigram SentencePiece model; nmt imports Marian's unigram models")
