@@ -1,5 +1,5 @@
-"""The `nmt` command: the parser of train, check, translate, evaluate, score, backtranslate, export, plot, average,
-serve and info, and the dispatch to their handlers (nmt.commands). User errors print one line and exit with code 2.
+"""The `nmt` command: the parser of train, check, translate, evaluate, score, backtranslate, export, import, plot,
+average, serve and info, and the dispatch to their handlers (nmt.commands). User errors print one line and exit with code 2.
 
 `accelerate launch run.py ...` is `nmt train ...` on as many processes as the profile says.
 """
@@ -14,7 +14,7 @@ import traceback
 
 from nmt.commands.common import is_main
 from nmt.commands.decode import cmd_backtranslate, cmd_evaluate, cmd_score, cmd_translate
-from nmt.commands.tools import cmd_average, cmd_export, cmd_info, cmd_plot, cmd_serve
+from nmt.commands.tools import cmd_average, cmd_export, cmd_import, cmd_info, cmd_plot, cmd_serve
 from nmt.commands.train import cmd_check, cmd_train, overrides_from_flags
 from nmt.validate import Number, error_line
 
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_train, _add_check, _add_translate, _add_evaluate, _add_score, _add_backtranslate_parser,
-                _add_export, _add_plot, _add_average, _add_serve_parser, _add_info):
+                _add_export, _add_import, _add_plot, _add_average, _add_serve_parser, _add_info):
         add(sub)
     for p in sub.choices.values():  # also after the command (nmt train ... --debug); SUPPRESS keeps the global one
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
@@ -122,14 +122,25 @@ def _add_score(sub) -> None:
 
 
 def _add_export(sub) -> None:
-    p = sub.add_parser("export", help="export a model directory for another runtime (CTranslate2)")
+    p = sub.add_parser("export", help="export a model directory for another runtime (CTranslate2, transformers)")
     p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
-    p.add_argument("--to", required=True, choices=["ctranslate2"], help="the target format")
+    p.add_argument("--to", required=True, choices=["ctranslate2", "transformers"], help="the target format")
     p.add_argument("out", help="the directory to write (must be empty or absent unless --force)")
-    p.add_argument("--quantization", help="weight type: int8, int8_float32, int16, float16, bfloat16, ... "
-                   "(default: float32)")
+    p.add_argument("--quantization", help="ctranslate2: weight type: int8, int8_float32, int16, float16, bfloat16, "
+                   "... (default: float32)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.set_defaults(fn=cmd_export)
+
+
+def _add_import(sub) -> None:
+    p = sub.add_parser("import", help="a transformers translation model (Marian/OPUS-MT, M2M100, NLLB) as an nmt "
+                       "model directory (needs nmt[hf])")
+    p.add_argument("hf_dir", help="a directory written by save_pretrained: the model and its tokenizer")
+    p.add_argument("out", help="the model directory to write (must be empty or absent unless --force)")
+    p.add_argument("--src-lang", help="M2M100/NLLB: the source language token (e.g. __en__ or eng_Latn)")
+    p.add_argument("--tgt-lang", help="M2M100/NLLB: the target language token, forced as the first output token")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(fn=cmd_import)
 
 
 def _add_plot(sub) -> None:

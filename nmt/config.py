@@ -84,13 +84,17 @@ class ModelConfig:
     n_decoder_layers: int | None = ranged(None, "[1, 1000]")  # decoder depth (null: from size)
     d_ff: int | None = ranged(None, "[1, 1e6]")  # feed-forward inner width (null: from size)
     dropout: float | None = ranged(None, "[0, 1)")  # on embeddings, residual branches, attention weights (null: from size)
-    activation: Literal["relu", "gelu"] = "relu"  # feed-forward non-linearity
+    activation: Literal["relu", "gelu", "silu"] = "relu"  # feed-forward non-linearity (silu: Marian's swish)
     pre_norm: bool = True  # LayerNorm before each sublayer (stable); False: post-norm as in Vaswani et al.
     share_embeddings: bool = True  # one embedding table for source, target and output (joint vocab only)
+    scale_embedding: bool = True  # multiply embeddings by sqrt(d_model) before adding positions
+    positions: Literal["interleaved", "halves", "m2m100"] = "interleaved"  # sinusoids: nmt's, Marian's, M2M100's
+    final_logits_bias: bool = False  # a fixed (not trained) bias added to the output logits (Marian's)
     max_positions: int = ranged(1024, "[2, 1e6]")  # longest sequence the sinusoidal table covers
     pad_id: int = ranged(0, "[0, 1e7]")  # padding id: masks are derived from it
-    bos_id: int = ranged(2, "[0, 1e7]")  # decoder start id
+    bos_id: int = ranged(2, "[0, 1e7]")  # decoder start id (may equal pad_id, as in Marian)
     eos_id: int = ranged(3, "[0, 1e7]")  # end-of-sentence id
+    forced_bos_id: int | None = ranged(None, "[0, 1e7]")  # first generated token, forced (M2M100's target language)
 
     @staticmethod
     def renamed_keys(data: dict, where: str) -> dict:

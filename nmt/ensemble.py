@@ -27,7 +27,7 @@ class Ensemble(nn.Module):
         self.models = nn.ModuleList(models)
         first = models[0].cfg
         for i, m in enumerate(models[1:], 2):
-            for key in ("tgt_vocab_size", "src_vocab_size", "pad_id", "bos_id", "eos_id"):
+            for key in ("tgt_vocab_size", "src_vocab_size", "pad_id", "bos_id", "eos_id", "forced_bos_id"):
                 if getattr(m.cfg, key) != getattr(first, key):
                     raise NmtError(f"ensemble model {i} has model.{key}={getattr(m.cfg, key)} but model 1 has "
                                    f"{getattr(first, key)}: ensembled models must share one vocabulary")

@@ -34,8 +34,20 @@ def causal_attend(new: int, past: int, device: torch.device) -> torch.Tensor:
     return torch.ones(new, past + new, dtype=torch.bool, device=device).tril(diagonal=past)
 
 
-def sinusoids(length: int, dim: int) -> torch.Tensor:
-    """(length, dim) sinusoidal position table of Vaswani et al."""
+def sinusoids(length: int, dim: int, layout: str = "interleaved") -> torch.Tensor:
+    """(length, dim) sinusoidal position table of Vaswani et al.: sin and cos interleaved (nmt's own layout),
+    or as transformers' models lay it out: "halves" (Marian, Pegasus: the same frequencies, all sines then all
+    cosines, computed in float64) or "m2m100" (M2M100, NLLB: frequencies 10000^(-i/(dim/2-1)), positions from 2)."""
+    if layout == "halves":
+        pos = torch.arange(length, dtype=torch.float64)[:, None]
+        angle = pos / torch.pow(10000.0, torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (length, dim/2)
+        return torch.cat([angle.sin(), angle.cos()], 1)[:, :dim].float()
+    if layout == "m2m100":
+        half = dim // 2
+        freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1)))
+        angle = torch.arange(2, length + 2, dtype=torch.int64).float()[:, None] * freq[None]
+        table = torch.cat([angle.sin(), angle.cos()], 1)
+        return torch.cat([table, torch.zeros(length, dim % 2)], 1) if dim % 2 else table
     pos = torch.arange(length, dtype=torch.float32)[:, None]
     inv = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
     table = torch.zeros(length, dim)
@@ -86,9 +98,12 @@ class Packing:
     matmul then, which on a CPU is nearly all the time. Without padding both are views.
     """
 
-    def __init__(self, ids: torch.Tensor, pad_id: int):
+    def __init__(self, ids: torch.Tensor, pad_id: int, first_real: bool = False):
         self.B, self.L = ids.shape
-        real = ids.ne(pad_id).flatten()  # (B*L,)
+        self.real = ids.ne(pad_id)  # (B, L)
+        if first_real:  # a decoder start that is the pad id (Marian's) is a real position
+            self.real[:, :1] = True
+        real = self.real.flatten()  # (B*L,)
         # compiled graphs keep the padding: a data-dependent N would break them
         unpacked = torch.compiler.is_compiling() or bool(real.all())
         self.index = None if unpacked else real.nonzero().squeeze(1)  # (N,) rows of the flattened batch
@@ -163,7 +178,7 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.up, self.down = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
-        self.act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+        self.act = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}[cfg.activation]()
         self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

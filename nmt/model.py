@@ -39,7 +39,9 @@ class Seq2SeqTransformer(nn.Module):
         shared = cfg.share_embeddings and cfg.src_vocab_size == cfg.tgt_vocab_size
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.src_embed = self.tgt_embed if shared else nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-        self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
+        self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model, cfg.positions), persistent=False)
+        if cfg.final_logits_bias:  # a buffer, as in Marian: stored with the weights, never trained
+            self.register_buffer("final_logits_bias", torch.zeros(cfg.tgt_vocab_size))
         self.drop = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
@@ -63,7 +65,8 @@ class Seq2SeqTransformer(nn.Module):
         L = ids.shape[1]
         if offset + L > self.cfg.max_positions:
             raise NmtError(f"sequence of {offset + L} tokens is longer than model.max_positions={self.cfg.max_positions}")
-        x = table(ids) * math.sqrt(self.cfg.d_model) + self.positions[offset : offset + L].to(table.weight.dtype)
+        x = table(ids) * math.sqrt(self.cfg.d_model) if self.cfg.scale_embedding else table(ids)
+        x = x + self.positions[offset : offset + L].to(table.weight.dtype)
         return self.drop(x)
 
     def encode(self, src_ids: torch.Tensor) -> torch.Tensor:
@@ -116,7 +119,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., V) through the output projection tied to the target embedding."""
-        return linear(hidden, self.tgt_embed.weight)
+        return linear(hidden, self.tgt_embed.weight, getattr(self, "final_logits_bias", None))
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) at every position, as cached decoding computes them."""
@@ -133,10 +136,10 @@ class Seq2SeqTransformer(nn.Module):
         """
         src = Packing(src_ids, self.cfg.pad_id)
         memory = self.encode_packed(src_ids, src)  # (N_src, D)
-        tgt = Packing(tgt_in_ids, self.cfg.pad_id)
+        tgt = Packing(tgt_in_ids, self.cfg.pad_id, first_real=self.cfg.bos_id == self.cfg.pad_id)
         hidden = self.run_decoder(tgt_in_ids, tgt, memory, src, src_ids)  # (N_tgt, D)
         real = labels.ne(self.cfg.pad_id)  # (B, T): the collator's labels are real where tgt_in_ids are
-        if not torch.equal(real, tgt_in_ids.ne(self.cfg.pad_id)):
+        if not torch.equal(real, tgt.real):
             hidden = tgt.unpack(hidden)[real]
         loss, nll = smoothed_cross_entropy(self.project(hidden), labels[real], label_smoothing)  # (N,) each
         return loss.sum(), nll.sum().detach(), int(real.sum())
@@ -163,6 +166,14 @@ class Seq2SeqTransformer(nn.Module):
         if self.src_embed is self.tgt_embed:
             state.pop("src_embed.weight", None)  # shared tensors are stored once
         save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+
+    @classmethod
+    def from_hf(cls, hf_dir: str | Path) -> Seq2SeqTransformer:
+        """The model of a transformers MarianMTModel or M2M100ForConditionalGeneration directory, computing the
+        same logits (see `nmt.interop`; `nmt import` also converts the tokenizer into a model directory)."""
+        from nmt.interop import model_from_hf  # the one home of transformers, imported only when used
+
+        return model_from_hf(hf_dir)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu",

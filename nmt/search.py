@@ -80,7 +80,7 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
     pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
     B, dev = src_ids.shape[0], src_ids.device
     limits = length_limits(src_ids, pad, cfg)
-    steps, never = int(limits.max()), torch.tensor([pad, bos], device=dev)
+    steps, never, forced = int(limits.max()), _never(pad, bos, eos, dev), _forced(model)
     dec = start_decoder(model, src_ids)
     generator = sampling.generator(dev) if sampling is not None else None
     alive = torch.arange(B, device=dev)  # sentence of each row
@@ -88,7 +88,7 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
     tokens = torch.full((B, steps), pad, dtype=torch.long, device=dev)  # <pad> is never emitted: it marks the end
     logprob = torch.zeros(B, dtype=torch.float64, device=dev)  # summed in float64 like Python floats
     for t in range(steps):
-        lp = _constrain(dec.step(last), limits[alive] <= t + 1, never, eos)
+        lp = _constrain(dec.step(last), limits[alive] <= t + 1, never, eos, forced if t == 0 else None)
         if sampling is None:
             best, last = lp.max(-1)
         else:
@@ -125,7 +125,7 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
     pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
     B, K, dev = src_ids.shape[0], cfg.beam_size, src_ids.device
     limits = length_limits(src_ids, pad, cfg)
-    dec, never = start_decoder(model, src_ids), torch.tensor([pad, bos], device=dev)
+    dec, never, forced = start_decoder(model, src_ids), _never(pad, bos, eos, dev), _forced(model)
     sent, sent_list = torch.arange(B, device=dev), list(range(B))  # sentence of each active group of rows
     scores = torch.zeros(B, 1, device=dev)  # (N, W) log-probability of each row's prefix; W = 1, then K
     history = torch.full((B, 0), pad, dtype=torch.long, device=dev)  # (N*W, t) tokens of each row
@@ -133,7 +133,8 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(int(limits.max())):
         N, W = scores.shape
-        lp = _constrain(dec.step(last), limits[sent].repeat_interleave(W) <= t + 1, never, eos)
+        lp = _constrain(dec.step(last), limits[sent].repeat_interleave(W) <= t + 1, never, eos,
+                        forced if t == 0 else None)
         top, beam, tok = _best_continuations(scores, lp, 2 * K)  # (N, 2K): at most K are </s>, K others remain
         _finalize(finished, sent_list, (top, beam, tok), history, W=W, K=K, eos=eos, alpha=cfg.alpha)
         top, pick = top.masked_fill(tok.eq(eos), -torch.inf).topk(K, dim=1)  # (N, K) best non-</s> continuations
@@ -176,8 +177,24 @@ def _best_continuations(scores: torch.Tensor, lp: torch.Tensor, n: int) -> tuple
     return top, beam, tok
 
 
-def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: torch.Tensor, eos: int) -> torch.Tensor:
-    """Never emit the ids `never` (<pad>, <s>); rows (N,) at their length limit may only emit </s>."""
+def _forced(model) -> int | None:
+    return getattr(getattr(model, "cfg", model), "forced_bos_id", None)
+
+
+def _never(pad: int, bos: int, eos: int, device) -> torch.Tensor:
+    """The ids search never emits: <pad> and the decoder start, unless that is </s> (M2M100's)."""
+    return torch.tensor(sorted({pad, bos} - {eos}), device=device)
+
+
+def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: torch.Tensor, eos: int,
+               forced: int | None = None) -> torch.Tensor:
+    """Never emit the ids `never` (<pad>, <s>); rows (N,) at their length limit may only emit </s>; `forced`
+    (the first step of a model with `forced_bos_id`) is the only choice, at log-probability 0 as in
+    transformers' ForcedBOSTokenLogitsProcessor."""
+    if forced is not None:
+        lp.fill_(-torch.inf)
+        lp[:, forced] = 0.0
+        return lp
     lp.index_fill_(1, never, -torch.inf)
     if bool(at_limit.any()):
         only_eos = torch.full_like(lp[0], -torch.inf)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from nmt.checkpoint import check_fingerprint
 from nmt.config import TokenizerConfig
@@ -72,10 +72,10 @@ def _batched(texts: Iterable[str | list[str]], size: int = 1000) -> Iterator[lis
         yield batch
 
 
-def _encode_batch(tok: Tokenizer, texts: list[str]) -> list:
+def _encode_batch(tok: Tokenizer, texts: list[str], specials: bool = False) -> list:
     # encode_batch_fast (tokenizers >= 0.20.2) skips the character offsets, which nmt never reads
     fast = getattr(tok, "encode_batch_fast", None)
-    return (fast or tok.encode_batch)(texts, add_special_tokens=False)
+    return (fast or tok.encode_batch)(texts, add_special_tokens=specials)
 
 
 PARALLELISM = "TOKENIZERS_PARALLELISM"
@@ -103,16 +103,32 @@ def bulk_threads():
 
 
 class PairTokenizer:
-    """Source and target tokenizers (the same object when the vocabulary is joint)."""
+    """Source and target tokenizers (the same object when the vocabulary is joint).
+
+    nmt's own tokenizers have <pad> <unk> <s> </s> at ids 0-3 and no post-processor: nmt appends </s> to a
+    source itself. An imported one (`nmt import`) keeps its model's ids, and where the model wants more than
+    the final </s> (M2M100's language tags) its post-processor adds them: then the source's specials, and a
+    target's leading tag, are the tokenizer's own.
+    """
 
     def __init__(self, src: Tokenizer, tgt: Tokenizer | None = None):
         self.src = src
         self.tgt = tgt or src
         self.src.no_truncation()
         self.src.no_padding()
+        self.eos_id = self.tgt.token_to_id("</s>")
+        self.unk_id = self.src.token_to_id("<unk>")
+        self.src_specials = self.src.post_processor is not None  # the tokenizer adds the source's specials itself
 
     @property
     def joint(self) -> bool:
+        """One vocabulary: an id means the same token on both sides (one tokenizer, or two segmenters over one
+        vocabulary, as Marian's source and target SentencePiece models; then embeddings may be shared)."""
+        return self.src is self.tgt or self.src.get_vocab(with_added_tokens=True) == self.tgt.get_vocab(True)
+
+    @property
+    def one_file(self) -> bool:
+        """Source and target are one tokenizer, saved as tokenizer.json."""
         return self.src is self.tgt
 
     @property
@@ -125,14 +141,19 @@ class PairTokenizer:
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source ids, each ending in </s>."""
-        return [e.ids + [EOS] for e in _encode_batch(self.src, texts)]
+        if self.src_specials:
+            return [e.ids for e in _encode_batch(self.src, texts, specials=True)]
+        return [e.ids + [self.eos_id] for e in _encode_batch(self.src, texts)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
-        """Target ids without specials; the collator adds <s> and </s>."""
-        return [e.ids for e in _encode_batch(self.tgt, texts)]
+        """Target ids without </s> (the collator adds the decoder start and </s>), after a target language tag where
+        the tokenizer adds one."""
+        return [e.ids for e in _encode_batch(self.tgt, texts, specials=True)]
 
     def src_tokens(self, text: str) -> list[str]:
         """Source subword strings as the model sees them (with the final </s>)."""
+        if self.src_specials:
+            return self.src.encode(text).tokens
         return self.src.encode(text, add_special_tokens=False).tokens + ["</s>"]
 
     def tgt_tokens(self, ids: list[int]) -> list[str]:
@@ -140,7 +161,7 @@ class PairTokenizer:
 
     def decode_tgt(self, ids_batch: list[list[int]]) -> list[str]:
         """Detokenized text; stops at </s> and skips specials."""
-        cut = [ids[: ids.index(EOS)] if EOS in ids else ids for ids in ids_batch]
+        cut = [ids[: ids.index(self.eos_id)] if self.eos_id in ids else ids for ids in ids_batch]
         return self.tgt.decode_batch(cut, skip_special_tokens=True)
 
     def unknown_rate(self, texts: list[str], side: str = "src") -> float:
@@ -150,7 +171,7 @@ class PairTokenizer:
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.joint:
+        if self.one_file:
             self.src.save(str(directory / JOINT_FILE))
         else:
             self.src.save(str(directory / SRC_FILE))
@@ -253,6 +274,24 @@ class DropoutSegmenter:
         return [s for s in symbols if s is not None]
 
 
+def read_tokenizer(path: Path) -> Tokenizer:
+    """A tokenizer file as it is, unchecked (`nmt import` reads a transformers tokenizer.json with it)."""
+    return Tokenizer.from_file(str(path))
+
+
+def with_template(tok: Tokenizer, single: str | None, specials: list[str]) -> Tokenizer:
+    """A copy of `tok` whose post-processor is the template `single` (e.g. "__en__ $A </s>") of the special tokens
+    `specials`, or none (`single` None). An NmtError names a special token the vocabulary lacks."""
+    ids = [(name, tok.token_to_id(name)) for name in specials]
+    missing = [name for name, i in ids if i is None]
+    if missing:
+        raise NmtError(f"the tokenizer has no token {missing[0]!r}; give a language token of the model (as its "
+                       "tokenizer writes it, e.g. __en__ or eng_Latn)")
+    copy = Tokenizer.from_str(tok.to_str())
+    copy.post_processor = None if single is None else processors.TemplateProcessing(single=single, special_tokens=ids)
+    return copy
+
+
 def _load_file(path: Path) -> Tokenizer:
     try:
         tok = Tokenizer.from_file(str(path))
@@ -260,14 +299,108 @@ def _load_file(path: Path) -> Tokenizer:
         raise
     except BaseException as e:  # noqa: BLE001 - a bare Exception for bad JSON; a Rust panic for some bad models
         raise NmtError(f"{path}: not a readable tokenizer file ({str(e).splitlines()[0]})") from None
+    data = json.loads(tok.to_str())
+    if _is_imported(data):
+        _check_imported(data, path, tok)
+        return tok
     if [tok.token_to_id(s) for s in SPECIALS] != [PAD, UNK, BOS, EOS]:
         raise NmtError(f"{path}: special tokens {SPECIALS} must have ids 0-3; it was not made by nmt")
-    data = json.loads(tok.to_str())
     if data["model"].get("dropout") is not None:  # saved by an nmt before BPE-dropout moved out of the tokenizer
         data["model"]["dropout"] = None
         tok = Tokenizer.from_str(json.dumps(data))
     _check_pipeline(data, path)
     return tok
+
+
+# --- tokenizers converted from transformers' models (nmt import) -----------------------------------------------
+# SentencePiece's pipeline as transformers' converters and tokenizer.json files write it: each part is one of
+# these exact values (a Precompiled normalizer's table is data, not a pattern), so nothing open-ended runs.
+_SPM_NORMALIZERS = [
+    {"type": "Replace", "pattern": {"Regex": "\\A +| +\\z"}, "content": ""},
+    {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "},
+    {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+    {"type": "Replace", "pattern": {"Regex": "\\A\u2581"}, "content": "\u2581\u2581"},
+]
+_SPM_DECODERS = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+                 {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]
+_BPE_OPTIONS = {"dropout": [None], "unk_token": ["<unk>"], "continuing_subword_prefix": [None],
+                "end_of_word_suffix": [None], "fuse_unk": [True, False], "byte_fallback": [False],
+                "ignore_merges": [True, False]}
+
+
+def _is_imported(data: dict) -> bool:
+    """A tokenizer of the SentencePiece kind that nmt import writes: nmt's own normalize with NFKC."""
+    return all(part.get("type") != "NFKC" for part in _sequence(data.get("normalizer"), "normalizers")
+               if isinstance(part, dict))
+
+
+def _metaspace(part) -> bool:
+    return (isinstance(part, dict) and set(part) == {"type", "replacement", "prepend_scheme", "split"}
+            and part["type"] == "Metaspace" and part["replacement"] == "\u2581"
+            and part["prepend_scheme"] in ("always", "first", "never") and isinstance(part["split"], bool))
+
+
+def _sequence(part, key: str) -> list:
+    if part is None:
+        return []
+    return part[key] if isinstance(part, dict) and part.get("type") == "Sequence" else [part]
+
+
+def _check_imported(data: dict, path: Path, tok: Tokenizer) -> None:
+    """Accept only the parts a converted SentencePiece tokenizer has (see the lists above)."""
+    for norm in _sequence(data.get("normalizer"), "normalizers"):
+        precompiled = isinstance(norm, dict) and set(norm) == {"type", "precompiled_charsmap"} \
+            and norm["type"] == "Precompiled" and isinstance(norm["precompiled_charsmap"], str)
+        if not precompiled and norm not in _SPM_NORMALIZERS:
+            _refuse(path, "normalizer", norm, "SentencePiece's: Precompiled and its fixed whitespace rules")
+    pre = _sequence(data.get("pre_tokenizer"), "pretokenizers")
+    if len(pre) != 1 or not _metaspace(pre[0]):
+        _refuse(path, "pre_tokenizer", data.get("pre_tokenizer"), "one Metaspace")
+    for dec in _sequence(data.get("decoder"), "decoders"):
+        if not _metaspace(dec) and dec not in _SPM_DECODERS:
+            _refuse(path, "decoder", dec, "SentencePiece's Metaspace, or Replace/Fuse/Strip of its spaces")
+    for part in ("truncation", "padding"):
+        if data.get(part) is not None:
+            _refuse(path, part, data.get(part), "none")
+    model = data["model"]
+    if model.get("type") == "Unigram":
+        if model.get("byte_fallback") or set(model) != {"type", "unk_id", "vocab", "byte_fallback"}:
+            _refuse(path, "model options", {k: v for k, v in model.items() if k != "vocab"}, "a plain Unigram")
+    elif model.get("type") == "BPE":
+        options = {k: v for k, v in model.items() if k not in ("type", "vocab", "merges")}
+        if any(k not in _BPE_OPTIONS or v not in _BPE_OPTIONS[k] for k, v in options.items()):
+            _refuse(path, "model options", options, "a plain BPE")
+    else:
+        _refuse(path, "model", model.get("type"), "a BPE or Unigram model")
+    added = {}
+    for token in data["added_tokens"]:
+        if set(token) != {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"} \
+                or not token["special"] or token["normalized"] or token["lstrip"] or token["rstrip"] \
+                or token["single_word"] or not isinstance(token["content"], str) \
+                or any(c.isspace() for c in token["content"]):
+            _refuse(path, "added token", token, "a special token of one word, matched as written")
+        added[token["content"]] = token["id"]
+    _check_template(data.get("post_processor"), added, path)
+    for name in ("</s>", "<unk>", "<pad>"):
+        if tok.token_to_id(name) is None:
+            raise NmtError(f"{path}: no {name} token; nmt needs </s>, <unk> and <pad>")
+
+
+def _check_template(post, added: dict, path: Path) -> None:
+    """None, or a TemplateProcessing that puts special tokens (a language tag, </s>) around the text."""
+    if post is None:
+        return
+    shown = "a TemplateProcessing of special tokens around the text"
+    if not isinstance(post, dict) or post.get("type") != "TemplateProcessing" \
+            or set(post) != {"type", "single", "pair", "special_tokens"}:
+        _refuse(path, "post_processor", post, shown)
+    for item in post["single"] + post["pair"]:
+        special, text = item.get("SpecialToken"), item.get("Sequence")
+        if len(item) != 1 or not (special and special.get("id") in added or text and text.get("id") in ("A", "B")):
+            _refuse(path, "post_processor item", item, shown)
+    for name, spec in post["special_tokens"].items():
+        if name not in added or spec != {"id": name, "ids": [added[name]], "tokens": [name]}:
+            _refuse(path, "post_processor special token", spec, shown)
 
 
 def _check_pipeline(data: dict, path: Path) -> None:

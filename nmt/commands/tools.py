@@ -1,4 +1,4 @@
-"""`nmt export`, `nmt plot`, `nmt average`, `nmt info` and `nmt serve`: the commands around a trained model."""
+"""`nmt export`, `nmt import`, `nmt plot`, `nmt average`, `nmt info` and `nmt serve`: the commands around a trained model."""
 
 from __future__ import annotations
 
@@ -29,11 +29,28 @@ def cmd_info(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    no_extra(extra)
+    if args.to == "transformers":
+        from nmt.interop import export_transformers
+
+        if args.quantization:
+            raise NmtError("--quantization is for --to ctranslate2; a transformers export is float32")
+        out, arch = export_transformers(args.model_dir, args.out, force=args.force)
+        print(f"wrote {out} ({arch}); load it with transformers.AutoModelForSeq2SeqLM.from_pretrained('{out}')")
+        return 0
     from nmt.export import export_ctranslate2
 
-    no_extra(extra)
     out = export_ctranslate2(args.model_dir, args.out, quantization=args.quantization, force=args.force)
     print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}); translate with: nmt translate --ct2 {out}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.interop import import_hf
+
+    no_extra(extra)
+    out = import_hf(args.hf_dir, args.out, src_lang=args.src_lang, tgt_lang=args.tgt_lang, force=args.force)
+    print(f"wrote {out}; translate with: nmt translate {out}, fine-tune with: nmt train --init-from {out} ...")
     return 0
 
 

@@ -49,7 +49,7 @@ def fingerprints(run: Run, directory: Path | None = None) -> dict:
     if directory is not None:
         tokenizer = ckpt.tokenizer_sha256(directory)
     else:  # the text tokenizers' save writes: to_str(pretty=True)
-        files = [tok.src] if tok.joint else [tok.src, tok.tgt]
+        files = [tok.src] if tok.one_file else [tok.src, tok.tgt]
         tokenizer = ckpt.sha256_parts(t.to_str(pretty=True).encode() for t in files)
     return {**(run.corpus.stats.get(ckpt.FINGERPRINTS) or {}), "tokenizer": tokenizer}
 

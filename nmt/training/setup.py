@@ -115,7 +115,7 @@ def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, pad_
     plain = train.select_columns(["src_ids", "tgt_ids"])
     # no worker processes: the BPE-dropout view reads sampler.epoch when a batch is fetched
     loader = DataLoader(dropout.view(lambda: sampler.epoch) if dropout else plain, batch_sampler=sampler,
-                        collate_fn=Collator(pad_id=pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of),
+                        collate_fn=Collator(pad_id, cfg.model.bos_id, cfg.model.eos_id, cfg.pad_to_multiple_of),
                         # its own generator: each new iterator draws a seed, and drawing it from the global
                         # RNG would shift dropout after a resume (which starts a fresh iterator mid-epoch)
                         generator=torch.Generator())

@@ -1,0 +1,416 @@
+"""Hugging Face transformers translation models in and out: the one home of `transformers` (`pip install 'nmt[hf]'`).
+
+Import (`nmt import HF_DIR OUT`, `Seq2SeqTransformer.from_hf`) reads a `MarianMTModel` (OPUS-MT) or an
+`M2M100ForConditionalGeneration` (M2M100, NLLB) directory into an nmt model directory. The weights map one to
+one: nmt's options (`ModelConfig.positions`, `scale_embedding`, `activation`, `final_logits_bias`, `pre_norm`)
+say what the architecture does, and token ids are the model's own (pad, end and decoder start included).
+
+Export (`nmt export --to transformers MODEL_DIR OUT`) writes the architecture the nmt model is exactly:
+post-norm -> Marian; pre-norm with final norms -> Pegasus (sinusoids in halves, no offset) or, for positions
+"m2m100", M2M100. nmt's own interleaved sin/cos layout is one fixed permutation of the residual-stream dimensions
+away from the halves layout; a permutation applied to every weight that reads or writes the residual stream
+(embeddings, projections, LayerNorm parameters) leaves the function unchanged, so it is exported through it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from nmt.config import ModelConfig
+from nmt.errors import NmtError
+
+INSTALL_HINT = "pip install 'nmt[hf]' (transformers, sentencepiece and protobuf)"
+MARIAN, M2M100, PEGASUS = "marian", "m2m_100", "pegasus"
+
+
+def require_transformers():
+    """The `transformers` module, or an NmtError saying how to install it."""
+    try:
+        import transformers
+    except ImportError:
+        raise NmtError(f"Hugging Face interop needs the transformers package: {INSTALL_HINT}") from None
+    return transformers
+
+
+# --- import: transformers -> nmt ------------------------------------------------------------------------------
+
+
+def _hf_config(hf_dir: Path):
+    transformers = require_transformers()
+    if not (hf_dir / "config.json").is_file():
+        raise NmtError(f"{hf_dir}: no config.json; give a directory written by save_pretrained (a MarianMTModel "
+                       "or M2M100ForConditionalGeneration)")
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+    except (ValueError, OSError, KeyError) as e:
+        raise NmtError(f"{hf_dir}/config.json: transformers cannot read it ({str(e).splitlines()[0]})") from None
+    if config.model_type not in (MARIAN, M2M100, PEGASUS):
+        raise NmtError(f"{hf_dir}: model_type {config.model_type!r} is not supported; nmt imports marian "
+                       "(OPUS-MT), m2m_100 (M2M100, NLLB) and pegasus (what nmt exports pre-norm models as) models")
+    return config
+
+
+def _same(config, a: str, b: str) -> int:
+    if getattr(config, a) != getattr(config, b):
+        raise NmtError(f"config.json: {a}={getattr(config, a)} but {b}={getattr(config, b)}; nmt's encoder and "
+                       "decoder share this size")
+    return getattr(config, a)
+
+
+def model_config_from_hf(config) -> ModelConfig:
+    """The nmt ModelConfig that computes what a transformers Marian, M2M100 or Pegasus config describes."""
+    act = {"relu": "relu", "gelu": "gelu", "swish": "silu", "silu": "silu"}.get(config.activation_function)
+    if act is None:
+        raise NmtError(f"config.json: activation_function {config.activation_function!r} has no nmt equivalent "
+                       "(relu, gelu, swish/silu)")
+    marian = config.model_type == MARIAN
+    vocab = config.vocab_size
+    tgt_vocab = getattr(config, "decoder_vocab_size", None) or vocab if marian else vocab
+    shared = not marian or getattr(config, "share_encoder_decoder_embeddings", True)
+    return ModelConfig(
+        src_vocab_size=vocab, tgt_vocab_size=tgt_vocab, size="auto", d_model=config.d_model,
+        n_heads=_same(config, "encoder_attention_heads", "decoder_attention_heads"),
+        n_encoder_layers=config.encoder_layers, n_decoder_layers=config.decoder_layers,
+        d_ff=_same(config, "encoder_ffn_dim", "decoder_ffn_dim"), dropout=float(config.dropout), activation=act,
+        pre_norm=not marian, share_embeddings=shared and tgt_vocab == vocab,
+        scale_embedding=bool(config.scale_embedding), positions="m2m100" if config.model_type == M2M100 else "halves",
+        final_logits_bias=config.model_type != M2M100, max_positions=config.max_position_embeddings,
+        pad_id=config.pad_token_id, bos_id=config.decoder_start_token_id, eos_id=config.eos_token_id)
+
+
+def model_from_hf(hf_dir: str | Path):
+    """A `Seq2SeqTransformer` computing exactly what the transformers model in `hf_dir` computes (its logits for
+    the same ids), in float32."""
+    from nmt.model import Seq2SeqTransformer
+
+    hf_dir = Path(hf_dir)
+    config = _hf_config(hf_dir)
+    transformers = require_transformers()
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(hf_dir), local_files_only=True,
+                                                            dtype=torch.float32).eval()
+    cfg = model_config_from_hf(config)
+    inner = hf.get_encoder(), hf.get_decoder()
+    enc, dec = inner
+    if not torch.equal(hf.get_output_embeddings().weight, dec.embed_tokens.weight):
+        raise NmtError(f"{hf_dir}: the output projection is not the decoder's embedding (tie_word_embeddings false); "
+                       "nmt ties them")
+    model = Seq2SeqTransformer(cfg)
+    state = {"tgt_embed.weight": dec.embed_tokens.weight, "src_embed.weight": enc.embed_tokens.weight}
+    if cfg.final_logits_bias:
+        state["final_logits_bias"] = hf.final_logits_bias.reshape(-1)
+    if cfg.pre_norm:
+        state |= _norm("enc_norm", enc.layer_norm) | _norm("dec_norm", dec.layer_norm)
+    for i, layer in enumerate(enc.layers):
+        p = f"encoder.{i}."
+        state |= _self_attention(p + "attn", layer.self_attn) | _norm(p + "sub_attn.norm", layer.self_attn_layer_norm)
+        state |= _ffn(p, layer) | _norm(p + "sub_ff.norm", layer.final_layer_norm)
+    for i, layer in enumerate(dec.layers):
+        p = f"decoder.{i}."
+        state |= _self_attention(p + "self_attn", layer.self_attn) | _norm(p + "sub_self.norm", layer.self_attn_layer_norm)
+        a = layer.encoder_attn
+        state |= {p + "cross_attn.q.weight": a.q_proj.weight, p + "cross_attn.q.bias": a.q_proj.bias,
+                  p + "cross_attn.kv.weight": torch.cat([a.k_proj.weight, a.v_proj.weight]),
+                  p + "cross_attn.kv.bias": torch.cat([torch.zeros_like(a.k_proj.bias), a.v_proj.bias]),
+                  p + "cross_attn.out.weight": a.out_proj.weight, p + "cross_attn.out.bias": a.out_proj.bias}
+        state |= _norm(p + "sub_cross.norm", layer.encoder_attn_layer_norm)
+        state |= _ffn(p, layer) | _norm(p + "sub_ff.norm", layer.final_layer_norm)
+    if model.src_embed is model.tgt_embed:
+        if not torch.equal(state["src_embed.weight"], state["tgt_embed.weight"]):
+            raise NmtError(f"{hf_dir}: the encoder and decoder embeddings differ although the vocabulary is shared")
+    model.load_state_dict({k: v.detach().float().clone() for k, v in state.items()})
+    return model.eval()
+
+
+def _norm(name: str, norm) -> dict:
+    if abs(norm.eps - 1e-5) > 1e-12:
+        raise NmtError(f"a LayerNorm with epsilon {norm.eps}; nmt's use 1e-5")
+    return {name + ".weight": norm.weight, name + ".bias": norm.bias}
+
+
+def _self_attention(name: str, a) -> dict:
+    """q, k, v projections fused as nmt's qkv. The key bias adds one constant to all of a query's scores, which
+    the softmax cancels; nmt keeps it at zero."""
+    return {name + ".qkv.weight": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+            name + ".qkv.bias": torch.cat([a.q_proj.bias, torch.zeros_like(a.k_proj.bias), a.v_proj.bias]),
+            name + ".out.weight": a.out_proj.weight, name + ".out.bias": a.out_proj.bias}
+
+
+def _ffn(prefix: str, layer) -> dict:
+    return {prefix + "ff.up.weight": layer.fc1.weight, prefix + "ff.up.bias": layer.fc1.bias,
+            prefix + "ff.down.weight": layer.fc2.weight, prefix + "ff.down.bias": layer.fc2.bias}
+
+
+def tokenizer_from_hf(hf_dir: str | Path, config=None, src_lang: str | None = None, tgt_lang: str | None = None):
+    """The `PairTokenizer` giving the ids the transformers tokenizer of `hf_dir` gives.
+
+    A tokenizer.json is used as it is (a final-</s> template dropped: nmt appends </s> itself); Marian's
+    SentencePiece models (source.spm, target.spm) are converted by transformers' converter with the ids of the
+    joint vocab.json, one tokenizer per side. With `src_lang`/`tgt_lang` (M2M100, NLLB) the source starts with
+    its language token and the target with its own, as transformers' tokenizer does with src_lang/tgt_lang.
+    """
+    from nmt.tokenizer import PairTokenizer, read_tokenizer, with_template
+
+    hf_dir = Path(hf_dir)
+    config = config or _hf_config(hf_dir)
+    if (hf_dir / "tokenizer.json").is_file():
+        src = with_template(read_tokenizer(hf_dir / "tokenizer.json"), None, [])
+        src.no_truncation()
+        src.no_padding()
+        tgt = None
+    elif (hf_dir / "source.spm").is_file() and (hf_dir / "vocab.json").is_file():
+        vocab = _read_json(hf_dir / "vocab.json")
+        if (hf_dir / "target_vocab.json").is_file():
+            raise NmtError(f"{hf_dir}: separate source and target vocabularies (target_vocab.json) are not supported; "
+                           "nmt imports Marian models with one vocab.json")
+        src, tgt = (_spm_tokenizer(hf_dir / f"{side}.spm", vocab) for side in ("source", "target"))
+    else:
+        raise NmtError(f"{hf_dir}: no tokenizer.json, nor Marian's source.spm + target.spm + vocab.json; save the "
+                       "model's tokenizer there (tokenizer.save_pretrained), as a fast tokenizer where it has one")
+    if config.model_type == M2M100:
+        if not (src_lang and tgt_lang):
+            raise NmtError(f"{hf_dir} is a multilingual M2M100/NLLB model: give --src-lang and --tgt-lang, its "
+                           "language tokens (e.g. __en__ __de__, or eng_Latn deu_Latn)")
+        tgt = with_template(src, f"{tgt_lang} $A", [tgt_lang])
+        src = with_template(src, f"{src_lang} $A </s>", [src_lang, "</s>"])
+    elif src_lang or tgt_lang:
+        raise NmtError(f"{hf_dir}: --src-lang/--tgt-lang are for multilingual M2M100/NLLB models; a Marian model "
+                       "translates one language pair")
+    return PairTokenizer(src, tgt)
+
+
+def _read_json(path: Path) -> dict:
+    from nmt.model_dir import read_json
+
+    return read_json(path)
+
+
+def _spm_tokenizer(path: Path, vocab: dict[str, int]):
+    """One side of a Marian tokenizer: the SentencePiece model's segmentation (its pieces and scores), with the ids
+    of the joint vocab.json (see `_foreign` for the pieces of the other side's model)."""
+    try:
+        from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
+        proto = import_protobuf().ModelProto()
+    except ImportError:
+        raise NmtError(f"reading {path.name} needs sentencepiece and protobuf: {INSTALL_HINT}") from None
+    except Exception as e:  # noqa: BLE001 - protobuf's VersionError: a runtime older than sentencepiece's generated code
+        raise NmtError(f"reading {path.name}: protobuf cannot load sentencepiece's model format ({e}); upgrade "
+                       "protobuf (pip install -U protobuf)") from None
+    proto.ParseFromString(path.read_bytes())
+    if proto.trainer_spec.model_type != 1:  # sentencepiece's ModelType.UNIGRAM
+        raise NmtError(f"{path}: not a unigram SentencePiece model; nmt imports Marian's unigram models")
+    scores = {p.piece: p.score for p in proto.pieces}
+    missing = [p for p in scores if p not in vocab]
+    if missing:
+        raise NmtError(f"{path}: {len(missing)} of its pieces (e.g. {missing[0]!r}) are not in vocab.json, so "
+                       "transformers gives them <unk>; nmt cannot import that mapping")
+    ids = sorted(vocab.values())
+    if ids != list(range(len(ids))):
+        raise NmtError(f"{path.parent / 'vocab.json'}: ids are not 0..{len(ids) - 1}")
+    unk = proto.trainer_spec.unk_piece
+    if vocab.get(unk) != proto.trainer_spec.unk_id:
+        raise NmtError(f"{path}: its unknown piece {unk!r} has id {proto.trainer_spec.unk_id} there but "
+                       f"{vocab.get(unk)} in vocab.json; nmt cannot import that mapping")
+    lowest = min(scores.values())
+    pieces = sorted(vocab, key=vocab.get)
+    tok = SpmConverter.build_tokenizer_from_spm_proto(proto, [(p, scores.get(p, _foreign(p, lowest))) for p in pieces])
+    tok.add_special_tokens([t for t in ("</s>", "<unk>", "<pad>") if t in vocab])
+    return tok
+
+
+def _foreign(piece: str, lowest: float) -> float:
+    """The score of a vocab.json piece that this side's SentencePiece model lacks. SentencePiece gives a character it
+    does not know as itself, at its unknown score (the lowest minus 10), and transformers looks that string up in
+    vocab.json: a single character scores so here. Longer pieces of the other side never win a segmentation."""
+    return lowest - 10.0 if len(piece) == 1 else lowest - 1e6
+
+
+def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, tgt_lang: str | None = None,
+              force: bool = False) -> Path:
+    """`nmt import HF_DIR OUT`: the model and tokenizer of a transformers directory as an nmt model directory, written
+    under a temporary name and renamed into place (an existing non-empty OUT only with `force`, never HF_DIR)."""
+    from nmt.checkpoint import publish, temp_dir_for
+    from nmt.textfiles import refuse_output_dir
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    refuse_output_dir(out, [hf_dir], force, "OUT")
+    config = _hf_config(hf_dir)
+    tokenizer = tokenizer_from_hf(hf_dir, config, src_lang, tgt_lang)
+    model = model_from_hf(hf_dir)
+    cfg = model.cfg
+    if tgt_lang:
+        cfg.forced_bos_id = tokenizer.tgt.token_to_id(tgt_lang)  # as generate(forced_bos_token_id=...) does
+    for name, token in (("pad_id", "<pad>"), ("eos_id", "</s>")):
+        if tokenizer.tgt.token_to_id(token) != getattr(cfg, name):
+            raise NmtError(f"{hf_dir}: config.json's {name.replace('_id', '_token_id')} is {getattr(cfg, name)} but "
+                           f"the tokenizer's {token} is {tokenizer.tgt.token_to_id(token)}")
+    tokenizer.check_fits(cfg.src_vocab_size, cfg.tgt_vocab_size, hf_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = temp_dir_for(out)
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save(partial)
+        publish(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return out
+
+
+# --- export: nmt -> transformers ------------------------------------------------------------------------------
+
+
+def hf_architecture(cfg: ModelConfig) -> str:
+    """The transformers model type computing exactly what `cfg` computes, or an NmtError naming the option."""
+    if cfg.positions == "m2m100":
+        if not cfg.pre_norm:
+            raise NmtError("model.pre_norm is false with positions m2m100: no transformers architecture computes "
+                           "that; train with model.pre_norm true")
+        return M2M100
+    return PEGASUS if cfg.pre_norm else MARIAN
+
+
+def hf_config(cfg: ModelConfig):
+    """The transformers config of `cfg`'s architecture (see `hf_architecture`)."""
+    transformers = require_transformers()
+    arch = hf_architecture(cfg)
+    if not cfg.share_embeddings or cfg.src_vocab_size != cfg.tgt_vocab_size:
+        raise NmtError("model.share_embeddings is false: Marian, Pegasus and M2M100 as transformers builds them "
+                       "share one embedding; train with a joint tokenizer and model.share_embeddings true")
+    act = {"relu": "relu", "gelu": "gelu", "silu": "swish"}[cfg.activation]
+    common = dict(vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers,
+                  decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads,
+                  decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+                  activation_function=act, dropout=cfg.dropout, attention_dropout=cfg.dropout,
+                  activation_dropout=cfg.dropout, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+                  max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embedding,
+                  pad_token_id=cfg.pad_id, eos_token_id=cfg.eos_id, decoder_start_token_id=cfg.bos_id,
+                  forced_eos_token_id=None, tie_word_embeddings=True)
+    if arch == M2M100:
+        return transformers.M2M100Config(bos_token_id=None, **common)
+    if arch == PEGASUS:
+        return transformers.PegasusConfig(**common)
+    return transformers.MarianConfig(share_encoder_decoder_embeddings=True, **common)
+
+
+def hf_model_from_nmt(model):
+    """A transformers model (Marian, Pegasus or M2M100) computing what the nmt `model` computes, in float32.
+
+    nmt's interleaved positions are exported through the permutation of the residual-stream dimensions that puts
+    the sines first and the cosines second (dimension j of the export is dimension `perm[j]` of nmt's)."""
+    transformers = require_transformers()
+    cfg = model.cfg
+    config = hf_config(cfg)
+    classes = {MARIAN: transformers.MarianMTModel, PEGASUS: transformers.PegasusForConditionalGeneration,
+               M2M100: transformers.M2M100ForConditionalGeneration}
+    hf = classes[config.model_type](config).eval()
+    D = cfg.d_model
+    perm = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)]) if cfg.positions == "interleaved" else None
+    has_bias = getattr(hf, "final_logits_bias", None) is not None
+    bias = getattr(model, "final_logits_bias", None)
+    if bias is not None and not has_bias and bool(bias.ne(0).any()):
+        raise NmtError("model.final_logits_bias is true (and the bias is not zero): M2M100 has no such bias")
+
+    def rows(t):  # a tensor written to the residual stream: (D, ...) or (D,)
+        return t if perm is None else t[perm]
+
+    def cols(t):  # a weight reading the residual stream: (..., D)
+        return t if perm is None else t[:, perm]
+
+    def put(param, value) -> None:
+        with torch.no_grad():
+            param.copy_(value.detach().to(param.dtype))
+
+    def norm(hf_norm, ours) -> None:
+        put(hf_norm.weight, rows(ours.weight))
+        put(hf_norm.bias, rows(ours.bias))
+
+    def attention(hf_attn, q_w, q_b, k_w, k_b, v_w, v_b, out) -> None:
+        for lin, w, b in ((hf_attn.q_proj, q_w, q_b), (hf_attn.k_proj, k_w, k_b), (hf_attn.v_proj, v_w, v_b)):
+            put(lin.weight, cols(w))
+            put(lin.bias, b)
+        put(hf_attn.out_proj.weight, rows(out.weight))
+        put(hf_attn.out_proj.bias, rows(out.bias))
+
+    def ffn(hf_layer, ff) -> None:
+        put(hf_layer.fc1.weight, cols(ff.up.weight))
+        put(hf_layer.fc1.bias, ff.up.bias)
+        put(hf_layer.fc2.weight, rows(ff.down.weight))
+        put(hf_layer.fc2.bias, rows(ff.down.bias))
+
+    enc, dec = hf.get_encoder(), hf.get_decoder()
+    put(hf.get_input_embeddings().weight, cols(model.tgt_embed.weight))
+    if has_bias:
+        put(hf.final_logits_bias, (bias if bias is not None else torch.zeros(cfg.tgt_vocab_size)).reshape(1, -1))
+    for hf_layer, layer in zip(enc.layers, model.encoder):
+        qkv_w, qkv_b = layer.attn.qkv.weight.chunk(3), layer.attn.qkv.bias.masked_fill(layer.attn.key_slots, 0).chunk(3)
+        attention(hf_layer.self_attn, qkv_w[0], qkv_b[0], qkv_w[1], qkv_b[1], qkv_w[2], qkv_b[2], layer.attn.out)
+        norm(hf_layer.self_attn_layer_norm, layer.sub_attn.norm)
+        ffn(hf_layer, layer.ff)
+        norm(hf_layer.final_layer_norm, layer.sub_ff.norm)
+    for hf_layer, layer in zip(dec.layers, model.decoder):
+        a = layer.self_attn
+        qkv_w, qkv_b = a.qkv.weight.chunk(3), a.qkv.bias.masked_fill(a.key_slots, 0).chunk(3)
+        attention(hf_layer.self_attn, qkv_w[0], qkv_b[0], qkv_w[1], qkv_b[1], qkv_w[2], qkv_b[2], a.out)
+        norm(hf_layer.self_attn_layer_norm, layer.sub_self.norm)
+        c = layer.cross_attn
+        kv_w, kv_b = c.kv.weight.chunk(2), c.kv.bias.masked_fill(c.key_slots, 0).chunk(2)
+        attention(hf_layer.encoder_attn, c.q.weight, c.q.bias, kv_w[0], kv_b[0], kv_w[1], kv_b[1], c.out)
+        norm(hf_layer.encoder_attn_layer_norm, layer.sub_cross.norm)
+        ffn(hf_layer, layer.ff)
+        norm(hf_layer.final_layer_norm, layer.sub_ff.norm)
+    if cfg.pre_norm:
+        norm(enc.layer_norm, model.enc_norm)
+        norm(dec.layer_norm, model.dec_norm)
+    hf.tie_weights()
+    never = sorted({cfg.pad_id, cfg.bos_id} - {cfg.eos_id})
+    hf.generation_config = transformers.GenerationConfig(
+        decoder_start_token_id=cfg.bos_id, pad_token_id=cfg.pad_id, eos_token_id=cfg.eos_id,
+        forced_bos_token_id=cfg.forced_bos_id, suppress_tokens=never, num_beams=1, do_sample=False)
+    return hf
+
+
+def hf_tokenizer_from_nmt(tokenizer, cfg: ModelConfig):
+    """A `PreTrainedTokenizerFast` over nmt's joint tokenizer, its source template adding the final </s>."""
+    from nmt.tokenizer import with_template
+
+    transformers = require_transformers()
+    if not tokenizer.one_file:
+        raise NmtError("the model has separate source and target tokenizers (tokenizer.src.json, tokenizer.tgt.json): "
+                       "a transformers tokenizer is one; train with tokenizer.joint true")
+    tok = tokenizer.src if tokenizer.src_specials else with_template(tokenizer.src, "$A </s>", ["</s>"])
+    name = tok.id_to_token
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=name(cfg.pad_id), eos_token=name(cfg.eos_id),
+        unk_token=name(tokenizer.unk_id), bos_token=name(cfg.bos_id) if cfg.bos_id != cfg.pad_id else None)
+
+
+def export_transformers(model_dir: str | Path, out: str | Path, force: bool = False) -> tuple[Path, str]:
+    """`nmt export MODEL_DIR --to transformers OUT`: a directory `AutoModelForSeq2SeqLM.from_pretrained` and
+    `AutoTokenizer.from_pretrained` load, written as a sibling temporary directory and renamed into place (a failed
+    export leaves OUT as it was; an existing non-empty OUT only with `force`, never MODEL_DIR). Returns OUT and the
+    transformers architecture chosen."""
+    from nmt.checkpoint import publish, temp_dir_for
+    from nmt.model import Seq2SeqTransformer
+    from nmt.textfiles import refuse_output_dir
+    from nmt.tokenizer import PairTokenizer
+
+    require_transformers()
+    model_dir, out = Path(model_dir), Path(out)
+    refuse_output_dir(out, [model_dir], force, "OUT")
+    model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
+    tokenizer = PairTokenizer.load(model_dir)
+    tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, model_dir)
+    hf_tok = hf_tokenizer_from_nmt(tokenizer, model.cfg)
+    hf = hf_model_from_nmt(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = temp_dir_for(out)
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        hf.save_pretrained(str(partial))
+        hf_tok.save_pretrained(str(partial))
+        publish(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return out, type(hf).__name__

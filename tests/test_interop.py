@@ -1,0 +1,265 @@
+"""transformers interop: imported Marian/M2M100 models compute transformers' logits and translations, their
+tokenizers give transformers' ids, they fine-tune through `nmt train --init-from`; exported nmt models (the
+defaults included) compute nmt's logits in transformers and translate like `nmt translate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ATOL, one_thread, tiny_model  # noqa: F401  (one_thread: module-wide)
+
+from nmt import Translator, train
+from nmt.cli import main
+from nmt.compat import reset_accelerate_state
+from nmt.model import Seq2SeqTransformer
+from nmt.synthetic import generate_pairs
+from nmt.tokenizer import PairTokenizer
+from tests.conftest import tiny_config
+
+transformers = pytest.importorskip("transformers")
+PAIRS = generate_pairs(300, seed=7)
+SENTENCES = [s for s, _ in generate_pairs(12, seed=5)] + ["Unseen wörds, “quotes” and  two  spaces!"]
+TARGETS = [t for _, t in generate_pairs(12, seed=5)]  # text of the target side's language
+
+
+def _randomize(hf) -> None:
+    """Non-zero biases, LayerNorm affines and logits bias, so no tensor can be mapped wrongly unnoticed."""
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+        if getattr(hf, "final_logits_bias", None) is not None:
+            hf.final_logits_bias.normal_()
+
+
+def _batch(pad: int, eos: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padded source batch and decoder inputs that begin with the decoder start."""
+    src = torch.tensor([[5, 6, 7, 8, 9, eos], [10, 11, eos, pad, pad, pad], [12, eos, pad, pad, pad, pad]])
+    tgt = torch.tensor([[start, 13, 14, 15], [start, 16, 17, 18], [start, 19, 20, 21]])
+    return src, tgt
+
+
+def _assert_same_logits(hf, model: Seq2SeqTransformer, pad: int, eos: int, start: int) -> None:
+    src, tgt = _batch(pad, eos, start)
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=src.ne(pad), decoder_input_ids=tgt).logits
+        ours = model(src, tgt)
+    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
+
+
+def _marian(vocab: int = 60, d_model: int = 16, layers: int = 1, tied: bool = True, **kw):
+    config = transformers.MarianConfig(
+        vocab_size=vocab, decoder_vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=2 * d_model,
+        decoder_ffn_dim=2 * d_model, max_position_embeddings=256, pad_token_id=vocab - 1, eos_token_id=0,
+        decoder_start_token_id=vocab - 1, share_encoder_decoder_embeddings=tied, **kw)
+    hf = transformers.MarianMTModel(config).eval()
+    _randomize(hf)
+    return hf
+
+
+def _m2m100(vocab: int = 60, d_model: int = 16, layers: int = 1, **kw):
+    config = transformers.M2M100Config(
+        vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
+        max_position_embeddings=64, **kw)
+    hf = transformers.M2M100ForConditionalGeneration(config).eval()
+    _randomize(hf)
+    return hf
+
+
+@pytest.mark.parametrize("d_model, layers, tied, act, scale", [(16, 1, True, "swish", True), (32, 2, False, "gelu", False),
+                                                               (32, 1, True, "relu", True)])
+def test_an_imported_marian_model_computes_transformers_logits(d_model, layers, tied, act, scale, tmp_path):
+    hf = _marian(d_model=d_model, layers=layers, tied=tied, activation_function=act, scale_embedding=scale)
+    hf.save_pretrained(tmp_path)
+    model = Seq2SeqTransformer.from_hf(tmp_path)
+    assert model.cfg.share_embeddings == tied and model.cfg.bos_id == model.cfg.pad_id == 59
+    _assert_same_logits(hf, model, pad=59, eos=0, start=59)
+
+
+@pytest.mark.parametrize("d_model, layers, act", [(16, 1, "relu"), (32, 2, "gelu")])
+def test_an_imported_m2m100_model_computes_transformers_logits(d_model, layers, act, tmp_path):
+    hf = _m2m100(d_model=d_model, layers=layers, activation_function=act)
+    hf.save_pretrained(tmp_path)
+    model = Seq2SeqTransformer.from_hf(tmp_path)
+    assert (model.cfg.pre_norm, model.cfg.positions) == (True, "m2m100")
+    _assert_same_logits(hf, model, pad=1, eos=2, start=2)
+
+
+# --- Marian with its SentencePiece tokenizers ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory) -> Path:
+    """A Marian directory as OPUS-MT ships one: source.spm and target.spm (unigram SentencePiece models trained on
+    the two sides of the synthetic corpus), one joint vocab.json (</s> 0, <unk> 1, <pad> last), a random model."""
+    spm = pytest.importorskip("sentencepiece")
+    pytest.importorskip("google.protobuf")  # transformers' converter reads the .spm files with it
+    d = tmp_path_factory.mktemp("marian")
+    vocab: dict[str, int] = {}
+    for side, i in (("source", 0), ("target", 1)):
+        spm.SentencePieceTrainer.train(sentence_iterator=iter([p[i] for p in PAIRS]), model_prefix=str(d / side),
+                                       vocab_size=80, model_type="unigram", eos_id=0, unk_id=1, bos_id=-1,
+                                       pad_id=-1, minloglevel=2)
+        (d / f"{side}.model").rename(d / f"{side}.spm")
+        processor = spm.SentencePieceProcessor(model_file=str(d / f"{side}.spm"))
+        for piece in map(processor.id_to_piece, range(processor.get_piece_size())):
+            vocab.setdefault(piece, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (d / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tok = transformers.MarianTokenizer(source_spm=str(d / "source.spm"), target_spm=str(d / "target.spm"),
+                                       vocab=str(d / "vocab.json"))
+    tok.save_pretrained(d)
+    _marian(vocab=len(vocab), d_model=32, activation_function="swish", scale_embedding=True).save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def marian_nmt(marian_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("imported") / "opus"
+    assert main(["import", str(marian_dir), str(out)]) == 0
+    return out
+
+
+def test_an_imported_marian_tokenizer_gives_transformers_ids(marian_dir, marian_nmt):
+    ours, theirs = PairTokenizer.load(marian_nmt), transformers.MarianTokenizer.from_pretrained(marian_dir)
+    assert ours.joint and not ours.one_file  # one segmenter per side, over one joint vocabulary
+    assert ours.encode_src(SENTENCES) == theirs(SENTENCES).input_ids
+    # (a run of characters the target model does not know is one <unk> there, but several pieces here)
+    assert [t + [0] for t in ours.encode_tgt(TARGETS)] == theirs(text_target=TARGETS).input_ids
+    ids = theirs(text_target=TARGETS).input_ids
+    assert ours.decode_tgt(ids) == theirs.batch_decode(ids, skip_special_tokens=True)
+
+
+def test_an_imported_marian_model_translates_as_transformers_generates(marian_dir, marian_nmt):
+    """Greedy search, pad never emitted, </s> forced at the length limit: what generate does for Marian."""
+    hf = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    tok = transformers.MarianTokenizer.from_pretrained(marian_dir)
+    translator = Translator.from_pretrained(marian_nmt)
+    ours = translator.translate(SENTENCES[:4], beam_size=1, max_new_tokens=12, max_len_a=12, max_len_b=0)
+    batch = tok(SENTENCES[:4], return_tensors="pt", padding=True)
+    out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=12, suppress_tokens=[hf.config.pad_token_id])
+    assert ours == tok.batch_decode(out, skip_special_tokens=True)
+
+
+def test_an_imported_marian_model_fine_tunes_through_init_from(marian_nmt, corpus_dir, tmp_path, fresh_accelerate_state):
+    before = Seq2SeqTransformer.from_pretrained(marian_nmt)
+    code = main(["train", "--init-from", str(marian_nmt), "--data.train", str(corpus_dir / "train"),
+                 "--data.valid", str(corpus_dir / "valid"), "--data.test", str(corpus_dir / "test"),
+                 "--data.cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "run"),
+                 "--max_steps", "3", "--max_tokens", "400", "--eval_max_sentences", "4"])
+    assert code == 0
+    after = Seq2SeqTransformer.from_pretrained(tmp_path / "run" / "model")
+    assert after.cfg == before.cfg  # Marian's architecture and ids kept
+    assert not torch.equal(after.tgt_embed.weight, before.tgt_embed.weight)  # trained
+    assert torch.equal(after.final_logits_bias, before.final_logits_bias)  # a buffer, as in Marian
+    for name in ("tokenizer.src.json", "tokenizer.tgt.json"):
+        assert (tmp_path / "run" / "model" / name).read_bytes() == (marian_nmt / name).read_bytes()
+
+
+# --- M2M100 with language tokens -------------------------------------------------------------------------------------
+
+
+def test_an_imported_m2m100_model_tags_the_source_and_forces_the_target_language(tmp_path):
+    """The source gets its language token, the decoder its target language token first, as transformers'
+    M2M100 tokenizer (src_lang) and generate (forced_bos_token_id) do."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tok.train_from_iterator([t for p in PAIRS for t in p], trainers.UnigramTrainer(
+        vocab_size=70, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False))
+    tok.add_special_tokens(["__en__", "__xx__"])
+    tok.post_processor = processors.TemplateProcessing(single="__en__ $A </s>", special_tokens=[
+        ("__en__", tok.token_to_id("__en__")), ("</s>", 2)])  # as NLLB's tokenizer.json has it
+    hf_dir = tmp_path / "m2m"
+    _m2m100(vocab=tok.get_vocab_size(), d_model=32).save_pretrained(hf_dir)
+    tok.save(str(hf_dir / "tokenizer.json"))
+    assert main(["import", str(hf_dir), str(tmp_path / "out")]) == 2  # the languages are needed
+    assert main(["import", str(hf_dir), str(tmp_path / "out"), "--src-lang", "__en__", "--tgt-lang", "__xx__"]) == 0
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json"), eos_token="</s>",
+                                                  pad_token="<pad>", unk_token="<unk>")
+    translator = Translator.from_pretrained(tmp_path / "out")
+    assert translator.tokenizer.encode_src(SENTENCES) == theirs(SENTENCES).input_ids
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(hf_dir).eval()
+    batch = theirs(SENTENCES[:4], return_tensors="pt", padding=True)
+    out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=10, forced_eos_token_id=2,
+                      forced_bos_token_id=tok.token_to_id("__xx__"), suppress_tokens=[1])
+    assert out[:, 1].eq(tok.token_to_id("__xx__")).all()
+    ours = translator.translate(SENTENCES[:4], beam_size=1, max_new_tokens=10, max_len_a=10, max_len_b=0)
+    assert ours == theirs.batch_decode(out, skip_special_tokens=True)
+
+
+# --- export ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre_norm, act, arch", [(True, "relu", "PegasusForConditionalGeneration"),
+                                                 (False, "gelu", "MarianMTModel")])
+def test_an_exported_model_computes_nmt_logits_and_imports_back(pre_norm, act, arch, tmp_path):
+    """nmt's defaults (pre-norm, interleaved sinusoids) export exactly, through a permutation of the residual
+    stream; post-norm as Marian. Importing the export gives nmt's logits back."""
+    from helpers import model_dir
+
+    directory = model_dir(tmp_path / "m", seed=4, layers=2)
+    model = tiny_model(seed=4, vocab=Seq2SeqTransformer.from_pretrained(directory).cfg.src_vocab_size, layers=2,
+                       pre_norm=pre_norm, activation=act)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    assert main(["export", str(directory), "--to", "transformers", str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == arch
+    _assert_same_logits(hf, model, pad=0, eos=3, start=2)
+    back = Seq2SeqTransformer.from_hf(tmp_path / "hf")
+    src, tgt = _batch(0, 3, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(back(src, tgt), model(src, tgt), atol=ATOL, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trained")
+    try:
+        return train(tiny_config(corpus_dir, out, max_steps=60, eval_every=1000, save_every=1000)).model_dir
+    finally:
+        reset_accelerate_state()
+
+
+def test_transformers_translates_an_exported_model_as_nmt_translate_does(trained, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert main(["export", str(trained), "--to", "transformers", str(out)]) == 0
+    (tmp_path / "in.txt").write_text("".join(s + "\n" for s in SENTENCES[:6]), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["translate", str(trained), "--beam", "1", "--input", str(tmp_path / "in.txt")]) == 0
+    ours = capsys.readouterr().out.splitlines()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    # the "translation" pipeline (transformers < 5) is tokenizer -> generate -> batch_decode, as here
+    theirs = []
+    for sentence in SENTENCES[:6]:
+        ids = tok(sentence, return_tensors="pt").input_ids
+        limit = min(10 + 2 * ids.shape[1], 256)  # nmt's default length limit: 10 + 2 * source length
+        generated = hf.generate(ids, max_new_tokens=limit, forced_eos_token_id=3)
+        theirs += tok.batch_decode(generated, skip_special_tokens=True)
+    assert ours == theirs
+
+
+def test_what_cannot_be_exported_or_overwritten_is_refused(trained, tmp_path, capsys):
+    separate, tokenizer = tmp_path / "separate", PairTokenizer.load(trained)
+    tiny_model(vocab=tokenizer.src_vocab_size, share=False).save_pretrained(separate)
+    tokenizer.save(separate)
+    assert main(["export", str(separate), "--to", "transformers", str(tmp_path / "x")]) == 2
+    assert "model.share_embeddings is false" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    assert main(["export", str(trained), "--to", "transformers", str(tmp_path / "full")]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err and (tmp_path / "full" / "keep.txt").is_file()
+    assert main(["import", str(trained), str(trained)]) == 2
+    assert "which this command reads" in capsys.readouterr().err
