@@ -49,10 +49,16 @@ class Hypothesis:
     finished: bool = True  # ended in </s>
 
 
-def length_limits(src_ids: torch.Tensor, pad_id: int, cfg: SearchConfig) -> torch.Tensor:
-    """(B,) most tokens to generate per sentence: min(a + b * source length, max_new_tokens)."""
+def length_limits(src_ids: torch.Tensor, pad_id: int, cfg: SearchConfig, most: int | None = None) -> torch.Tensor:
+    """(B,) most tokens to generate per sentence: min(a + b * source length, max_new_tokens, `most`)."""
     src_len = src_ids.ne(pad_id).sum(1).float()
-    return (cfg.max_len_a + cfg.max_len_b * src_len).long().clamp(1, cfg.max_new_tokens)
+    return (cfg.max_len_a + cfg.max_len_b * src_len).long().clamp(1, min(cfg.max_new_tokens, most or cfg.max_new_tokens))
+
+
+def _most(model) -> int | None:
+    """The most tokens the model's decoder can take after the start token (its position table's length)."""
+    cfg = getattr(model, "cfg", None)
+    return cfg.max_positions - 1 if cfg is not None and hasattr(cfg, "max_positions") else None
 
 
 def _ids(model, name: str) -> int:
@@ -79,7 +85,7 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
     cfg = cfg or SearchConfig(beam_size=1)
     pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
     B, dev = src_ids.shape[0], src_ids.device
-    limits = length_limits(src_ids, pad, cfg)
+    limits = length_limits(src_ids, pad, cfg, _most(model))
     steps, never, forced = int(limits.max()), _never(pad, bos, eos, dev), _forced(model)
     dec = start_decoder(model, src_ids)
     generator = sampling.generator(dev) if sampling is not None else None
@@ -124,7 +130,7 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
         return [[h] for h in greedy(model, src_ids, cfg)]
     pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
     B, K, dev = src_ids.shape[0], cfg.beam_size, src_ids.device
-    limits = length_limits(src_ids, pad, cfg)
+    limits = length_limits(src_ids, pad, cfg, _most(model))
     dec, never, forced = start_decoder(model, src_ids), _never(pad, bos, eos, dev), _forced(model)
     sent, sent_list = torch.arange(B, device=dev), list(range(B))  # sentence of each active group of rows
     scores = torch.zeros(B, 1, device=dev)  # (N, W) log-probability of each row's prefix; W = 1, then K

@@ -169,6 +169,17 @@ def test_hypotheses_stop_at_the_length_limit(case, cfg):
         assert all(len(h.tokens) == limits[i] and h.tokens[-1] == EOS for h in nbest)
 
 
+def test_the_length_limit_never_passes_the_models_position_table():
+    """A search allowing more tokens than the model has positions stops where its decoder input would overflow."""
+    model = tiny_model()
+    model.cfg = replace(model.cfg, max_positions=12)
+    averse = EosAverse(model)
+    src_ids = src_batch(torch.Generator().manual_seed(0), [5, 3], V)
+    cfg = SearchConfig(beam_size=1, max_len_a=100, max_len_b=0, max_new_tokens=500)
+    assert [len(h.tokens) for h in greedy(averse, src_ids, cfg)] == [11, 11]
+    assert all(len(h.tokens) == 11 for nbest in beam_search(averse, src_ids, replace(cfg, beam_size=3)) for h in nbest)
+
+
 @PROPERTY
 @given(case=cases(max_rows=6), cfg=searches, data=st.data())
 def test_search_on_split_batches_equals_search_on_the_whole(case, cfg, data):
