@@ -227,6 +227,15 @@ def _foreign(piece: str, lowest: float) -> float:
     return lowest - 10.0 if len(piece) == 1 else lowest - 1e6
 
 
+def _fill_vocabulary(tokenizer, rows: int) -> None:
+    """Published M2M100/NLLB checkpoints have more embedding rows than their tokenizer has tokens (the table is
+    rounded up); the rows past the last token get placeholder special tokens, so that sizes agree and every id the
+    model can emit decodes (to nothing, as transformers skips them)."""
+    size = tokenizer.get_vocab_size()
+    if size < rows:
+        tokenizer.add_special_tokens([f"<unused_{i}>" for i in range(rows - size)])
+
+
 def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, tgt_lang: str | None = None,
               force: bool = False) -> Path:
     """`nmt import HF_DIR OUT`: the model and tokenizer of a transformers directory as an nmt model directory, written
@@ -246,6 +255,8 @@ def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, 
         if tokenizer.tgt.token_to_id(token) != getattr(cfg, name):
             raise NmtError(f"{hf_dir}: config.json's {name.replace('_id', '_token_id')} is {getattr(cfg, name)} but "
                            f"the tokenizer's {token} is {tokenizer.tgt.token_to_id(token)}")
+    for side, rows in (("src", cfg.src_vocab_size), ("tgt", cfg.tgt_vocab_size)):
+        _fill_vocabulary(getattr(tokenizer, side), rows)
     tokenizer.check_fits(cfg.src_vocab_size, cfg.tgt_vocab_size, hf_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = temp_dir_for(out)
