@@ -96,3 +96,57 @@ def model_dir(path, seed: int = 0, vocab: int = 60, layers: int = 1, mirrored: b
     model.save_pretrained(path)
     PairTokenizer(tok).save(path)
     return path
+
+
+# --- transformers models built offline (nmt import / export) ---------------------------------------------------------
+
+
+def randomize(hf) -> None:
+    """Non-zero biases, LayerNorm affines and logits bias, so no tensor can be mapped wrongly unnoticed."""
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+        if getattr(hf, "final_logits_bias", None) is not None:
+            hf.final_logits_bias.normal_()
+
+
+def marian_model(vocab: int = 60, d_model: int = 16, layers: int = 1, tied: bool = True, **kw):
+    import transformers
+
+    config = transformers.MarianConfig(
+        vocab_size=vocab, decoder_vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=2 * d_model,
+        decoder_ffn_dim=2 * d_model, max_position_embeddings=256, pad_token_id=vocab - 1, eos_token_id=0,
+        decoder_start_token_id=vocab - 1, share_encoder_decoder_embeddings=tied, **kw)
+    hf = transformers.MarianMTModel(config).eval()
+    randomize(hf)
+    return hf
+
+
+def marian_directory(d, pairs, vocab_size: int = 80, d_model: int = 32):
+    """A Marian directory as OPUS-MT ships one, in folder `d`: source.spm and target.spm (unigram SentencePiece
+    models trained on the two sides of `pairs`), one joint vocab.json (</s> 0, <unk> 1, <pad> last), a random model."""
+    import json
+
+    import transformers
+
+    spm = pytest.importorskip("sentencepiece")
+    pytest.importorskip("google.protobuf")  # transformers' converter reads the .spm files with it
+    vocab: dict[str, int] = {}
+    for side, i in (("source", 0), ("target", 1)):
+        spm.SentencePieceTrainer.train(sentence_iterator=iter([p[i] for p in pairs]), model_prefix=str(d / side),
+                                       vocab_size=vocab_size, model_type="unigram", eos_id=0, unk_id=1, bos_id=-1,
+                                       pad_id=-1, minloglevel=2)
+        (d / f"{side}.model").rename(d / f"{side}.spm")
+        processor = spm.SentencePieceProcessor(model_file=str(d / f"{side}.spm"))
+        for piece in map(processor.id_to_piece, range(processor.get_piece_size())):
+            vocab.setdefault(piece, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (d / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tok = transformers.MarianTokenizer(source_spm=str(d / "source.spm"), target_spm=str(d / "target.spm"),
+                                       vocab=str(d / "vocab.json"))
+    tok.save_pretrained(d)
+    marian_model(vocab=len(vocab), d_model=d_model, activation_function="swish", scale_embedding=True).save_pretrained(d)
+    return d

@@ -4,12 +4,11 @@ defaults included) compute nmt's logits in transformers and translate like `nmt 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import ATOL, one_thread, tiny_model  # noqa: F401  (one_thread: module-wide)
+from helpers import ATOL, marian_directory, marian_model, one_thread, randomize, tiny_model  # noqa: F401  (one_thread: module-wide)
 
 from nmt import Translator, train
 from nmt.cli import main
@@ -23,17 +22,6 @@ transformers = pytest.importorskip("transformers")
 PAIRS = generate_pairs(300, seed=7)
 SENTENCES = [s for s, _ in generate_pairs(12, seed=5)] + ["Unseen wörds, “quotes” and  two  spaces!"]
 TARGETS = [t for _, t in generate_pairs(12, seed=5)]  # text of the target side's language
-
-
-def _randomize(hf) -> None:
-    """Non-zero biases, LayerNorm affines and logits bias, so no tensor can be mapped wrongly unnoticed."""
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-        if getattr(hf, "final_logits_bias", None) is not None:
-            hf.final_logits_bias.normal_()
 
 
 def _batch(pad: int, eos: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,31 +39,20 @@ def _assert_same_logits(hf, model: Seq2SeqTransformer, pad: int, eos: int, start
     torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
 
 
-def _marian(vocab: int = 60, d_model: int = 16, layers: int = 1, tied: bool = True, **kw):
-    config = transformers.MarianConfig(
-        vocab_size=vocab, decoder_vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=2 * d_model,
-        decoder_ffn_dim=2 * d_model, max_position_embeddings=256, pad_token_id=vocab - 1, eos_token_id=0,
-        decoder_start_token_id=vocab - 1, share_encoder_decoder_embeddings=tied, **kw)
-    hf = transformers.MarianMTModel(config).eval()
-    _randomize(hf)
-    return hf
-
-
 def _m2m100(vocab: int = 60, d_model: int = 16, layers: int = 1, **kw):
     config = transformers.M2M100Config(
         vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
         max_position_embeddings=64, **kw)
     hf = transformers.M2M100ForConditionalGeneration(config).eval()
-    _randomize(hf)
+    randomize(hf)
     return hf
 
 
 @pytest.mark.parametrize("d_model, layers, tied, act, scale", [(16, 1, True, "swish", True), (32, 2, False, "gelu", False),
                                                                (32, 1, True, "relu", True)])
 def test_an_imported_marian_model_computes_transformers_logits(d_model, layers, tied, act, scale, tmp_path):
-    hf = _marian(d_model=d_model, layers=layers, tied=tied, activation_function=act, scale_embedding=scale)
+    hf = marian_model(d_model=d_model, layers=layers, tied=tied, activation_function=act, scale_embedding=scale)
     hf.save_pretrained(tmp_path)
     model = Seq2SeqTransformer.from_hf(tmp_path)
     assert model.cfg.share_embeddings == tied and model.cfg.bos_id == model.cfg.pad_id == 59
@@ -98,25 +75,7 @@ def test_an_imported_m2m100_model_computes_transformers_logits(d_model, layers, 
 def marian_dir(tmp_path_factory) -> Path:
     """A Marian directory as OPUS-MT ships one: source.spm and target.spm (unigram SentencePiece models trained on
     the two sides of the synthetic corpus), one joint vocab.json (</s> 0, <unk> 1, <pad> last), a random model."""
-    spm = pytest.importorskip("sentencepiece")
-    pytest.importorskip("google.protobuf")  # transformers' converter reads the .spm files with it
-    d = tmp_path_factory.mktemp("marian")
-    vocab: dict[str, int] = {}
-    for side, i in (("source", 0), ("target", 1)):
-        spm.SentencePieceTrainer.train(sentence_iterator=iter([p[i] for p in PAIRS]), model_prefix=str(d / side),
-                                       vocab_size=80, model_type="unigram", eos_id=0, unk_id=1, bos_id=-1,
-                                       pad_id=-1, minloglevel=2)
-        (d / f"{side}.model").rename(d / f"{side}.spm")
-        processor = spm.SentencePieceProcessor(model_file=str(d / f"{side}.spm"))
-        for piece in map(processor.id_to_piece, range(processor.get_piece_size())):
-            vocab.setdefault(piece, len(vocab))
-    vocab["<pad>"] = len(vocab)
-    (d / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    tok = transformers.MarianTokenizer(source_spm=str(d / "source.spm"), target_spm=str(d / "target.spm"),
-                                       vocab=str(d / "vocab.json"))
-    tok.save_pretrained(d)
-    _marian(vocab=len(vocab), d_model=32, activation_function="swish", scale_embedding=True).save_pretrained(d)
-    return d
+    return marian_directory(tmp_path_factory.mktemp("marian"), PAIRS)
 
 
 @pytest.fixture(scope="module")

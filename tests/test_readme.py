@@ -88,6 +88,10 @@ def runner_for(cmd: Cmd) -> str | None:
         return "curl"
     if argv[:2] in (["nmt", "translate"], ["nmt", "evaluate"]):
         return "decode"
+    if argv[:2] == ["nmt", "import"]:
+        return "import"
+    if argv[:2] == ["nmt", "export"]:
+        return "export"
     return None
 
 
@@ -295,6 +299,38 @@ def run_curl(readme: Readme, cmd: Cmd, monkeypatch) -> None:
     assert len(translations) == len(sent) and all(isinstance(t, str) and t for t in translations)
 
 
+def run_import(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """`nmt import` of a Marian directory as OPUS-MT ships one (random weights, SentencePiece models of the test
+    corpus, built offline where the command names it) writes an nmt model directory that translates."""
+    from helpers import marian_directory
+
+    from nmt.synthetic import generate_pairs
+
+    _, argv = split_env(cmd.text)
+    hf_dir, out = readme.dir / argv[2], readme.dir / argv[3]
+    hf_dir.mkdir()
+    marian_directory(hf_dir, generate_pairs(300, seed=7))
+    proc = readme.shell(cmd.text)
+    assert proc.returncode == 0, tail(proc)
+    assert {"config.json", "model.safetensors"} <= {p.name for p in out.iterdir()}, tail(proc)
+    translated = readme.shell(f"echo 'a b c' | nmt translate {shlex.quote(str(out))} --beam 1")
+    assert translated.returncode == 0 and len(translated.stdout.splitlines()) == 1, tail(translated)
+
+
+def run_export(readme: Readme, cmd: Cmd, monkeypatch) -> None:
+    """`nmt export --to transformers`: transformers' Auto classes load what it wrote."""
+    import transformers
+
+    _, argv = split_env(cmd.text)
+    proc = readme.shell(cmd.text)
+    assert proc.returncode == 0, tail(proc)
+    out = readme.dir / argv[-1]
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tokenizer(["a b c"], return_tensors="pt")
+    assert model.generate(**ids, max_new_tokens=5).shape[0] == 1
+
+
 AFTER = {  # what statements of README's Python must have done, beyond not raising (by the statement's start)
     "result = train(cfg)": lambda ns: (ns["result"].model_dir / "training.json").is_file(),
     "Translator.from_pretrained(result.model_dir).translate(": lambda ns: [type(s) for s in ns["_"]] == [str],
@@ -333,7 +369,7 @@ def run_python(readme: Readme, cmd: Cmd, monkeypatch) -> None:
 
 RUNNERS = {"run.sh": run_sh, "run.sh test": run_sh_test, "pip": run_pip, "own corpus": run_own_corpus,
            "train": run_training, "check": run_check, "resolve": run_resolved, "decode": run_decode,
-           "serve": run_serve, "curl": run_curl, "python": run_python}
+           "serve": run_serve, "curl": run_curl, "python": run_python, "import": run_import, "export": run_export}
 
 
 @pytest.fixture(scope="module")
