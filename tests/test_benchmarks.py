@@ -79,18 +79,14 @@ def test_the_benchmarks_run_the_readme_own_corpus_command():
     assert ours == [w.replace("D/", "/data/x/") for w in readme]
 
 
-def test_quality(corpus_dir, tmp_path):
+def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
+    """README's own-corpus command as quality.py runs it, and the HF baseline trained beside it, one table."""
+    pytest.importorskip("transformers", reason="the HF baseline needs the hf extra")
     out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.1", "--output",
-              str(tmp_path / "run"), cwd=tmp_path, home=tmp_path)
+              str(tmp_path / "run"), "--baseline", cwd=tmp_path, home=tmp_path)
     assert f"$ nmt train --data.train {corpus_dir}/train" in out and "--max_minutes 0.1 --output_dir" in out
     assert "nmt: plan: chosen for the 0.1-minute budget" in out  # the plan nmt printed
     assert "training " in out and " of 0.1 min (" in out and "test BLEU" in out
-
-
-def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
-    pytest.importorskip("transformers", reason="the HF baseline needs the bench extra")
-    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "--output",
-              str(tmp_path / "run"), "--baseline", cwd=tmp_path, home=tmp_path)
     assert "hf baseline: step" in out and "valid nll" in out
     table = out[out.index("system"):].splitlines()
     assert [row.split()[0] for row in table[1:3]] == ["nmt", "baseline"]
