@@ -6,7 +6,6 @@ BLEU for free. Reads safetensors only.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -64,7 +63,7 @@ def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = F
     an existing non-empty `out` only with `force`, and never one the average is read from."""
     import json
 
-    from nmt.checkpoint import list_checkpoints, publish, temp_dir_for
+    from nmt.checkpoint import list_checkpoints, write_directory
     from nmt.model import Seq2SeqTransformer
     from nmt.textfiles import refuse_output_dir
     from nmt.tokenizer import PairTokenizer
@@ -79,15 +78,11 @@ def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = F
     refuse_output_dir(out, [source, *found], force, "-o")
     model = Seq2SeqTransformer.from_pretrained(source)
     load_into(model, average_weights(found))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir_for(out)
-    shutil.rmtree(tmp, ignore_errors=True)  # left by an average that was killed
-    try:
+
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         PairTokenizer.load(source).save(tmp)
         summary = {"averaged": [str(d) for d in found], "from": str(source)}
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-        publish(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    return write_directory(out, write)

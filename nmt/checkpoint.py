@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from nmt.errors import NmtError
@@ -138,6 +138,21 @@ def publish(tmp: Path, final: Path) -> None:
     fsync_dir(final.parent)
     if old.exists():
         shutil.rmtree(old)
+
+
+
+def write_directory(out: Path, write: Callable[[Path], None]) -> Path:
+    """`write` fills a sibling temporary directory, which then replaces `out` whole: a failed or killed write leaves
+    `out` as it was (a killed one's leftover is removed by the next write)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = temp_dir_for(out)
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        write(partial)
+        publish(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return out
 
 
 def prune(output_dir: str | Path, keep_last: int) -> None:

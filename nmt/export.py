@@ -146,7 +146,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     """`nmt export MODEL_DIR --to ctranslate2 OUT`: the model, its tokenizer and its config into OUT, written as a
     sibling temporary directory and renamed into place (a failed export leaves OUT as it was). An existing non-empty
     OUT is replaced only with `force`, and never when it is (or holds) MODEL_DIR."""
-    from nmt.checkpoint import publish, temp_dir_for
+    from nmt.checkpoint import write_directory
     from nmt.model import Seq2SeqTransformer
     from nmt.textfiles import refuse_output_dir
 
@@ -156,19 +156,14 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
     tokenizer = PairTokenizer.load(model_dir)
     tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, model_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = temp_dir_for(out_dir)
-    shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
-    try:
+    def write(partial: Path) -> None:
         save_ctranslate2(model, vocabulary(tokenizer, "src"), vocabulary(tokenizer, "tgt"), partial, quantization,
                          {"exported_from": str(model_dir.resolve())})
         tokenizer.save(partial)
         if (model_dir / SEARCH_FILE).is_file():  # the tuned alpha stays the model's default
             shutil.copy2(model_dir / SEARCH_FILE, partial / SEARCH_FILE)
-        publish(partial, out_dir)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return out_dir
+
+    return write_directory(out_dir, write)
 
 
 class CT2Model:

@@ -14,7 +14,6 @@ away from the halves layout; a permutation applied to every weight that reads or
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -240,7 +239,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, 
               force: bool = False) -> Path:
     """`nmt import HF_DIR OUT`: the model and tokenizer of a transformers directory as an nmt model directory, written
     under a temporary name and renamed into place (an existing non-empty OUT only with `force`, never HF_DIR)."""
-    from nmt.checkpoint import publish, temp_dir_for
+    from nmt.checkpoint import write_directory
     from nmt.textfiles import refuse_output_dir
 
     hf_dir, out = Path(hf_dir), Path(out)
@@ -258,15 +257,11 @@ def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, 
     for side, rows in (("src", cfg.src_vocab_size), ("tgt", cfg.tgt_vocab_size)):
         _fill_vocabulary(getattr(tokenizer, side), rows)
     tokenizer.check_fits(cfg.src_vocab_size, cfg.tgt_vocab_size, hf_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = temp_dir_for(out)
-    try:
+    def write(partial: Path) -> None:
         model.save_pretrained(partial)
         tokenizer.save(partial)
-        publish(partial, out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return out
+
+    return write_directory(out, write)
 
 
 # --- export: nmt -> transformers ------------------------------------------------------------------------------
@@ -402,7 +397,7 @@ def export_transformers(model_dir: str | Path, out: str | Path, force: bool = Fa
     `AutoTokenizer.from_pretrained` load, written as a sibling temporary directory and renamed into place (a failed
     export leaves OUT as it was; an existing non-empty OUT only with `force`, never MODEL_DIR). Returns OUT and the
     transformers architecture chosen."""
-    from nmt.checkpoint import publish, temp_dir_for
+    from nmt.checkpoint import write_directory
     from nmt.model import Seq2SeqTransformer
     from nmt.textfiles import refuse_output_dir
     from nmt.tokenizer import PairTokenizer
@@ -415,13 +410,8 @@ def export_transformers(model_dir: str | Path, out: str | Path, force: bool = Fa
     tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, model_dir)
     hf_tok = hf_tokenizer_from_nmt(tokenizer, model.cfg)
     hf = hf_model_from_nmt(model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = temp_dir_for(out)
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
+    def write(partial: Path) -> None:
         hf.save_pretrained(str(partial))
         hf_tok.save_pretrained(str(partial))
-        publish(partial, out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return out, type(hf).__name__
+
+    return write_directory(out, write), type(hf).__name__
