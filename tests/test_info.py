@@ -12,9 +12,9 @@ from helpers import one_thread  # noqa: F401  (module-wide: tiny models on share
 from nmt import Seq2SeqTransformer, train
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
+from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
 from nmt.info import command_line, describe, lines
-from nmt.config import TokenizerConfig
 from nmt.tokenizer import PairTokenizer, train_tokenizer
 from tests.conftest import tiny_config
 
