@@ -1,6 +1,7 @@
 """Every private or text-matched use of a third-party library, in one place, each checked by tests/test_compat.py.
 
-Checked against accelerate 1.15.0, torch 2.13.0 and datasets 5.2.0. When one of those tests fails after an
+Checked against accelerate 1.15.0, torch 2.13.0, datasets 5.2.0 and uvicorn 0.54.0; `private` turns a gone or changed
+private API into one error naming the installed version and the checked one. When one of those tests fails after an
 upgrade, fix it here (and only here). Libraries are imported inside the functions: this module stays cheap.
 """
 
@@ -10,6 +11,7 @@ import contextlib
 import ctypes
 import functools
 import logging
+import re
 
 # accelerate 1.15.0, accelerate/utils/other.py clean_state_dict_for_safetensors: logged by this logger as
 # f"Removed shared tensor {names} while saving. ..." (after a "[RANK n] " prefix on multi-process runs)
@@ -17,19 +19,36 @@ TIED_NOTICE_LOGGER = "accelerate.utils.other"
 TIED_NOTICE_TEXT = "Removed shared tensor {'src_embed.weight'}"
 
 
+@contextlib.contextmanager
+def private(library: str, what: str, checked: str):
+    """Inside the block, a private API of `library` that is gone or changed (AttributeError, TypeError, ImportError)
+    becomes one NmtError naming it, the installed version and the one `what` was checked against."""
+    try:
+        yield
+    except (AttributeError, TypeError, ImportError) as e:
+        from importlib.metadata import version
+
+        from nmt.errors import NmtError
+
+        raise NmtError(f"{library} {version(library)} changed {what}, which nmt uses as {library} {checked} has it "
+                       f"({type(e).__name__}: {e}); install {library}=={checked}.* or report it") from None
+
+
 def accelerate_state_exists() -> bool:
     """Whether accelerate's process-wide PartialState has been created (accelerate 1.15.0: the Borg dict
     `PartialState._shared_state` is empty until then; there is no public query)."""
     from accelerate.state import PartialState
 
-    return bool(PartialState._shared_state)
+    with private("accelerate", "PartialState._shared_state", "1.15"):
+        return bool(PartialState._shared_state)
 
 
 def accelerate_state_is_empty() -> bool:
     """No PartialState, AcceleratorState or GradientState exists in this process (accelerate 1.15.0)."""
     from accelerate.state import AcceleratorState, GradientState, PartialState
 
-    return not (PartialState._shared_state or AcceleratorState._shared_state or GradientState._shared_state)
+    with private("accelerate", "the states' _shared_state", "1.15"):
+        return not (PartialState._shared_state or AcceleratorState._shared_state or GradientState._shared_state)
 
 
 def reset_accelerate_state() -> None:
@@ -37,8 +56,9 @@ def reset_accelerate_state() -> None:
     Accelerator may start with other settings. accelerate 1.15.0: `_reset_state` is private (its own tests use it)."""
     from accelerate.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    with private("accelerate", "AcceleratorState._reset_state", "1.15"):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
 
 
 def mkldnn_bf16_supported() -> bool:
@@ -46,7 +66,8 @@ def mkldnn_bf16_supported() -> bool:
     op `torch.ops.mkldnn._is_mkldnn_bf16_supported` answers it."""
     import torch
 
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    with private("torch", "torch.ops.mkldnn._is_mkldnn_bf16_supported", "2.13"):
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def mkldnn_packed_linear_available() -> bool:
@@ -73,17 +94,69 @@ def mkldnn_packed_linear(x, packed, bias, relu: bool):
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr="relu" if relu else "none", scalars=[], algorithm="")
 
 
+def default_store():
+    """The key-value store of torch.distributed's default process group, which every rank already shares (torch
+    2.13.0: the private `distributed_c10d._get_default_store`; a public `TCPStore` would be a new connection)."""
+    import torch.distributed as dist
+
+    with private("torch", "distributed_c10d._get_default_store", "2.13"):
+        return dist.distributed_c10d._get_default_store()
+
+
+def dataset_with_indices(ds, indices, fingerprint: str):
+    """A Dataset over `ds`'s table that selects its rows `indices` ((N,) uint64 NumPy), with that fingerprint:
+    `ds.select` at NumPy's cost (datasets 5.2.0: `Dataset(..., indices_table=)`; `select` turns the indices into a
+    Python list first, ~0.3 s and ~40 transient bytes a row for a million rows)."""
+    import datasets
+    import pyarrow as pa
+
+    with private("datasets", "Dataset(indices_table=)", "5.2"):
+        return datasets.Dataset(ds.data, info=ds.info, split=ds.split, fingerprint=fingerprint,
+                                indices_table=pa.table({"indices": indices}))
+
+
+def generator_yielded_nothing(error: Exception) -> bool:
+    """Whether `Dataset.from_generator` failed because the generator yielded no rows (datasets 5.2.0 says so only
+    in the text of its error: "... corresponds to no data")."""
+    return "corresponds to no data" in str(error)
+
+
+# torch 2.13.0, Module.load_state_dict: the text of the RuntimeError for weights that do not fit the module
+_SIZE_MISMATCH = re.compile(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
+                            r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
+_KEYS = re.compile(r"(Missing|Unexpected) key\(s\) in state_dict: ([^\n]*)")
+
+
+def state_dict_mismatch(error: RuntimeError) -> str | None:
+    """What `load_state_dict`'s RuntimeError says does not fit, e.g. "decoder.x.weight is (64, 32) in the checkpoint
+    but (64, 64) in the model", "missing weights ..."; None for another error (torch 2.13.0's message text)."""
+    text = str(error)
+    if (m := _SIZE_MISMATCH.search(text)) is not None:
+        return f"{m[1]} is ({m[2]}) in the checkpoint but ({m[3]}) in the model"
+    if (m := _KEYS.search(text)) is not None:
+        return f"{m[1].lower()} weights {m[2][:150]}"
+    return None
+
+
+def tensor_version(t) -> int:
+    """The counter torch bumps at each in-place change of a tensor (torch 2.13.0: `Tensor._version`, what autograd
+    checks saved tensors with; not public API). Called on every packed linear: no `private` frame around it."""
+    return t._version
+
+
 def dataset_fingerprint(ds) -> str:
     """The content hash datasets keeps for a Dataset (datasets 5.2.0: the private `_fingerprint`, also what
     `map(new_fingerprint=...)` chains from)."""
-    return ds._fingerprint
+    with private("datasets", "Dataset._fingerprint", "5.2"):
+        return ds._fingerprint
 
 
 def dataset_indices(ds):
     """The rows of the Arrow table under `ds` (`ds.data.table`) that a Dataset selects, as a NumPy array, or None
     when it selects all in order (datasets 5.2.0: the private `_indices` table that select, train_test_split and
     shuffle keep; the public row access reads it one row at a time)."""
-    return None if ds._indices is None else ds._indices.column(0).to_numpy()
+    with private("datasets", "Dataset._indices", "5.2"):
+        return None if ds._indices is None else ds._indices.column(0).to_numpy()
 
 
 def memory_mapped_rows(ds) -> tuple[str, int] | None:

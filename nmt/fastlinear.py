@@ -46,7 +46,7 @@ def _usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def packed(weight: torch.Tensor) -> torch.Tensor:
     """weight (N, K) in oneDNN's layout, packed on first use and again whenever it changed (in place or moved)."""
-    key = (weight._version, weight.data_ptr(), weight.shape)
+    key = (compat.tensor_version(weight), weight.data_ptr(), weight.shape)
     hit = _PACKED.get(id(weight))
     if hit is not None and hit[0] == key:
         return hit[1]

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from nmt.compat import accelerate_state_is_empty, reset_accelerate_state
+from nmt.compat import accelerate_state_is_empty, default_store, reset_accelerate_state
 
 _MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 
@@ -215,7 +215,7 @@ def main_process_first(local: bool = False, poll_s: float = 0.5) -> Iterator[Non
     leader = state.process_index - state.local_process_index if local else 0
     _prepared_calls[0] += 1
     key = f"nmt/main_first/{_prepared_calls[0]}/{leader}"
-    store = dist.distributed_c10d._get_default_store()
+    store = default_store()
     if state.process_index == leader:
         try:
             yield

@@ -13,6 +13,7 @@ from pathlib import Path
 import datasets
 import pyarrow as pa
 
+from nmt.compat import generator_yielded_nothing
 from nmt.config import BUILTIN, DataConfig
 from nmt.errors import NmtError
 from nmt.tables import open_arrow
@@ -152,7 +153,7 @@ def _from_generator(fn: Callable, kwargs: dict, cache: Path) -> datasets.Dataset
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise cause from None
-        if "corresponds to no data" in str(e):  # the generator yielded nothing
+        if generator_yielded_nothing(e):
             where = kwargs.get("path") or " + ".join(str(kwargs[k]) for k in ("src", "tgt") if k in kwargs)
             raise NmtError(f"no training pairs in {where or kwargs} (empty file?)") from None
         raise

@@ -11,12 +11,12 @@ import argparse
 import dataclasses
 import importlib
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from nmt.checkpoint import COMPLETE
+from nmt.compat import state_dict_mismatch
 from nmt.config import TrainConfig, check_config, read_yaml
 from nmt.errors import NmtError
 from nmt.model_dir import CONFIG_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, WEIGHTS_FILE
@@ -165,21 +165,12 @@ def utf8_lines(stream: Iterable[bytes | str], name: str) -> Iterator[str]:
 
 # --- explaining exceptions ------------------------------------------------------------------------------
 
-_SIZE_MISMATCH = re.compile(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
-                            r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
-_KEYS = re.compile(r"(Missing|Unexpected) key\(s\) in state_dict: ([^\n]*)")
-
-
 def load_state_error(err: RuntimeError, checkpoint: Path, cfg: TrainConfig) -> Exception:
     """The NmtError for a checkpoint whose weights do not fit the model `cfg` builds (another size or depth),
     naming the tensor, both shapes and the config keys that changed; `err` itself when it is something else."""
-    text = str(err)
-    if (m := _SIZE_MISMATCH.search(text)) is not None:
-        what = f"{m[1]} is ({m[2]}) in the checkpoint but ({m[3]}) in the model this config builds"
-    elif (m := _KEYS.search(text)) is not None:
-        what = f"{m[1].lower()} weights {m[2][:150]}"
-    else:
+    if (what := state_dict_mismatch(err)) is None:
         return err
+    what = what.replace("in the model", "in the model this config builds")
     changed = changed_sizes(cfg)
     return NmtError(f"cannot resume from {checkpoint}: {what}{'; changed: ' + changed if changed else ''}. "
                     f"Resume with the config the run was started with ({Path(cfg.output_dir) / 'config.yaml'}) "

@@ -114,3 +114,63 @@ def test_preparation_allocates_from_a_pool_that_hands_memory_back():
     assert inside in ("jemalloc", "system")
     assert pa.default_memory_pool().backend_name == before.backend_name
     assert made.to_numpy().sum() == 499_500
+
+
+def test_the_default_store_is_the_process_groups(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        store = compat.default_store()
+        store.set("nmt/test", "done")
+        assert store.get("nmt/test") == b"done"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_dataset_with_indices_selects_those_rows():
+    import datasets
+    import numpy as np
+
+    ds = datasets.Dataset.from_dict({"src": list("abcdef")})
+    picked = compat.dataset_with_indices(ds, np.array([4, 1, 1], dtype=np.uint64), "f" * 16)
+    assert picked["src"] == ["e", "b", "b"] and compat.dataset_fingerprint(picked) == "f" * 16
+
+
+def test_a_generator_that_yields_nothing_is_recognised_by_datasets_text(tmp_path):
+    import datasets
+
+    def nothing():
+        yield from ()
+
+    with pytest.raises(Exception) as failed:  # with features given, as nmt's readers give them
+        datasets.Dataset.from_generator(nothing, features=datasets.Features({"src": datasets.Value("string")}),
+                                        cache_dir=str(tmp_path))
+    assert compat.generator_yielded_nothing(failed.value), str(failed.value)
+    assert not compat.generator_yielded_nothing(ValueError("another failure"))
+
+
+def test_state_dict_mismatches_are_read_from_torchs_message():
+    small, big = torch.nn.Linear(2, 3), torch.nn.Linear(2, 4)
+    with pytest.raises(RuntimeError) as wrong_shape:
+        big.load_state_dict(small.state_dict())
+    assert compat.state_dict_mismatch(wrong_shape.value) == "weight is (3, 2) in the checkpoint but (4, 2) in the model"
+    with pytest.raises(RuntimeError) as missing:
+        small.load_state_dict({"weight": small.weight})
+    assert compat.state_dict_mismatch(missing.value).startswith("missing weights ")
+    assert compat.state_dict_mismatch(RuntimeError("out of memory")) is None
+
+
+def test_tensor_version_counts_in_place_changes():
+    t = torch.zeros(3)
+    before = compat.tensor_version(t)
+    t.add_(1)
+    assert compat.tensor_version(t) == before + 1
+
+
+def test_a_changed_private_api_is_one_error_naming_both_versions():
+    from nmt.errors import NmtError
+
+    with pytest.raises(NmtError, match=r"^torch \S+ changed thing, which nmt uses as torch 2\.13 has it \(Attrib"):
+        with compat.private("torch", "thing", "2.13"):
+            raise AttributeError("no thing")
