@@ -178,7 +178,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Ep
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     chunks = (plan.micro_batches(i % len(plan)) for i in range(steps + 1))
-    timed = planning.time_steps(model, cfg, planning.batches(cfg, epoch.train, chunks, device, model.cfg.pad_id),
+    timed = planning.time_steps(model, cfg, planning.batches(cfg, epoch.train, chunks, device, model),
                                 steps, device, precision)
     per_token = [s / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window) for s, window in timed]
     epoch_work = sum(_padded(chunk, epoch.src_len, epoch.tgt_len) for step in range(len(plan))

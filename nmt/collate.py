@@ -22,6 +22,13 @@ def pad(rows: list[list[int]], pad_id: int = PAD, multiple_of: int | None = None
     return out
 
 
+def special_id(model, name: str) -> int:
+    """A model's `pad_id`, `bos_id` or `eos_id`: its attribute, else its `cfg`'s (the contract the training setup
+    checks). Training reads them here and nowhere else: an imported model keeps its own ids (Marian starts with pad)."""
+    value = getattr(model, name, None)
+    return value if value is not None else getattr(model.cfg, name)
+
+
 class Collator:
     """Turns [{"src_ids", "tgt_ids"}, ...] into {src_ids (B,S), tgt_in_ids (B,T), labels (B,T)}.
 
@@ -31,6 +38,11 @@ class Collator:
     def __init__(self, pad_id: int = PAD, bos_id: int = BOS, eos_id: int = EOS, pad_to_multiple_of: int | None = None):
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.multiple_of = pad_to_multiple_of
+
+    @classmethod
+    def for_model(cls, model, pad_to_multiple_of: int | None = None) -> Collator:
+        """The collator of `model`'s own pad, decoder start and end ids (`special_id`)."""
+        return cls(*(special_id(model, name) for name in ("pad_id", "bos_id", "eos_id")), pad_to_multiple_of)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         src = [ex["src_ids"] for ex in examples]

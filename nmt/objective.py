@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from nmt.collate import special_id
 from nmt.loss import label_smoothed_nll
 
 _INNER = re.compile(r"(^|\.)model\.")
@@ -25,12 +26,6 @@ class LossSums(NamedTuple):
     loss: torch.Tensor  # label-smoothed loss sum, scalar, carries the gradient
     nll: torch.Tensor  # negative log-likelihood sum, scalar, detached
     tokens: int  # real target tokens scored
-
-
-def pad_id_of(model: nn.Module) -> int:
-    """The model's pad id: `model.pad_id`, else `model.cfg.pad_id` (the contract `check_contract` holds)."""
-    pad_id = getattr(model, "pad_id", None)
-    return pad_id if pad_id is not None else model.cfg.pad_id
 
 
 class Seq2SeqLoss(nn.Module):
@@ -48,7 +43,7 @@ class Seq2SeqLoss(nn.Module):
         super().__init__()
         self.model = model
         self.label_smoothing = float(label_smoothing)
-        self.pad_id = pad_id_of(model)
+        self.pad_id = special_id(model, "pad_id")
         if flat_state_dict:
             self.register_state_dict_post_hook(_drop_prefix)
             self.register_load_state_dict_pre_hook(_add_prefix)

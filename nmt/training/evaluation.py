@@ -52,8 +52,8 @@ def valid_loss(run: Run) -> dict | None:
     accelerator, valid = run.accelerator, run.corpus.splits["valid"]
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, tokens, stopped
-    model_cfg, columns = run.cfg.model, valid.select_columns(["src_ids", "tgt_ids"])
-    collate = Collator(run.pad_id, model_cfg.bos_id, model_cfg.eos_id)
+    columns = valid.select_columns(["src_ids", "tgt_ids"])
+    collate = Collator.for_model(run.model)
     for batch in eval_batches(column(valid, "cost"), run.cfg.max_tokens, rank, world):
         if run.stop_requested():
             sums[2] = 1

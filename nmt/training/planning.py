@@ -80,10 +80,10 @@ def _sync(device: torch.device) -> None:
 
 
 def batches(cfg: TrainConfig, train, chunks: Iterable[list[np.ndarray]], device: torch.device,
-            pad_id: int) -> Iterable[list[dict]]:
+            model: torch.nn.Module) -> Iterable[list[dict]]:
     """The collated micro-batch windows of `chunks` (index arrays into the split `train`), on `device`."""
     columns = train.select_columns(["src_ids", "tgt_ids"])
-    collate = Collator(pad_id=pad_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
+    collate = Collator.for_model(model, cfg.pad_to_multiple_of)
     for window in chunks:
         yield [{k: v.to(device) for k, v in collate.columns(columns[c.tolist()]).items()} for c in window]
 
@@ -104,7 +104,7 @@ def speed_probe(cfg: TrainConfig, corpus, device: str | None, precision: str) ->
             torch.manual_seed(cfg.seed)
             model = Seq2SeqTransformer(model_cfg)
         chunks = ([plan.batches[i % len(plan)]] for i in range(PROBE_STEPS + 1))
-        timed = time_steps(model, cfg, batches(cfg, train, chunks, device, model_cfg.pad_id), PROBE_STEPS, device,
+        timed = time_steps(model, cfg, batches(cfg, train, chunks, device, model), PROBE_STEPS, device,
                            precision)
         return float(np.median([s / w[0]["src_ids"].shape[0] / _cost(w[0]) for s, w in timed]))
 

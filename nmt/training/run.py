@@ -21,7 +21,6 @@ from nmt.config import TrainConfig
 from nmt.data import prepare
 from nmt.launch import main_process_first
 from nmt.model_dir import CONFIG_FILE, SUMMARY_FILE
-from nmt.objective import pad_id_of
 from nmt.plan import Plan
 from nmt.textfiles import atomic_file
 from nmt.training.artifacts import publish_final, start_run
@@ -76,7 +75,7 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
                      max_positions=given.model.max_positions)
     cfg, plan = resolved(accelerator, given, corpus, inherited, previous, started)
     model = build_model(cfg, corpus.tokenizer, model)
-    loader, sampler = make_loader(accelerator, cfg, corpus, pad_id_of(model))
+    loader, sampler = make_loader(accelerator, cfg, corpus, model)
     objective, optim = prepare_objective(accelerator, cfg, model)
     run = Run(accelerator, cfg, corpus, objective, plan=plan, started=started)
     if found:

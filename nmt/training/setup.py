@@ -104,7 +104,7 @@ def check_contract(model: torch.nn.Module, tokenizer: PairTokenizer) -> None:
             raise NmtError(f"{name} needs an attribute {attr} (or cfg.{attr}); nmt's tokenizers use pad 0, bos 2, eos 3")
 
 
-def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, pad_id: int):
+def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, model: torch.nn.Module):
     """The training DataLoader and its TokenBatchSampler (this process's share of every optimizer step)."""
     train = corpus.splits["train"]
     dropout = bpe_dropout(cfg, corpus)
@@ -115,7 +115,7 @@ def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, pad_
     plain = train.select_columns(["src_ids", "tgt_ids"])
     # no worker processes: the BPE-dropout view reads sampler.epoch when a batch is fetched
     loader = DataLoader(dropout.view(lambda: sampler.epoch) if dropout else plain, batch_sampler=sampler,
-                        collate_fn=Collator(pad_id, cfg.model.bos_id, cfg.model.eos_id, cfg.pad_to_multiple_of),
+                        collate_fn=Collator.for_model(model, cfg.pad_to_multiple_of),
                         # its own generator: each new iterator draws a seed, and drawing it from the global
                         # RNG would shift dropout after a resume (which starts a fresh iterator mid-epoch)
                         generator=torch.Generator())

@@ -67,10 +67,6 @@ class Run:
         return unwrap_objective(self.accelerator.unwrap_model(self.objective))
 
     @property
-    def pad_id(self) -> int:
-        return self.accelerator.unwrap_model(self.objective).pad_id
-
-    @property
     def is_main(self) -> bool:
         return self.accelerator.is_main_process
 
