@@ -269,7 +269,7 @@ def test_an_epoch_is_planned_once_and_a_resume_does_not_replay_it(monkeypatch):
 
 
 def test_a_plan_keeps_a_few_bytes_a_pair(monkeypatch):
-    """Issue 15: memory per pair, not per corpus. The sampler keeps its lengths in the narrowest type (1-2 bytes
+    """Memory per pair, not per corpus. The sampler keeps its lengths in the narrowest type (1-2 bytes
     each) and an epoch's order in int32 (with the batch list ~9 bytes a pair here); planning peaks at the packed
     sort keys and the permutation (~14 bytes a pair: the order is written over the sorted keys, the cuts are
     found without a sorted copy of the lengths), where it had taken ~18, and before that ~56."""

@@ -94,7 +94,7 @@ def test_is_fsdp_compares_the_enum(kind, fsdp):
 
 
 def test_release_free_memory_finds_malloc_trim_on_glibc():
-    """nmt.data hands each preparation phase's freed memory back (issue 15); on glibc that needs malloc_trim."""
+    """nmt.data hands each preparation phase's freed memory back; on glibc that needs malloc_trim."""
     import platform
 
     compat.release_free_memory()  # never raises, whatever the platform
@@ -103,7 +103,7 @@ def test_release_free_memory_finds_malloc_trim_on_glibc():
 
 
 def test_preparation_allocates_from_a_pool_that_hands_memory_back():
-    """Issue 15: inside the block Arrow allocates from jemalloc without decay (or malloc); the default after it,
+    """Inside the block Arrow allocates from jemalloc without decay (or malloc); the default after it,
     and what was made inside stays readable."""
     import pyarrow as pa
 

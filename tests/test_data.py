@@ -505,7 +505,7 @@ def test_several_corpora_with_carved_splits_and_dropped_pairs_keep_their_mixing(
 
 
 def test_the_cleaned_training_split_is_a_file_not_a_selection(tmp_path):
-    """Issue 15: no array of 8 bytes a pair (a datasets selection) stays behind cleaning and carving, and the
+    """No array of 8 bytes a pair (a datasets selection) stays behind cleaning and carving, and the
     dedupe's hashes on disk are gone when it ends."""
     from nmt.compat import dataset_indices
 
@@ -518,7 +518,7 @@ def test_the_cleaned_training_split_is_a_file_not_a_selection(tmp_path):
 
 
 def test_cleaning_holds_a_few_bytes_a_pair(tmp_path, monkeypatch):
-    """Issue 15: cleaning and dedupe grow by a few bytes a pair (drop codes, flags), not by the pair hashes or
+    """Cleaning and dedupe grow by a few bytes a pair (drop codes, flags), not by the pair hashes or
     indices (8 bytes each; ~10 bytes a pair traced before the hashes went to disk, ~2 now). One scanning thread,
     so the batches' temporaries do not peak at random."""
     import tracemalloc
@@ -573,7 +573,7 @@ def test_repeats_count_only_the_rows_among_the_training_pairs(tmp_path):
 
 
 def test_a_narrow_column_holds_the_same_values_in_the_smallest_type(tmp_path):
-    """Issue 15: the sampler's lengths are read chunk by chunk into 1-2 bytes a pair, never as a whole int32 copy."""
+    """The sampler's lengths are read chunk by chunk into 1-2 bytes a pair, never as a whole int32 copy."""
     import numpy as np
 
     from nmt.encoding import pair_lengths
@@ -605,7 +605,7 @@ def resident_kib(path: Path) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="needs Linux's /proc/self/smaps")
 def test_opening_a_file_and_reading_a_column_leave_none_of_its_pages_in_memory(tmp_path):
-    """Issue 15: memory does not grow with the corpus. Opening an Arrow file reads each batch's header and offsets,
+    """Memory does not grow with the corpus. Opening an Arrow file reads each batch's header and offsets,
     a narrow column reads its values: those pages go back (they stay in the page cache); through datasets' own
     memory map they stayed in the process's RSS (~7 and 4 bytes a pair). Pickling re-opens the file by its path."""
     import pickle
