@@ -20,6 +20,7 @@ from nmt.data import Corpus
 from nmt.dropout_epochs import bpe_dropout
 from nmt.encoding import source_lengths
 from nmt.errors import NmtError
+from nmt.adapters import apply_finetune
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
@@ -74,6 +75,8 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
         model = Seq2SeqTransformer.from_pretrained(cfg.init_from, cfg=cfg.model)
     else:
         model = Seq2SeqTransformer(cfg.model)
+    if cfg.finetune.freeze or cfg.finetune.lora_r:
+        apply_finetune(model, cfg.finetune)  # parts frozen, or LoRA layers that alone train
     check_contract(model, tokenizer)
     if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
         model.compile()
