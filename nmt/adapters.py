@@ -152,7 +152,6 @@ def load_adapter(model: torch.nn.Module, directory: str | Path, merge: bool = Tr
         raise NmtError(f"{directory / ADAPTER_WEIGHTS}: its tensors are not those of {ADAPTER_CONFIG}'s adapter "
                        f"(e.g. {odd}); copy both files from the same run")
     peft.set_peft_model_state_dict(model, state, adapter_name=ADAPTER)
-    model.eval()
     if not merge:
         return model
     merged = tuner.merge_and_unload()
