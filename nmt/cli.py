@@ -1,5 +1,6 @@
 """The `nmt` command: the parser of train, check, translate, evaluate, score, backtranslate, export, import, plot,
-average, merge-adapter, serve and info, and the dispatch to their handlers (nmt.commands). User errors print one line and exit with code 2.
+average, merge-adapter, serve and info, and the dispatch to their handlers (nmt.commands). User errors print one
+line and exit with code 2.
 
 `accelerate launch run.py ...` is `nmt train ...` on as many processes as the profile says.
 """

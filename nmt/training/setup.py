@@ -12,6 +12,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import InitProcessGroupKwargs
 from torch.utils.data import DataLoader
 
+from nmt.adapters import apply_finetune
 from nmt.batching import TokenBatchSampler
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
@@ -20,7 +21,6 @@ from nmt.data import Corpus
 from nmt.dropout_epochs import bpe_dropout
 from nmt.encoding import source_lengths
 from nmt.errors import NmtError
-from nmt.adapters import apply_finetune
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
