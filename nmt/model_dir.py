@@ -1,5 +1,6 @@
-"""The files of a model directory, named once, and reading its JSON with named errors (no torch needed). A model
-directory (output_dir/model, output_dir/best, `nmt average -o DIR`) holds config.json (the ModelConfig),
+"""The files of a model directory, named once, and reading its JSON with named errors (no torch needed).
+
+A model directory (output_dir/model, output_dir/best, `nmt average -o DIR`) holds config.json (the ModelConfig),
 model.safetensors (the weights), the tokenizer JSON, and when training wrote them training.json (what the run was and
 scored) and search.json (the tuned alpha); a LoRA run's also its adapter's two files. This module imports neither
 torch nor tokenizers, so `nmt info` and the path checks of nmt.validate can name these files cheaply.
