@@ -10,7 +10,7 @@ import sys
 import types
 
 _HOMES = {  # public name -> the module that defines it
-    "DataConfig": "nmt.config", "ModelConfig": "nmt.config", "OptimConfig": "nmt.config",
+    "DataConfig": "nmt.config", "FinetuneConfig": "nmt.config", "ModelConfig": "nmt.config", "OptimConfig": "nmt.config",
     "TokenizerConfig": "nmt.config", "TrainConfig": "nmt.config", "load_config": "nmt.config",
     "NmtError": "nmt.errors", "SamplingConfig": "nmt.sampling", "launch": "nmt.launch",
     "Seq2SeqTransformer": "nmt.model", "SearchConfig": "nmt.search",

@@ -58,11 +58,14 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
 def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = False) -> Path:
     """Average the last `last` checkpoints of a run into a new model directory `out`.
 
-    The architecture and tokenizer come from the run's model/ (or best/) directory; its search.json is not copied
+    The architecture and tokenizer come from the run's model/ (or best/) directory, and so does the adapter of a
+    LoRA run (its checkpoints' base and LoRA weights are averaged, and written as an adapter directory again, which
+    `nmt merge-adapter` merges); its search.json is not copied
     (an alpha tuned for other weights). `out` is written as a sibling temporary directory and renamed into place:
     an existing non-empty `out` only with `force`, and never one the average is read from."""
     import json
 
+    from nmt.adapters import has_adapter, save_adapted
     from nmt.checkpoint import list_checkpoints, write_directory
     from nmt.model import Seq2SeqTransformer
     from nmt.textfiles import refuse_output_dir
@@ -76,11 +79,15 @@ def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = F
     if source is None:
         raise NmtError(f"{run_dir}: no model/ or best/ to take the config and tokenizer from")
     refuse_output_dir(out, [source, *found], force, "-o")
-    model = Seq2SeqTransformer.from_pretrained(source)
+    adapted = has_adapter(source)  # a LoRA run: its checkpoints hold the base and LoRA layers, averaged as such
+    model = Seq2SeqTransformer.from_pretrained(source, merge_adapter=False)
     load_into(model, average_weights(found))
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
+        if adapted:  # like the run's model/: the base weights and the averaged adapter
+            save_adapted(model, tmp)
+        else:
+            model.save_pretrained(tmp)
         PairTokenizer.load(source).save(tmp)
         summary = {"averaged": [str(d) for d in found], "from": str(source)}
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))

@@ -1,5 +1,6 @@
 """The `nmt` command: the parser of train, check, translate, evaluate, score, backtranslate, export, import, plot,
-average, serve and info, and the dispatch to their handlers (nmt.commands). User errors print one line and exit with code 2.
+average, merge-adapter, serve and info, and the dispatch to their handlers (nmt.commands). User errors print one
+line and exit with code 2.
 
 `accelerate launch run.py ...` is `nmt train ...` on as many processes as the profile says.
 """
@@ -14,7 +15,7 @@ import traceback
 
 from nmt.commands.common import is_main
 from nmt.commands.decode import cmd_backtranslate, cmd_evaluate, cmd_score, cmd_translate
-from nmt.commands.tools import cmd_average, cmd_export, cmd_import, cmd_info, cmd_plot, cmd_serve
+from nmt.commands.tools import cmd_average, cmd_export, cmd_import, cmd_info, cmd_merge_adapter, cmd_plot, cmd_serve
 from nmt.commands.train import cmd_check, cmd_train, overrides_from_flags
 from nmt.validate import Number, error_line
 
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_train, _add_check, _add_translate, _add_evaluate, _add_score, _add_backtranslate_parser,
-                _add_export, _add_import, _add_plot, _add_average, _add_serve_parser, _add_info):
+                _add_export, _add_import, _add_plot, _add_average, _add_merge_adapter, _add_serve_parser, _add_info):
         add(sub)
     for p in sub.choices.values():  # also after the command (nmt train ... --debug); SUPPRESS keeps the global one
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
@@ -158,6 +159,15 @@ def _add_average(sub) -> None:
                    "unless --force)")
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
     p.set_defaults(fn=cmd_average)
+
+
+def _add_merge_adapter(sub) -> None:
+    p = sub.add_parser("merge-adapter", help="merge a LoRA run's adapter into its base weights: a plain model "
+                       "directory (needs nmt[lora])")
+    p.add_argument("model_dir", help="the model/ (or best/) of a LoRA run (finetune.lora_r > 0), or its run folder")
+    p.add_argument("out", help="the model directory to write (must be empty or absent unless --force)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(fn=cmd_merge_adapter)
 
 
 def _add_info(sub) -> None:

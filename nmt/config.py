@@ -164,6 +164,31 @@ class OptimConfig:
         check_fields(self, "optim.")
 
 
+FREEZE_PARTS = ("embeddings", "encoder", "decoder", "cross_attention")  # finetune.freeze's names (nmt.adapters)
+LORA_TARGETS = ["qkv", "q", "kv", "out", "up", "down"]  # the attention and feed-forward linears of nmt's model
+
+
+@dataclass
+class FinetuneConfig:
+    """Parameter-efficient fine-tuning of an `init_from` model: frozen parts, or LoRA adapters (`nmt.adapters`)."""
+
+    freeze: list[str] = field(default_factory=list)  # parts kept fixed: embeddings, encoder, decoder, cross_attention
+    lora_r: int = ranged(0, "[0, 65536]")  # LoRA rank (0: off); the base weights stay fixed, needs peft (nmt[lora])
+    lora_alpha: float = ranged(16.0, "(0, 1e6]")  # LoRA scaling: the update is multiplied by lora_alpha / lora_r
+    lora_dropout: float = ranged(0.0, "[0, 1)")  # dropout on the input of the LoRA branch
+    lora_targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # names of the linears adapted
+
+    def __post_init__(self) -> None:
+        check_fields(self, "finetune.")
+        unknown = [name for name in self.freeze if name not in FREEZE_PARTS]
+        _check(not unknown, "finetune.freeze", f"unknown part(s) {', '.join(map(repr, unknown))}; choose from "
+               f"{', '.join(FREEZE_PARTS)}")
+        _check(not (self.lora_r and self.freeze), "finetune.freeze",
+               "LoRA (lora_r > 0) already keeps every base weight fixed; leave freeze empty")
+        _check(bool(self.lora_targets) and all(isinstance(t, str) and t for t in self.lora_targets),
+               "finetune.lora_targets", f"needs module names, e.g. {LORA_TARGETS}")
+
+
 @dataclass
 class TrainConfig:
     """Everything a training run needs. Build it from YAML (`load_config`), flags, or Python."""
@@ -172,6 +197,7 @@ class TrainConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     output_dir: str = path_key("runs/default", "folder")  # checkpoints, metrics.jsonl, config.yaml, and the final model/
     seed: int = ranged(1, "[0, 2147483647]")  # seeds model init, data order and dropout
     max_tokens: int | None = ranged(None, "[1, 1e9]")  # per process and micro-batch: padded tokens of the longer side
@@ -207,6 +233,8 @@ class TrainConfig:
         if self.tune_alpha is not None:
             _check(len(self.tune_alpha) > 0, "tune_alpha", "needs at least one alpha (or null)")
             _check(self.eval_beam > 1, "tune_alpha", "needs eval_beam > 1: greedy search ignores the length penalty")
+        if self.finetune.lora_r:
+            _check(bool(self.init_from), "finetune.lora_r", "adapts a trained model: give init_from (a model directory)")
 
 
 def _check(ok: bool, key: str, what: str) -> None:
@@ -217,7 +245,7 @@ def _check(ok: bool, key: str, what: str) -> None:
 def check_config(cfg: TrainConfig) -> None:
     """Check every section again (ranges, then the rules between keys): a config built in Python may have been
     changed after construction (`cfg.optim.lr = -1`), which its `__post_init__` never saw."""
-    for section in (cfg.data, cfg.tokenizer, cfg.model, cfg.optim, cfg):
+    for section in (cfg.data, cfg.tokenizer, cfg.model, cfg.optim, cfg.finetune, cfg):
         section.__post_init__()
 
 

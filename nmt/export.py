@@ -68,9 +68,9 @@ def _attention(spec, attn, norm: torch.nn.LayerNorm) -> None:
     linear[1] = [k; v]; the last linear is the output projection. Heads are contiguous slices in both."""
     if attn.cross:
         _linear(spec.linear[0], attn.q.weight, attn.q.bias)
-        _linear(spec.linear[1], attn.kv.weight, attn.kv.bias.masked_fill(attn.key_slots, 0.0))
+        _linear(spec.linear[1], attn.kv.weight, attn.kv.effective_bias())
     else:
-        _linear(spec.linear[0], attn.qkv.weight, attn.qkv.bias.masked_fill(attn.key_slots, 0.0))
+        _linear(spec.linear[0], attn.qkv.weight, attn.qkv.effective_bias())
     _linear(spec.linear[-1], attn.out.weight, attn.out.bias)
     _norm(spec.layer_norm, norm)
 

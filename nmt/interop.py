@@ -350,18 +350,18 @@ def hf_model_from_nmt(model):
     if has_bias:
         put(hf.final_logits_bias, (bias if bias is not None else torch.zeros(cfg.tgt_vocab_size)).reshape(1, -1))
     for hf_layer, layer in zip(enc.layers, model.encoder):
-        qkv_w, qkv_b = layer.attn.qkv.weight.chunk(3), layer.attn.qkv.bias.masked_fill(layer.attn.key_slots, 0).chunk(3)
+        qkv_w, qkv_b = layer.attn.qkv.weight.chunk(3), layer.attn.qkv.effective_bias().chunk(3)
         attention(hf_layer.self_attn, qkv_w[0], qkv_b[0], qkv_w[1], qkv_b[1], qkv_w[2], qkv_b[2], layer.attn.out)
         norm(hf_layer.self_attn_layer_norm, layer.sub_attn.norm)
         ffn(hf_layer, layer.ff)
         norm(hf_layer.final_layer_norm, layer.sub_ff.norm)
     for hf_layer, layer in zip(dec.layers, model.decoder):
         a = layer.self_attn
-        qkv_w, qkv_b = a.qkv.weight.chunk(3), a.qkv.bias.masked_fill(a.key_slots, 0).chunk(3)
+        qkv_w, qkv_b = a.qkv.weight.chunk(3), a.qkv.effective_bias().chunk(3)
         attention(hf_layer.self_attn, qkv_w[0], qkv_b[0], qkv_w[1], qkv_b[1], qkv_w[2], qkv_b[2], a.out)
         norm(hf_layer.self_attn_layer_norm, layer.sub_self.norm)
         c = layer.cross_attn
-        kv_w, kv_b = c.kv.weight.chunk(2), c.kv.bias.masked_fill(c.key_slots, 0).chunk(2)
+        kv_w, kv_b = c.kv.weight.chunk(2), c.kv.effective_bias().chunk(2)
         attention(hf_layer.encoder_attn, c.q.weight, c.q.bias, kv_w[0], kv_b[0], kv_w[1], kv_b[1], c.out)
         norm(hf_layer.encoder_attn_layer_norm, layer.sub_cross.norm)
         ffn(hf_layer, layer.ff)

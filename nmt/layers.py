@@ -120,6 +120,25 @@ class Packing:
         return x.unflatten(0, (self.B, self.L))
 
 
+class Linear(nn.Linear):
+    """nn.Linear through `nmt.fastlinear.linear`, optionally with bias slots held at zero (`zero_bias`, True there).
+
+    The layers call their projections as modules, never their weights directly, so a module that wraps one
+    (a LoRA adapter, `nmt.adapters`, keeps it as its base layer and adds its low-rank term) takes part.
+    """
+
+    def __init__(self, d_in: int, d_out: int, zero_bias: torch.Tensor | None = None):
+        super().__init__(d_in, d_out)
+        self.register_buffer("zero_bias", zero_bias, persistent=False)
+
+    def effective_bias(self) -> torch.Tensor:
+        """The bias as the product uses it: zero in the `zero_bias` slots."""
+        return self.bias if self.zero_bias is None else self.bias.masked_fill(self.zero_bias, 0.0)
+
+    def forward(self, x: torch.Tensor, relu: bool = False) -> torch.Tensor:
+        return linear(x, self.weight, self.effective_bias(), relu=relu)
+
+
 class Attention(nn.Module):
     """Multi-head attention through SDPA; fused QKV for self-attention, fused KV for cross-attention."""
 
@@ -127,19 +146,17 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.dropout, self.cross = cfg.n_heads, cfg.dropout, cross
         d = cfg.d_model
-        if cross:
-            self.q = nn.Linear(d, d)
-            self.kv = nn.Linear(d, 2 * d)
-        else:
-            self.qkv = nn.Linear(d, 3 * d)
-        self.out = nn.Linear(d, d)
         # The key bias adds the same score to every key of a query: softmax cancels it, its gradient is 0
         # up to rounding, and Adam would turn that rounding noise into +-lr updates (so runs split over
         # processes would drift apart). It is masked to stay exactly zero.
-        fused = self.kv if cross else self.qkv
-        key = torch.zeros_like(fused.bias, dtype=torch.bool)
+        key = torch.zeros((2 if cross else 3) * d, dtype=torch.bool)
         key[(0 if cross else d): (d if cross else 2 * d)] = True
-        self.register_buffer("key_slots", key, persistent=False)
+        if cross:
+            self.q = Linear(d, d)
+            self.kv = Linear(d, 2 * d, zero_bias=key)
+        else:
+            self.qkv = Linear(d, 3 * d, zero_bias=key)
+        self.out = Linear(d, d)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape
@@ -148,7 +165,7 @@ class Attention(nn.Module):
     def project_kv(self, memory: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention keys and values of the encoder output (B, S, D), or (N, D) packed by `packing`:
         computed once per sentence."""
-        kv = linear(memory, self.kv.weight, self.kv.bias.masked_fill(self.key_slots, 0.0))
+        kv = self.kv(memory)
         k, v = (kv if packing is None else packing.unpack(kv)).chunk(2, dim=-1)
         return self.heads(k), self.heads(v)
 
@@ -161,9 +178,9 @@ class Attention(nn.Module):
         """
         unpack = (lambda t: t) if packing is None else packing.unpack
         if self.cross:
-            q, (k, v) = self.heads(unpack(linear(x, self.q.weight, self.q.bias))), kv
+            q, (k, v) = self.heads(unpack(self.q(x))), kv
         else:
-            qkv = linear(x, self.qkv.weight, self.qkv.bias.masked_fill(self.key_slots, 0.0))
+            qkv = self.qkv(x)
             q, k, v = map(self.heads, unpack(qkv).chunk(3, dim=-1))
             if kv is not None:
                 k, v = kv.extend(k, v)
@@ -171,22 +188,22 @@ class Attention(nn.Module):
                                            dropout_p=self.dropout if self.training else 0.0)
         B, H, L, Dh = y.shape
         y = y.transpose(1, 2).reshape(B, L, H * Dh)
-        return linear(y if packing is None else packing.pack(y), self.out.weight, self.out.bias), (k, v)
+        return self.out(y if packing is None else packing.pack(y)), (k, v)
 
 
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.up, self.down = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
+        self.up, self.down = Linear(cfg.d_model, cfg.d_ff), Linear(cfg.d_ff, cfg.d_model)
         self.act = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}[cfg.activation]()
         self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.act, nn.ReLU):  # fused into the product where fastlinear can
-            h = linear(x, self.up.weight, self.up.bias, relu=True)
+        if isinstance(self.act, nn.ReLU) and type(self.up) is Linear:  # fused where fastlinear can (not under an adapter)
+            h = self.up(x, relu=True)
         else:
-            h = self.act(linear(x, self.up.weight, self.up.bias))
-        return linear(self.drop(h), self.down.weight, self.down.bias)
+            h = self.act(self.up(x))
+        return self.down(self.drop(h))
 
 
 class Sublayer(nn.Module):

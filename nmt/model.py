@@ -20,7 +20,7 @@ from nmt.errors import NmtError
 from nmt.fastlinear import linear
 from nmt.layers import DecoderLayer, Dropout, EncoderLayer, Packing, key_attend, sinusoids
 from nmt.loss import smoothed_cross_entropy
-from nmt.model_dir import CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
+from nmt.model_dir import ADAPTER_CONFIG, CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
 from nmt.strict import to_dict
 
 
@@ -177,7 +177,7 @@ class Seq2SeqTransformer(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu",
-                        cfg: ModelConfig | None = None) -> Seq2SeqTransformer:
+                        cfg: ModelConfig | None = None, merge_adapter: bool = True) -> Seq2SeqTransformer:
         """Load what `save_pretrained` wrote. Reads JSON and safetensors only: no code runs.
 
         `cfg` builds the model instead of the directory's config.json (the same sizes, e.g. another dropout).
@@ -206,6 +206,11 @@ class Seq2SeqTransformer(nn.Module):
         if model.src_embed is model.tgt_embed:
             state.setdefault("src_embed.weight", state["tgt_embed.weight"])
         model.load_state_dict(state)  # names and shapes are checked; halves are cast to float32
+        if (directory / ADAPTER_CONFIG).is_file():
+            from nmt.adapters import load_adapter  # peft is imported only for a directory that holds an adapter
+
+            model = load_adapter(model, directory, merge=merge_adapter)
+            model.pretrained_from = str(directory)
         return model
 
 

@@ -1,9 +1,9 @@
 """The files of a model directory, named once, and reading its JSON with named errors (no torch needed).
 
-A model directory (output_dir/model, output_dir/best, `nmt average -o DIR`) holds config.json (the
-ModelConfig), model.safetensors (the weights), the tokenizer JSON, and when training wrote them training.json
-(what the run was and scored) and search.json (the tuned alpha). This module imports neither torch nor
-tokenizers, so `nmt info` and the path checks of nmt.validate can name these files cheaply.
+A model directory (output_dir/model, output_dir/best, `nmt average -o DIR`) holds config.json (the ModelConfig),
+model.safetensors (the weights), the tokenizer JSON, and when training wrote them training.json (what the run was and
+scored) and search.json (the tuned alpha); a LoRA run's also its adapter's two files. This module imports neither
+torch nor tokenizers, so `nmt info` and the path checks of nmt.validate can name these files cheaply.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ SUMMARY_FILE = "training.json"  # step, best validation metrics, data, command l
 SEARCH_FILE = "search.json"  # the alpha tuned on validation by training's tune_alpha
 JOINT_FILE = "tokenizer.json"  # one tokenizer for both languages
 SRC_FILE, TGT_FILE = "tokenizer.src.json", "tokenizer.tgt.json"  # separate vocabularies
+ADAPTER_CONFIG = "adapter_config.json"  # a LoRA run's adapter: peft's LoraConfig (nmt.adapters)
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the LoRA matrices; model.safetensors holds the base weights
 
 
 def read_json(path: Path) -> dict:

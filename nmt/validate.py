@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
+import importlib.util
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -31,6 +31,13 @@ def check_run(cfg: TrainConfig) -> None:
     after construction) and every path key against the disk. Called at the start of training and `nmt check`."""
     check_config(cfg)
     check_paths(cfg)
+    if cfg.finetune.lora_r and not _installed("peft"):
+        raise NmtError("finetune.lora_r needs peft: pip install 'nmt[lora]'")
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported, without importing it (peft imports transformers: seconds)."""
+    return importlib.util.find_spec(module) is not None
 
 
 def check_paths(cfg: TrainConfig) -> None:

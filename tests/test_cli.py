@@ -176,7 +176,7 @@ def test_help_lists_every_config_key_as_the_readme_table_does(command, capsys):
         line = f"  --{key} {tp} = {'null' if default is None else json_default(default)}"
         assert line + (f"  (allowed: {allowed})" if allowed else "") + f"\n        {doc}\n" in out, key
     sections = [line for line in out.split("config keys:", 1)[1].splitlines() if line.endswith(":") and line[0] != " "]
-    assert sections == ["data:", "tokenizer:", "model:", "optim:", "training:"]
+    assert sections == ["data:", "tokenizer:", "model:", "optim:", "finetune:", "training:"]
 
 
 def test_translate_from_a_pipe_answers_each_line_before_the_next_is_written(trained_model):

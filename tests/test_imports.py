@@ -93,7 +93,7 @@ LAYERS = [
     {"layers"},
     {"model", "objective", "decoder"},
     {"search", "attention", "ensemble"},
-    {"export", "score", "interop"},
+    {"export", "score", "interop", "adapters"},
     {"translate", "average", "info"},
     {"backtranslate", "request_batcher"},
     {"serve"},
@@ -112,12 +112,13 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 UPWARD = {  # the imports that point up on purpose, and why
     ("model", "search"): "Seq2SeqTransformer.generate, a convenience entry, calls search inside the method",
     ("model", "interop"): "Seq2SeqTransformer.from_hf, a convenience entry, calls interop inside the method",
+    ("model", "adapters"): "Seq2SeqTransformer.from_pretrained merges a directory's LoRA adapter inside the method",
 }
 HOMES = {  # third-party library -> the only modules that import it (one home per library)
     "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},
     "datasets": {"tables", "readers", "encoding", "data", "dropout_epochs"},  # the data layer
     "accelerate": {"compat", "launch", *(n for n in LAYER if n.startswith("training."))},
-    "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "transformers": {"interop"},
+    "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "transformers": {"interop"}, "peft": {"adapters"},
     "uvicorn": {"serve", "compat"},  # compat: the private protocol class serve extends
 }
 

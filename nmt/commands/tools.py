@@ -62,6 +62,15 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_merge_adapter(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.adapters import merge_adapter_dir
+
+    no_extra(extra)
+    out = merge_adapter_dir(args.model_dir, args.out, force=args.force)
+    print(f"wrote {out} (the adapter merged into the weights); translate with: nmt translate {out}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     no_extra(extra)
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 from accelerate.utils import broadcast_object_list
 
 from nmt import checkpoint as ckpt
+from nmt.adapters import save_adapted
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import save_yaml
 from nmt.data import overlap_line
@@ -32,8 +33,10 @@ def start_run(run: Run) -> None:
         save_yaml(cfg, run.out / "config.yaml")
         (run.out / "data.json").write_text(json.dumps({**stats, ckpt.FINGERPRINTS: fingerprints(run)}, indent=2))
         n_params = sum(p.numel() for p in run.model.parameters())
+        n_trained = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+        trained = f" ({n_trained / 1e6:.3f}M trained: finetune)" if n_trained < n_params else ""
         print(f"nmt: {accelerator.num_processes} process(es) on {accelerator.device}, "
-              f"precision {accelerator.mixed_precision}; {n_params / 1e6:.2f}M parameters; "
+              f"precision {accelerator.mixed_precision}; {n_params / 1e6:.2f}M parameters{trained}; "
               f"pairs {stats['pairs']}; cleaning dropped {stats['clean']['dropped']}", flush=True)
         if overlap := overlap_line(stats):
             print(f"nmt: {overlap}", flush=True)
@@ -97,7 +100,10 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
     if run.is_main:
         tmp = ckpt.temp_dir_for(final)
         tmp.mkdir(parents=True, exist_ok=True)
-        _save_weights(run.model, weights, tmp)
+        if run.cfg.finetune.lora_r:  # the base weights as they are, and the adapter beside them
+            save_adapted(run.model, tmp, weights)
+        else:
+            _save_weights(run.model, weights, tmp)
         if run.cfg.init_from:  # fine-tuning: the very files of the model it started from, byte for byte
             copy_tokenizer(Path(run.cfg.init_from), tmp)
         else:

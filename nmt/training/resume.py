@@ -28,7 +28,7 @@ log = get_logger(__name__)
 
 # What makes a run that run: a checkpoint resumes only under the same values (unless resume_with_changes).
 # Everything else (max_steps, max_minutes, eval_every, save_every, log_every, patience, ...) may change freely.
-IDENTITY_SECTIONS = ("data", "tokenizer", "model", "optim")
+IDENTITY_SECTIONS = ("data", "tokenizer", "model", "optim", "finetune")
 IDENTITY_KEYS = ("seed", "max_tokens", "accum_steps", "init_from")
 FREE_IN_SECTIONS = ("data.cache_dir",)
 

@@ -12,6 +12,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import InitProcessGroupKwargs
 from torch.utils.data import DataLoader
 
+from nmt.adapters import apply_finetune
 from nmt.batching import TokenBatchSampler
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
@@ -74,6 +75,8 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
         model = Seq2SeqTransformer.from_pretrained(cfg.init_from, cfg=cfg.model)
     else:
         model = Seq2SeqTransformer(cfg.model)
+    if cfg.finetune.freeze or cfg.finetune.lora_r:
+        apply_finetune(model, cfg.finetune)  # parts frozen, or LoRA layers that alone train
     check_contract(model, tokenizer)
     if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
         model.compile()

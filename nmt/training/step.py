@@ -72,13 +72,15 @@ class Optim:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; the fused kernel where this torch has one for the device."""
+    """AdamW over the parameters that train (frozen ones, `finetune`, are left out: no update, no weight decay);
+    the fused kernel where this torch has one for the device."""
     o = cfg.optim
     kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    params = [p for p in model.parameters() if p.requires_grad]
     try:
-        return torch.optim.AdamW(model.parameters(), fused=True, **kwargs)
+        return torch.optim.AdamW(params, fused=True, **kwargs)
     except (RuntimeError, TypeError):
-        return torch.optim.AdamW(model.parameters(), **kwargs)
+        return torch.optim.AdamW(params, **kwargs)
 
 
 def inverse_sqrt(warmup: int):
