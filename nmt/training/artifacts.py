@@ -17,7 +17,7 @@ from nmt import checkpoint as ckpt
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import save_yaml
 from nmt.data import overlap_line
-from nmt.model_dir import SUMMARY_FILE, WEIGHTS_FILE
+from nmt.model_dir import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, languages_record
 from nmt.strict import flat, to_dict
 from nmt.training.finetune import copy_tokenizer, segmentation
 from nmt.training.state import Run
@@ -107,6 +107,9 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
                    "num_processes": accelerator.num_processes, "config": to_dict(run.cfg),
                    ckpt.FINGERPRINTS: fingerprints(run, tmp)}  # what loading compares (checkpoint.check_fingerprint)
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        data = run.cfg.data
+        record = languages_record(data.pairs(), data.target_languages(), data.tags())
+        (tmp / LANGUAGES_FILE).write_text(json.dumps(record, indent=2))
         ckpt.publish(tmp, final)
     del weights
     accelerator.wait_for_everyone()
