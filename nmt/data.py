@@ -264,9 +264,8 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
             encoded[name] = drop_long_eval(encoded[name], name, limit, eval_stats[name], eval_pairs.get(name))
     stats = {**split_stats, "clean": clean_stats, "clean_eval": eval_stats, "cache": str(work),
              "sizing_pairs": sizing_pairs, "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
-    for line in (eval_clean_line(stats), corpora_line(stats)):
-        if line:
-            log.info("%s", line)
+    if line := eval_clean_line(stats):
+        log.info("%s", line)
     return Corpus(encoded, tokenizer, stats)
 
 

@@ -16,7 +16,7 @@ from accelerate.utils import broadcast_object_list
 from nmt import checkpoint as ckpt
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import save_yaml
-from nmt.data import overlap_line
+from nmt.data import corpora_line, overlap_line
 from nmt.model_dir import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, languages_record
 from nmt.strict import flat, to_dict
 from nmt.training.finetune import copy_tokenizer, segmentation
@@ -35,8 +35,9 @@ def start_run(run: Run) -> None:
         print(f"nmt: {accelerator.num_processes} process(es) on {accelerator.device}, "
               f"precision {accelerator.mixed_precision}; {n_params / 1e6:.2f}M parameters; "
               f"pairs {stats['pairs']}; cleaning dropped {stats['clean']['dropped']}", flush=True)
-        if overlap := overlap_line(stats):
-            print(f"nmt: {overlap}", flush=True)
+        for line in (overlap_line(stats), corpora_line(stats)):
+            if line:
+                print(f"nmt: {line}", flush=True)
     if cfg.log_with:
         accelerator.init_trackers("nmt", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
                                                    for k, v in flat(to_dict(cfg)).items()})
