@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from nmt.compat import reset_accelerate_state
 from nmt.launch import launch
-from tests.conftest import tiny_config
+from tests.conftest import multilingual_config, tiny_config
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).parent.parent
@@ -104,8 +104,10 @@ def record_epoch_and_validation(cfg, out: str) -> None:
                                          "world": accelerator.num_processes}))
 
 
-def test_every_pair_once_and_same_validation(corpus_dir, tmp_path):
-    cfg = tiny_config(corpus_dir, tmp_path, eval_max_sentences=None, max_tokens=300)
+@pytest.mark.parametrize("multilingual", [False, True], ids=["one-pair", "two-pairs"])
+def test_every_pair_once_and_same_validation(corpus_dir, tmp_path, multilingual):
+    make = multilingual_config if multilingual else tiny_config  # two pairs: en->xx and xx->en, tagged
+    cfg = make(corpus_dir, tmp_path, eval_max_sentences=None, max_tokens=300)
     launch(record_epoch_and_validation, (cfg, str(tmp_path / "two.json")), num_processes=2)
     record_epoch_and_validation(cfg, str(tmp_path / "one.json"))
     _reset()
@@ -114,7 +116,9 @@ def test_every_pair_once_and_same_validation(corpus_dir, tmp_path):
     flat = [i for part in two["indices"] for i in part]
     assert len(two["indices"]) == 2 and all(two["indices"])  # both ranks got work
     assert sorted(flat) == list(range(two["n"]))  # every pair exactly once, none dropped or repeated
-    assert one["metrics"]["bleu"] == two["metrics"]["bleu"] and one["metrics"]["chrf"] == two["metrics"]["chrf"]
+    scores = [k for k in one["metrics"] if k.startswith(("bleu", "chrf")) and k != "bleu_signature"]
+    assert len(scores) == (6 if multilingual else 2)  # per pair and their means
+    assert all(one["metrics"][k] == two["metrics"][k] for k in scores)
     assert one["metrics"]["valid_nll"] == pytest.approx(two["metrics"]["valid_nll"], rel=1e-9)
 
 
@@ -216,7 +220,7 @@ def test_a_preparation_longer_than_the_process_group_timeout(corpus_dir, tmp_pat
     from torch.multiprocessing import start_processes
 
     from nmt.launch import free_port
-    from tests.conftest import tiny_config
+    from tests.conftest import multilingual_config, tiny_config
 
     cfg = tiny_config(corpus_dir, tmp_path)
     args = (cfg, free_port(), wait, tmp_path)
