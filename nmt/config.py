@@ -50,8 +50,7 @@ def lang_tag(lang: str) -> str:
 class DataConfig:
     """Where the parallel text comes from and how it is cleaned."""
 
-    # PREFIX of .<lang> files, .tsv/.jsonl/.csv, dataset dir; or a list of those or of {path, src_lang, tgt_lang, weight}
-    train: str | list[str | CorpusSpec] = path_key(BUILTIN, "corpus")
+    train: str | list[str | CorpusSpec] = path_key(BUILTIN, "corpus")  # a corpus or a list of them (docs/multilingual.md)
     weights: list[float] | None = ranged(None, "(0, 1e6]")  # per train corpus: times seen per epoch (upsampling: [1, 2])
     valid: str | list[str | CorpusSpec] | None = path_key(None, "corpus")  # forms of train; None carves valid_ratio off
     test: str | list[str | CorpusSpec] | None = path_key(None, "corpus")  # forms of train; None carves test_ratio off

@@ -220,7 +220,7 @@ def test_a_preparation_longer_than_the_process_group_timeout(corpus_dir, tmp_pat
     from torch.multiprocessing import start_processes
 
     from nmt.launch import free_port
-    from tests.conftest import multilingual_config, tiny_config
+    from tests.conftest import tiny_config
 
     cfg = tiny_config(corpus_dir, tmp_path)
     args = (cfg, free_port(), wait, tmp_path)
