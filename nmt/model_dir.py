@@ -19,7 +19,7 @@ CONFIG_FILE = "config.json"  # the ModelConfig as JSON
 WEIGHTS_FILE = "model.safetensors"  # the weights (a shared embedding stored once)
 SUMMARY_FILE = "training.json"  # step, best validation metrics, data, command line of the run
 SEARCH_FILE = "search.json"  # the alpha tuned on validation by training's tune_alpha
-LANGUAGES_FILE = "languages.json"  # the language pairs trained and the target languages a request may ask for
+LANGUAGES_FILE = "languages.json"  # a multilingual model's language pairs and the target languages one may ask for
 JOINT_FILE = "tokenizer.json"  # one tokenizer for both languages
 SRC_FILE, TGT_FILE = "tokenizer.src.json", "tokenizer.tgt.json"  # separate vocabularies
 
@@ -36,8 +36,7 @@ def read_json(path: Path) -> dict:
 
 
 def languages_record(pairs: list[str], targets: list[str], tags: list[str]) -> dict:
-    """What languages.json holds: the pairs trained ("en-de"), the target languages, and their source-side tags
-    (none for a one-pair model: it needs no tag, and takes no other target language)."""
+    """What languages.json holds: the pairs trained ("en-de"), the target languages, and their source-side tags."""
     return {"pairs": pairs, "target_languages": targets, "tags": dict(zip(targets, tags)) if tags else {}}
 
 

@@ -64,8 +64,8 @@ class Translator:
             raise NmtError(f"target language {tgt_lang!r} is not one this model translates into; choose one of "
                            f"{', '.join(targets)}")
         if tgt_lang is not None and not targets:
-            raise NmtError(f"target language {tgt_lang!r}: this model names no target languages (no languages.json); "
-                           "leave tgt_lang out")
+            raise NmtError(f"target language {tgt_lang!r}: this is not a multilingual model (no languages.json); it "
+                           "translates into one language: leave --tgt-lang (tgt_lang) out")
         if not tags:
             return None
         if tgt_lang is None:

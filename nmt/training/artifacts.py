@@ -109,8 +109,9 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
                    ckpt.FINGERPRINTS: fingerprints(run, tmp)}  # what loading compares (checkpoint.check_fingerprint)
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         data = run.cfg.data
-        record = languages_record(data.pairs(), data.target_languages(), data.tags())
-        (tmp / LANGUAGES_FILE).write_text(json.dumps(record, indent=2))
+        if data.is_multilingual:  # what translate and serve check a requested target language against
+            record = languages_record(data.pairs(), data.target_languages(), data.tags())
+            (tmp / LANGUAGES_FILE).write_text(json.dumps(record, indent=2))
         ckpt.publish(tmp, final)
     del weights
     accelerator.wait_for_everyone()
