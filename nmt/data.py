@@ -363,17 +363,18 @@ def _with_langs(cfg: DataConfig, source: DataSource) -> DataConfig:
 
 
 def tagged(ds: datasets.Dataset, tag: str, cache: Path) -> datasets.Dataset:
-    """`ds` with `tag` and a space before every source: the target-language tag of a multilingual run, a reserved
-    token of the tokenizer (its own id). A file of its own in `cache`/read, keyed by the content and the tag."""
-    key = hashlib.sha256(f"{dataset_fingerprint(ds)}:{len(ds)}:{tag}".encode()).hexdigest()[:16]
+    """`ds` with `tag` before every source: the target-language tag of a multilingual run, a reserved token of the
+    tokenizer (its own id). Written without a space: the tokenizer splits a reserved token off by itself, and a
+    space before another tag (<bt>) would be a token of its own. A file of its own in `cache`/read, keyed by the
+    content and the tag."""
+    key = hashlib.sha256(f"{dataset_fingerprint(ds)}:{len(ds)}:{tag}:glued".encode()).hexdigest()[:16]
     out = cache / "read" / f"tagged-{key}.arrow"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        prefix = f"{tag} "
 
         def batches() -> Iterator[pa.RecordBatch]:
             for table in arrow_batches(ds):
-                src = pa.compute.binary_join_element_wise(prefix, table.column("src"), "")
+                src = pa.compute.binary_join_element_wise(tag, table.column("src"), "")
                 yield from table.select(["tgt"]).add_column(0, "src", src).select(["src", "tgt"]).to_batches()
 
         write_arrow(batches(), out)

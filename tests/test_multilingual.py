@@ -112,7 +112,9 @@ def test_translate_asks_for_the_target_language(run, corpus_dir, tmp_path, capsy
     translator = Translator.from_pretrained(model)
     into_en = translator.translate(lines, beam_size=1, tgt_lang="en")
     assert (tmp_path / "out.txt").read_text().splitlines() == into_en
-    assert into_en != translator.translate(lines, beam_size=1, tgt_lang="xx")  # the tag steers the decoder
+    refs = (corpus_dir / "test.en").read_text().splitlines()[:5]
+    as_en, as_xx = (translator.score(lines, refs, tgt_lang=lang) for lang in ("en", "xx"))
+    assert all(a.total != b.total for a, b in zip(as_en, as_xx))  # the tag reaches the model
     assert main(["translate", str(model), "--input", str(tmp_path / "in.txt")]) == 2  # a usage error
     assert "give the target language (--tgt-lang, tgt_lang=), one of en, xx" in capsys.readouterr().err
     with pytest.raises(NmtError, match="target language 'de' is not one this model translates into; choose one of en, xx"):
@@ -132,6 +134,29 @@ def test_every_piece_of_a_split_source_starts_with_the_tag(run, monkeypatch):
     long = " ".join(["mu dina ba"] * limit)
     translator.translate([long], beam_size=1, long_inputs="split", tgt_lang="en", max_new_tokens=4)
     assert len(seen) > 1 and all(p[0] == 4 and len(p) <= limit for p in seen)
+
+
+def test_back_translation_into_a_language_and_its_corpus_weighted_beside_the_others(run, corpus_dir, tmp_path):
+    """The reverse model is multilingual: `nmt backtranslate` translates into the synthetic sources' language; the
+    tagged back-translated corpus then trains with a weight, its sources led by the target tag and <bt>."""
+    from nmt.config import DataConfig, TokenizerConfig
+    from nmt.data import prepare
+
+    cfg, out = run
+    mono = (corpus_dir / "test.en").read_text().splitlines()[:8]
+    (tmp_path / "mono.en").write_text("\n".join(mono) + "\n")
+    assert main(["backtranslate", str(out / "model"), "--input", str(tmp_path / "mono.en"), "--output",
+                 str(tmp_path / "bt"), "--src-lang", "xx", "--tgt-lang", "en", "--tag", "--beam", "1"]) == 0
+    into_xx = Translator.from_pretrained(out / "model").translate(mono, beam_size=1, tgt_lang="xx")
+    assert (tmp_path / "bt.xx").read_text().splitlines() == [f"<bt> {t}" for t in into_xx]
+    data = DataConfig(train=[*cfg.data.train, {"path": str(tmp_path / "bt"), "src_lang": "xx", "tgt_lang": "en",
+                                               "weight": 2}], valid=cfg.data.valid, test=cfg.data.test,
+                      cache_dir=cfg.data.cache_dir, dedupe=False, max_ratio=1000)
+    corpus = prepare(data, TokenizerConfig(vocab_size=300, reserved=["<bt>"]))
+    tok = corpus.tokenizer.src
+    assert [(c["pair"], c["pairs"], c["per_epoch"]) for c in corpus.stats["corpora"]][2] == ("xx-en", 8, 16)
+    bt = corpus.splits["train"]["src_ids"][-16:]
+    assert {tuple(ids[:2]) for ids in bt} == {(tok.token_to_id("<2en>"), tok.token_to_id("<bt>"))}
 
 
 def test_the_server_takes_tgt_lang(run):

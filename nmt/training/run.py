@@ -167,9 +167,9 @@ def _score_pairs(translator, test, blocks: list[list]) -> dict:
     scores, start, sources, refs = {}, 0, list(test["src"]), list(test["tgt"])
     for pair, n in blocks:
         if n:
-            tgt_lang = sources[start].split(" ", 1)[0][2:-1]  # "<2de> ..." -> de
-            hyps = translator.translate([s.split(" ", 1)[1] for s in sources[start: start + n]], beam_size=4,
-                                        tgt_lang=tgt_lang)
+            tag = sources[start][: sources[start].index(">") + 1]  # "<2de>..." -> <2de>, de
+            hyps = translator.translate([s[len(tag):] for s in sources[start: start + n]], beam_size=4,
+                                        tgt_lang=tag[2:-1])
             found = corpus_scores(hyps, refs[start: start + n])
             scores[f"bleu_{pair}"], scores[f"chrf_{pair}"] = found["bleu"], found["chrf"]
         start += n
