@@ -46,7 +46,8 @@ OPTIONS = {"beam": ("beam_size", int), "alpha": ("alpha", float), "nbest": ("nbe
            "max_new_tokens": ("max_new_tokens", int)}
 SEARCH_RANGES = {f.name: f.metadata[RANGE] for f in dataclasses.fields(SearchConfig) if RANGE in f.metadata}
 # what GET /info shows of `nmt info --json`: no paths, no command lines
-PUBLIC_INFO = ("architecture", "parameters", "tensors", "dtypes", "vocab", "step", "best", "num_processes", "search")
+PUBLIC_INFO = ("architecture", "parameters", "tensors", "dtypes", "vocab", "step", "best", "num_processes", "search",
+               "languages")
 
 
 class BadRequest(Exception):

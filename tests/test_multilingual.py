@@ -172,6 +172,8 @@ def test_the_server_takes_tgt_lang(run):
         assert status == 400 and "choose one of en, xx" in body["error"]
         status, body = server.call("POST", "/translate", {"sentences": ["mu dina ba."]})
         assert status == 400 and "give the target language ('tgt_lang'), one of en, xx" in body["error"]
+        status, body = server.call("GET", "/info")
+        assert status == 200 and body["model"]["languages"]["target_languages"] == ["en", "xx"]
 
 
 def test_nmt_check_reports_each_corpus_share(corpus_dir, tmp_path, capsys):
