@@ -40,12 +40,14 @@ def final_params(cfg) -> dict[str, torch.Tensor]:
     return load_file(Path(cfg.output_dir) / "checkpoints" / f"step_{cfg.max_steps}" / "model.safetensors")
 
 
-def test_ddp_equals_one_process_equals_accumulation(corpus_dir, tmp_path):
+@pytest.mark.parametrize("multilingual", [False, True], ids=["one-pair", "two-pairs-temperature-5"])
+def test_ddp_equals_one_process_equals_accumulation(corpus_dir, tmp_path, multilingual):
     common = dict(max_steps=4, save_every=4, eval_every=100, eval_max_sentences=4)
     g = 800  # global padded tokens per optimizer step in all three runs
-    one = tiny_config(corpus_dir, tmp_path / "one", max_tokens=g, **common)
-    two = tiny_config(corpus_dir, tmp_path / "two", max_tokens=g // 2, **common)
-    acc = tiny_config(corpus_dir, tmp_path / "acc", max_tokens=g // 2, accum_steps=2, **common)
+    make = (lambda *a, **k: multilingual_config(*a, temperature=5.0, **k)) if multilingual else tiny_config
+    one = make(corpus_dir, tmp_path / "one", max_tokens=g, **common)
+    two = make(corpus_dir, tmp_path / "two", max_tokens=g // 2, **common)
+    acc = make(corpus_dir, tmp_path / "acc", max_tokens=g // 2, accum_steps=2, **common)
     for cfg in (one, two, acc):
         cfg.model.dropout = 0.0
     run_training(one)
