@@ -94,6 +94,11 @@ class DataConfig:
                            "weights only the training corpora")
                     _check(item.weight is None or self.weights is None, f"data.{name}[{i}].weight",
                            "give either data.weights or per-corpus weights, not both")
+        for split in ("valid", "test") if self.is_multilingual else ():
+            for i, corpus in enumerate(self.corpora(split)):
+                _check(corpus.tgt_lang in self.target_languages(), f"data.{split}[{i}].tgt_lang" if isinstance(
+                    getattr(self, split), list) else "data.tgt_lang", f"{corpus.tgt_lang!r} is no target language of "
+                    f"data.train ({', '.join(self.target_languages())}): the model would have no tag for it")
         for i, corpus in enumerate(self.corpora("train") if self.is_multilingual else []):
             _check(corpus.src_lang != corpus.tgt_lang, f"data.train[{i}].tgt_lang",
                    f"equals its src_lang {corpus.src_lang!r}")

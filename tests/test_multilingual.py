@@ -5,6 +5,7 @@ One tiny two-pair run (the synthetic corpus en->xx and, sides swapped, xx->en) i
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,12 @@ def run(corpus_dir, tmp_path_factory):
     ("data.train=[a, {path: b, src_lang: xx, tgt_lang: xx}]", "'data.train[1].tgt_lang': equals its src_lang"),
     ("data.valid=[{path: b, weight: 2}]", "'data.valid[0].weight': weights only the training corpora"),
     ("data.temperature=0", "'data.temperature': 0.0 is outside the allowed range (0, 100]"),
+    ("data.train=[a, {path: a, src_lang: xx, tgt_lang: en}]\ndata.valid=[{path: v, src_lang: en, tgt_lang: fr}]",
+     "'data.valid[0].tgt_lang': 'fr' is no target language of data.train (en, xx)"),
 ])
 def test_config_errors_name_the_key(override, error):
-    with pytest.raises(NmtError, match=error.replace("[", r"\[").replace("(", r"\(")):
-        load_config(None, [override])
+    with pytest.raises(NmtError, match=re.escape(error)):
+        load_config(None, override.split("\n"))
 
 
 def test_a_multilingual_config_resolves_each_corpus_and_needs_a_joint_vocabulary():
