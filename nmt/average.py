@@ -6,6 +6,7 @@ BLEU for free. Reads safetensors only.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -13,7 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from nmt.errors import NmtError
-from nmt.model_dir import SUMMARY_FILE, WEIGHTS_FILE
+from nmt.model_dir import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE
 
 
 def average_weights(dirs: list[Path]) -> dict[str, torch.Tensor]:
@@ -91,5 +92,7 @@ def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = F
         PairTokenizer.load(source).save(tmp)
         summary = {"averaged": [str(d) for d in found], "from": str(source)}
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        if (source / LANGUAGES_FILE).is_file():  # a multilingual model's target languages and tags
+            shutil.copy2(source / LANGUAGES_FILE, tmp / LANGUAGES_FILE)
 
     return write_directory(out, write)

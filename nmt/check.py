@@ -110,6 +110,7 @@ def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, n
                         or [planned_steps or len(plan)]), n_params=n_params,
         memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
         overlap=overlap_line(corpus.stats),
+        corpora=[c for c in corpus.stats.get("corpora", []) if isinstance(c, dict)],
         fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
 
 

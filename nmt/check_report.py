@@ -37,6 +37,7 @@ class Report:
     probe_steps: int = 0
     measured_peak: int | None = None  # bytes, CUDA only: torch.cuda.max_memory_allocated during the probe
     overlap: str | None = None  # validation/test pairs that also occur in train (nmt.data.overlap_line)
+    corpora: list[dict] = field(default_factory=list)  # several training corpora: each one's pair, pairs, share
     plan: list[str] = field(default_factory=list)  # the plan's printout (nmt.plan.Plan.lines): what nmt chose, why
     fit: dict | None = None  # init_from: the old tokenizer on the new training data, and on its own (tokenizer_fit)
     cfg: TrainConfig | None = field(default=None, repr=False)
@@ -48,6 +49,7 @@ class Report:
         out = [f"data      {_pairs(self.pairs)} pairs{_carved(self.carved)}; cleaning kept {self.pairs['train']:,} "
                f"of {self.read:,} training pairs read{_dropped(self.dropped)}",
                *([f"overlap   {self.overlap}"] if self.overlap else []),
+               *([f"corpora   {_corpora(self.corpora, cfg)}"] if self.corpora else []),
                f"lengths   subword tokens with </s>, training set: source {_pct(self.src_len)}; "
                f"target {_pct(self.tgt_len)}",
                f"vocab     {_vocab(self)}; unknown on validation: source {self.unk_rate['src']:.2%}, "
@@ -97,6 +99,14 @@ def _precision(precision: str) -> str:
 
 def _per_device(r: Report) -> str:
     return f"; each of the {r.num_processes} processes on a {r.probe_device} like it" if r.num_processes > 1 else ""
+
+
+def _corpora(corpora: list[dict], cfg: TrainConfig) -> str:
+    """Each training corpus's share of an epoch (data.weights, data.temperature), e.g.
+    "en-de 1,000 pairs -> 1,000 per epoch (50.0%), de-en ... (temperature 5)"."""
+    each = ", ".join(f"{c['pair']} {c['train']}: {c['pairs']:,} pairs -> {c['per_epoch']:,} per epoch "
+                     f"({100 * c['share']:.1f}%)" for c in corpora)
+    return f"{each} (data.temperature {cfg.data.temperature:g})"
 
 
 def _pairs(pairs: dict[str, int]) -> str:

@@ -86,6 +86,7 @@ def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
     p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
                    "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
     _add_decoding_args(p)
+    p.add_argument("--tgt-lang", help="a multilingual model's target language (one of its languages.json's)")
     p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
     _add_sampling_args(p)
     return p
@@ -116,6 +117,7 @@ def _add_score(sub) -> None:
     p.add_argument("--src", required=True, help="source sentences, one per line")
     p.add_argument("--tgt", required=True, help="their translations to score, one per line")
     p.add_argument("--per-token", action="store_true", help="also print each target token's log-probability")
+    p.add_argument("--tgt-lang", help="a multilingual model's target language (one of its languages.json's)")
     p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="padded tokens per batch")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--output", help="write here instead of stdout")

@@ -4,6 +4,7 @@ GPUs) live in accelerate_configs/, not here."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -13,18 +14,50 @@ from nmt.ranges import check_fields, path_key, ranged
 from nmt.strict import from_dict, to_dict
 
 BUILTIN = "builtin:synthetic"  # the embedded corpus (nmt.synthetic)
+LANG = re.compile(r"[A-Za-z0-9_-]+")  # a language code: a file suffix and a tag <2xx>
+
+
+@dataclass
+class CorpusSpec:
+    """One item of a data.train/valid/test list with languages of its own (a multilingual run's corpus)."""
+
+    path: str = path_key("", "corpus")  # as a plain data.train item: PREFIX, table file, dataset dir, builtin:
+    src_lang: str | None = None  # this corpus's source language (null: data.src_lang)
+    tgt_lang: str | None = None  # this corpus's target language (null: data.tgt_lang)
+    weight: float | None = ranged(None, "(0, 1e6]")  # train only: times seen per epoch (null: data.weights' or 1)
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A data.train/valid/test item resolved: path, languages, weight (1 where none is given)."""
+
+    path: str
+    src_lang: str
+    tgt_lang: str
+    weight: float = 1.0
+
+    @property
+    def pair(self) -> str:
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+
+def lang_tag(lang: str) -> str:
+    """The source-side token that asks a multilingual model for target language `lang`."""
+    return f"<2{lang}>"
 
 
 @dataclass
 class DataConfig:
     """Where the parallel text comes from and how it is cleaned."""
 
-    train: str | list[str] = path_key(BUILTIN, "corpus")  # PREFIX of .<lang> files, .tsv/.jsonl/.csv, dataset dir; or a list
+    train: str | list[str | CorpusSpec] = path_key(BUILTIN, "corpus")  # a corpus or a list of them (docs/multilingual.md)
     weights: list[float] | None = ranged(None, "(0, 1e6]")  # per train corpus: times seen per epoch (upsampling: [1, 2])
-    valid: str | None = path_key(None, "corpus")  # same forms as train; None carves valid_ratio off train
-    test: str | None = path_key(None, "corpus")  # same forms as train; None carves test_ratio off train
+    valid: str | list[str | CorpusSpec] | None = path_key(None, "corpus")  # forms of train; None carves valid_ratio off
+    test: str | list[str | CorpusSpec] | None = path_key(None, "corpus")  # forms of train; None carves test_ratio off
     src_lang: str = "en"  # source language code: file suffix, JSON field or translation key
     tgt_lang: str = "xx"  # target language code
+    temperature: float = ranged(1.0, "(0, 100]")  # corpus i's share of an epoch ~ size_i^(1/T): 1 proportional, 5 flatter
+    multilingual: bool = False  # target-language tags even for one language pair (true: the model can be extended)
     valid_ratio: float = ranged(0.01, "[0, 1)")  # share of train held out for validation when valid is None
     test_ratio: float = ranged(0.01, "[0, 1)")  # share of train held out for test when test is None
     split_seed: int = ranged(1, "[0, 2147483647]")  # seed of the train/valid/test carving
@@ -45,6 +78,62 @@ class DataConfig:
         _check(n_train > 0, "data.train", "needs at least one corpus")
         if self.weights is not None:
             _check(len(self.weights) == n_train, "data.weights", f"needs one weight per train corpus ({n_train})")
+        for name in ("train", "valid", "test"):
+            value = getattr(self, name)
+            for i, item in enumerate(value if isinstance(value, list) else []):
+                if isinstance(item, dict):  # given from Python: read as YAML's would be
+                    item = value[i] = from_dict(CorpusSpec, item, f"data.{name}[{i}]")
+                if isinstance(item, CorpusSpec):
+                    check_fields(item, f"data.{name}[{i}].")
+                    _check(bool(item.path), f"data.{name}[{i}].path", "is required: the corpus to read")
+                    for side in ("src_lang", "tgt_lang"):
+                        lang = getattr(item, side)
+                        _check(lang is None or bool(LANG.fullmatch(lang)), f"data.{name}[{i}].{side}",
+                               f"{lang!r} is not a language code (letters, digits, _ or -, e.g. de or pt_BR)")
+                    _check(item.weight is None or name == "train", f"data.{name}[{i}].weight",
+                           "weights only the training corpora")
+                    _check(item.weight is None or self.weights is None, f"data.{name}[{i}].weight",
+                           "give either data.weights or per-corpus weights, not both")
+        for split in ("valid", "test") if self.is_multilingual else ():
+            for i, corpus in enumerate(self.corpora(split)):
+                _check(corpus.tgt_lang in self.target_languages(), f"data.{split}[{i}].tgt_lang" if isinstance(
+                    getattr(self, split), list) else "data.tgt_lang", f"{corpus.tgt_lang!r} is no target language of "
+                    f"data.train ({', '.join(self.target_languages())}): the model would have no tag for it")
+        for i, corpus in enumerate(self.corpora("train") if self.is_multilingual else []):
+            _check(corpus.src_lang != corpus.tgt_lang, f"data.train[{i}].tgt_lang",
+                   f"equals its src_lang {corpus.src_lang!r}")
+
+    def corpora(self, split: str) -> list[DataSource]:
+        """data.train/valid/test as resolved `DataSource` items (empty for a null valid or test), languages and weight
+        filled in from data.src_lang, data.tgt_lang and data.weights."""
+        value = getattr(self, split)
+        items = [] if value is None else [value] if isinstance(value, str) else value
+        weights = self.weights if split == "train" and self.weights else [None] * len(items)
+        out = []
+        for item, weight in zip(items, weights):
+            if isinstance(item, str):
+                out.append(DataSource(item, self.src_lang, self.tgt_lang, weight or 1.0))
+            else:
+                out.append(DataSource(item.path, item.src_lang or self.src_lang, item.tgt_lang or self.tgt_lang,
+                                  item.weight or weight or 1.0))
+        return out
+
+    def pairs(self) -> list[str]:
+        """The language pairs of the training corpora ("en-de"), in order of first appearance."""
+        return list(dict.fromkeys(c.pair for c in self.corpora("train")))
+
+    @property
+    def is_multilingual(self) -> bool:
+        """Target-language tags are prepended to the source: the corpora name several pairs, or data.multilingual."""
+        return self.multilingual or len(self.pairs()) > 1
+
+    def target_languages(self) -> list[str]:
+        """The target languages a multilingual run trains, sorted: one tag each."""
+        return sorted({c.tgt_lang for c in self.corpora("train")})
+
+    def tags(self) -> list[str]:
+        """The target-language tags reserved in the tokenizer (none for a one-pair run)."""
+        return [lang_tag(lang) for lang in self.target_languages()] if self.is_multilingual else []
 
 
 @dataclass
@@ -230,6 +319,8 @@ class TrainConfig:
         if self.keep_last is not None and self.average_last is not None:
             _check(self.keep_last >= self.average_last, "average_last", f"needs keep_last >= {self.average_last}")
         _check(not (self.overwrite and self.resume), "overwrite", "starts a fresh run; it cannot go with resume")
+        _check(not self.data.is_multilingual or self.tokenizer.joint, "tokenizer.joint",
+               f"a multilingual run ({', '.join(self.data.pairs())}) needs one joint vocabulary: set it to true")
         if self.tune_alpha is not None:
             _check(len(self.tune_alpha) > 0, "tune_alpha", "needs at least one alpha (or null)")
             _check(self.eval_beam > 1, "tune_alpha", "needs eval_beam > 1: greedy search ignores the length penalty")

@@ -27,17 +27,19 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 
 from nmt import clean as columns
 from nmt.batching import true_indices
 from nmt.compat import dataset_fingerprint, prompt_memory_pool, release_free_memory
-from nmt.config import DataConfig, TokenizerConfig
+from nmt.config import DataConfig, DataSource, TokenizerConfig, lang_tag
 from nmt.encoding import drop_long, encode
 from nmt.errors import NmtError
 from nmt.plan import vocab_size_for
 from nmt.readers import load_split
 from nmt.strict import to_dict
 from nmt.tables import arrow_batches, column, open_arrow, rows, select, write_rows
+from nmt.textfiles import write_arrow
 from nmt.tokenizer import PairTokenizer, bulk_threads, train_pair_tokenizer
 
 SPLITS = ("train", "valid", "test")
@@ -141,16 +143,19 @@ def overlap_line(stats: dict) -> str | None:
     return f"{found} pairs also occur in the training data (after normalisation); {then}"
 
 
-def clean_eval(ds: datasets.Dataset, name: str, cfg: DataConfig, work: Path) -> tuple[datasets.Dataset, dict]:
+def clean_eval(ds: datasets.Dataset, name: str, cfg: DataConfig, work: Path,
+               blocks: list[list] | None = None) -> tuple[datasets.Dataset, dict]:
     """Validation or test (`name`) without the pairs of `EVAL_REASONS`, and its counts {"read", "kept", "dropped"}.
     What is kept is a file of its own in `work` (unless nothing was dropped); nothing left is refused by
-    `refuse_empty_eval`, once train's own cleaning has had its say."""
+    `refuse_empty_eval`, once train's own cleaning has had its say. `blocks` ([language pair, rows] in order, a
+    multilingual split's) are counted again after the cleaning, in place."""
     keep_codes = [0, *(columns.REASONS.index(r) + 1 for r in columns.REASONS if r not in EVAL_REASONS)]
     codes = np.concatenate([np.zeros(0, np.int8), *(columns.drop_codes(t.column("src"), t.column("tgt"), cfg)
                                                     for t in arrow_batches(ds, 10_000))])
     codes[np.isin(codes, keep_codes)] = 0
     reasons, counts = np.unique(codes[codes > 0], return_counts=True)
     kept = codes == 0
+    _recount(blocks, kept)
     stats = {"read": len(ds), "kept": int(np.count_nonzero(kept)),
              "dropped": {columns.REASONS[r - 1]: int(n) for r, n in zip(reasons, counts)}}
     if kept.all() or not kept.any():
@@ -167,9 +172,19 @@ def refuse_empty_eval(stats: dict[str, dict]) -> None:
                            f"data.{name} (or the files it is carved from) or raise data.max_words / data.max_chars")
 
 
-def drop_long_eval(ds: datasets.Dataset, name: str, limit: int, stats: dict) -> datasets.Dataset:
+def _recount(blocks: list[list] | None, kept: np.ndarray) -> None:
+    """[language pair, rows] blocks of a split, in order, counted again after a filter `kept` ((N,) bool)."""
+    if blocks:
+        ends = np.cumsum([n for _, n in blocks])
+        for block, part in zip(blocks, np.split(kept, ends[:-1])):
+            block[1] = int(np.count_nonzero(part))
+
+
+def drop_long_eval(ds: datasets.Dataset, name: str, limit: int, stats: dict,
+                   blocks: list[list] | None = None) -> datasets.Dataset:
     """Encoded validation or test without pairs longer than `limit` tokens on a side (</s> counted), which the
-    model could not take; counted in `stats` (`clean_eval`'s) as too_many_subwords."""
+    model could not take; counted in `stats` (`clean_eval`'s) as too_many_subwords, and in `blocks` (see
+    `clean_eval`)."""
     cost = column(ds, "cost", narrow=True)
     if len(cost) == 0 or int(cost.max()) <= limit:
         return ds
@@ -179,6 +194,7 @@ def drop_long_eval(ds: datasets.Dataset, name: str, limit: int, stats: dict) -> 
                        f"model.max_positions); check data.{name} or raise them")
     stats["dropped"]["too_many_subwords"] = len(cost) - len(keep)
     stats["kept"] = len(keep)
+    _recount(blocks, cost <= limit)
     return select(ds, keep)
 
 
@@ -216,6 +232,10 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     with (main_first or nullcontext)(), prompt_memory_pool():
         with _timed(seconds, "read"):
             raw, split_stats, among = _read_splits(cfg, cache_root)
+        eval_pairs = split_stats.get("eval_pairs", {})
+        if tokenizer is not None:
+            _check_tags(tokenizer, cfg)
+        tok_cfg = with_tags(tok_cfg, cfg)
         key = _content_key(raw, cfg, tok_cfg, None)
         if tokenizer is not None and not _holds_tokenizer(cache_root / "prepared" / key, tokenizer):
             key = _content_key(raw, cfg, tok_cfg, tokenizer)
@@ -224,8 +244,8 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
         with _timed(seconds, "clean"):
             eval_stats = {}
             for name in EVAL_SPLITS:  # before train's: its overlap with them is counted against what they keep
-                raw[name], eval_stats[name] = clean_eval(raw[name], name, cfg, work)
-            raw["train"], clean_stats, kept = _cached_clean(raw, cfg, work, among, split_stats["corpora"])
+                raw[name], eval_stats[name] = clean_eval(raw[name], name, cfg, work, eval_pairs.get(name))
+            raw["train"], clean_stats, kept = _cached_clean(raw, cfg, work, among, split_stats.pop("rows"))
             refuse_empty_eval(eval_stats)
             del among
         sizing_pairs = len(raw["train"])
@@ -241,12 +261,27 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
         encoded["train"], clean_stats = _trained_on(encoded["train"], cfg, clean_stats, kept, split_stats, limit)
     for name in EVAL_SPLITS:
         if name in encoded:
-            encoded[name] = drop_long_eval(encoded[name], name, limit, eval_stats[name])
+            encoded[name] = drop_long_eval(encoded[name], name, limit, eval_stats[name], eval_pairs.get(name))
     stats = {**split_stats, "clean": clean_stats, "clean_eval": eval_stats, "cache": str(work),
              "sizing_pairs": sizing_pairs, "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
     if line := eval_clean_line(stats):
         log.info("%s", line)
     return Corpus(encoded, tokenizer, stats)
+
+
+def with_tags(tok_cfg: TokenizerConfig, cfg: DataConfig) -> TokenizerConfig:
+    """`tok_cfg` with the target-language tags of a multilingual run (`DataConfig.tags`) reserved: each a token of
+    its own, never split or learnt from the text."""
+    missing = [tag for tag in cfg.tags() if tag not in tok_cfg.reserved]
+    return dataclasses.replace(tok_cfg, reserved=[*tok_cfg.reserved, *missing]) if missing else tok_cfg
+
+
+def _check_tags(tokenizer: PairTokenizer, cfg: DataConfig) -> None:
+    """A tokenizer given (a resumed run's, a model fine-tuned) holds every target-language tag the data needs."""
+    missing = [tag for tag in cfg.tags() if tokenizer.src.token_to_id(tag) is None]
+    if missing:
+        raise NmtError(f"the tokenizer has no token for the target-language tag(s) {', '.join(missing)} that data.train "
+                       f"needs ({', '.join(cfg.pairs())}); train a new model, or keep its target languages")
 
 
 def _trained_on(train: datasets.Dataset, cfg: DataConfig, clean_stats: dict, kept: list[int],
@@ -270,56 +305,134 @@ def _timed(seconds: dict, name: str):
 
 
 def train_specs(cfg: DataConfig) -> list[str]:
-    """The training corpora: data.train as a list."""
-    return [cfg.train] if isinstance(cfg.train, str) else list(cfg.train)
+    """The training corpora's paths: data.train as a list."""
+    return [c.path for c in cfg.corpora("train")]
+
+
+def epoch_shares(sizes: list[int], weights: list[float], temperature: float) -> np.ndarray:
+    """(C,) each corpus's share of an epoch: its weighted size (pairs times weight) raised to 1/temperature,
+    normalised. Temperature 1 is proportional to the weighted sizes; a large one tends to equal shares."""
+    m = np.asarray(sizes, float) * np.asarray(weights, float)
+    scaled = np.exp((np.log(m) - np.log(m).max()) / temperature)  # m ** (1/T) without overflow
+    return scaled / scaled.sum()
+
+
+def epoch_draws(sizes: list[int], weights: list[float], temperature: float) -> list[int]:
+    """Pairs drawn from each corpus per epoch. An epoch keeps the weighted total (sum of pairs times weight),
+    divided by `epoch_shares`; at temperature 1 corpus i gives exactly its pairs times its weight (whole copies
+    and a rounded fraction), so with weights 1 each pair is seen once per epoch."""
+    if temperature == 1.0:
+        return [int(w) * n + round((w % 1.0) * n) for n, w in zip(sizes, weights)]
+    total = sum(n * w for n, w in zip(sizes, weights))
+    return [max(1, round(share * total)) for share in epoch_shares(sizes, weights, temperature)]
 
 
 def mix(train: datasets.Dataset, origin: np.ndarray, cfg: DataConfig) -> tuple[datasets.Dataset, list[dict]]:
-    """Each corpus's pairs `data.weights[i]` times per epoch (upsampling): whole copies, and for a fraction a
-    sample drawn once with `data.split_seed`. `origin` (N,) is the corpus of each training pair."""
-    weights = cfg.weights or [1.0] * len(train_specs(cfg))
+    """Each corpus's pairs drawn `epoch_draws` times per epoch (data.weights, data.temperature): whole copies, and
+    for the rest a sample drawn once with `data.split_seed`. `origin` (N,) is the corpus of each training pair."""
+    sources = cfg.corpora("train")
+    sizes = [int(np.count_nonzero(origin == i)) for i in range(len(sources))]
+    draws = epoch_draws(sizes, [s.weight for s in sources], cfg.temperature)
     rng = np.random.default_rng(cfg.split_seed)
     parts, corpora = [], []
-    for i, (spec, weight) in enumerate(zip(train_specs(cfg), weights)):
+    for i, (source, n_draws) in enumerate(zip(sources, draws)):
         idx = np.flatnonzero(origin == i)
-        whole, frac = divmod(float(weight), 1.0)
-        extra = np.sort(rng.choice(idx, size=round(frac * len(idx)), replace=False))
-        parts += [idx] * int(whole) + [extra]
-        corpora.append({"train": spec, "pairs": len(idx), "weight": weight, "per_epoch": int(whole) * len(idx) + len(extra)})
+        whole, rest = divmod(n_draws, len(idx))
+        extra = np.sort(rng.choice(idx, size=rest, replace=False))
+        parts += [idx] * whole + [extra]
+        corpora.append({"train": source.path, "pair": source.pair, "pairs": len(idx), "weight": source.weight,
+                        "per_epoch": n_draws, "share": round(n_draws / sum(draws), 4)})
     return select(train, np.concatenate(parts)), corpora
+
+
+def corpora_line(stats: dict) -> str | None:
+    """One line for the log: each training corpus's pairs per epoch and share, when there are several."""
+    corpora = stats.get("corpora")
+    if not corpora or not isinstance(corpora[0], dict):
+        return None
+    shown = ", ".join(f"{c['pair']} {c['train']} {c['per_epoch']:,} of {c['pairs']:,} ({100 * c['share']:.1f}%)"
+                      for c in corpora)
+    return f"training corpora per epoch (pairs drawn of pairs kept, share): {shown}"
+
+
+def _with_langs(cfg: DataConfig, source: DataSource) -> DataConfig:
+    """`cfg` reading `source`'s languages (a reader takes the file suffixes and JSON fields from data.*_lang)."""
+    if (source.src_lang, source.tgt_lang) == (cfg.src_lang, cfg.tgt_lang):
+        return cfg
+    return dataclasses.replace(cfg, src_lang=source.src_lang, tgt_lang=source.tgt_lang)
+
+
+def tagged(ds: datasets.Dataset, tag: str, cache: Path) -> datasets.Dataset:
+    """`ds` with `tag` before every source: the target-language tag of a multilingual run, a reserved token of the
+    tokenizer (its own id). Written without a space: the tokenizer splits a reserved token off by itself, and a
+    space before another tag (<bt>) would be a token of its own. A file of its own in `cache`/read, keyed by the
+    content and the tag."""
+    key = hashlib.sha256(f"{dataset_fingerprint(ds)}:{len(ds)}:{tag}:glued".encode()).hexdigest()[:16]
+    out = cache / "read" / f"tagged-{key}.arrow"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for table in arrow_batches(ds):
+                src = pa.compute.binary_join_element_wise(tag, table.column("src"), "")
+                yield from table.select(["tgt"]).add_column(0, "src", src).select(["src", "tgt"]).to_batches()
+
+        write_arrow(batches(), out)
+    return open_arrow(out, f"nmt-{out.parent.name}-{out.stem}")
 
 
 def _read_splits(cfg: DataConfig, cache: Path) -> tuple[dict[str, datasets.Dataset], dict, np.ndarray | None]:
     """train, valid and test: from their own specs, from the first train corpus's named splits, or carved off it;
     and (N,) bool, the rows of train that stay training pairs when some were carved off (else None). Further
-    training corpora are appended to train; stats["corpora"] holds each one's training pairs."""
-    specs = train_specs(cfg)
-    parts = [_read_train(spec, cfg, cache) for spec in specs]
-    splits, carved, stays = {"train": parts[0]}, [], np.ones(len(parts[0]), dtype=bool)
-    for name, spec, ratio in (("valid", cfg.valid, cfg.valid_ratio), ("test", cfg.test, cfg.test_ratio)):
-        ds = load_split(spec, cfg, name, cache) if spec else load_split(specs[0], cfg, name, cache, whole_ok=False)
-        if ds is None:
-            if ratio <= 0:
-                raise NmtError(f"config key 'data.{name}': no {name} set given and data.{name}_ratio is 0")
-            ds = _carve(parts[0], stays, name, ratio, seed=cfg.split_seed + len(carved), cache=cache)
+    training corpora are appended to train; stats["corpora"] holds each one's training pairs.
+
+    A multilingual run (`DataConfig.is_multilingual`) reads each corpus with its own languages, its sources
+    tagged with their target language, and holds validation and test out of every training corpus (the same rows
+    of two directions of one corpus, so neither direction trains on the other's held-out pairs);
+    stats["eval_pairs"] holds each validation and test split's language pairs, in order, with their rows."""
+    sources, multi = cfg.corpora("train"), cfg.is_multilingual
+    parts = [_read_train(source, cfg, cache) for source in sources]
+    splits, carved, stays = {"train": parts[0]}, [], [np.ones(len(p), dtype=bool) for p in parts]
+    eval_pairs = {}
+    for name, ratio in (("valid", cfg.valid_ratio), ("test", cfg.test_ratio)):
+        given, pieces, carving = cfg.corpora(name), [], False
+        for source in given or (sources if multi else sources[:1]):
+            spec_cfg = _with_langs(cfg, source)
+            ds = load_split(source.path, spec_cfg, name, cache, whole_ok=bool(given))
+            if ds is not None and multi:
+                ds = tagged(ds, lang_tag(source.tgt_lang), cache)
+            elif ds is None:
+                if ratio <= 0:
+                    raise NmtError(f"config key 'data.{name}': no {name} set given and data.{name}_ratio is 0")
+                i, carving = sources.index(source), True
+                ds = _carve(parts[i], stays[i], name, ratio, seed=cfg.split_seed + len(carved), cache=cache)
+            pieces.append((source.pair, ds))
+        if carving:
             carved.append(name)
-        splits[name] = ds
-    sizes = [int(np.count_nonzero(stays))] + [len(p) for p in parts[1:]]
+        splits[name] = pieces[0][1] if len(pieces) == 1 else datasets.concatenate_datasets([p for _, p in pieces])
+        eval_pairs[name] = [[pair, len(p)] for pair, p in pieces]
+    sizes = [int(np.count_nonzero(s)) for s in stays]
     for name, ds in splits.items():
         if (sizes[0] if name == "train" else len(ds)) == 0:
-            raise NmtError(f"the {name} split is empty (from {getattr(cfg, name) or specs[0]!r})")
+            raise NmtError(f"the {name} split is empty (from {getattr(cfg, name) or sources[0].path!r})")
     if len(parts) > 1:
         splits["train"] = datasets.concatenate_datasets(parts)
-    among = None if not carved else np.concatenate([stays, np.ones(sum(sizes[1:]), dtype=bool)])
-    return splits, {"carved_from_train": carved, "corpora": sizes, "fingerprints": split_fingerprints(splits)}, among
+    among = None if all(s.all() for s in stays) else np.concatenate(stays)
+    stats = {"carved_from_train": carved, "corpora": sizes, "fingerprints": split_fingerprints(splits),
+             "rows": [len(p) for p in parts]}
+    if multi:
+        stats["eval_pairs"] = eval_pairs
+    return splits, stats, among
 
 
-def _read_train(spec: str, cfg: DataConfig, cache: Path) -> datasets.Dataset:
-    train = load_split(spec, cfg, "train", cache)
+def _read_train(source: DataSource, cfg: DataConfig, cache: Path) -> datasets.Dataset:
+    train = load_split(source.path, _with_langs(cfg, source), "train", cache)
     if len(train) == 0:
-        raise NmtError(f"no training pairs in {spec!r} (empty file?)")
+        raise NmtError(f"no training pairs in {source.path!r} (empty file?)")
     if cfg.max_train_pairs is not None:
         train = train.select(range(min(cfg.max_train_pairs, len(train))))
+    if cfg.is_multilingual:
+        train = tagged(train, lang_tag(source.tgt_lang), cache)
     return train
 
 
@@ -371,7 +484,7 @@ def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: Tok
     # BPE-dropout changes only the training pairs' per-epoch segmentation (DropoutEpochs), not what is cached here;
     # the mixing weights only select from the encoded pairs
     tok = to_dict(tok_cfg) | {"dropout": None}
-    data = to_dict(cfg) | {"cache_dir": None, "weights": None, "shared_cache": None}
+    data = to_dict(cfg) | {"cache_dir": None, "weights": None, "temperature": None, "shared_cache": None}
     h.update(json.dumps({"data": data, "tok": tok}, sort_keys=True).encode())
     if tokenizer is not None:
         h.update(tokenizer.src.to_str().encode() + tokenizer.tgt.to_str().encode())
@@ -379,9 +492,9 @@ def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: Tok
 
 
 def _cached_clean(raw: dict[str, datasets.Dataset], cfg: DataConfig, work: Path, among: np.ndarray | None,
-                  corpora: list[int]) -> tuple[datasets.Dataset, dict, list[int]]:
+                  rows: list[int]) -> tuple[datasets.Dataset, dict, list[int]]:
     """The cleaned training split (its own Arrow file unless cleaning kept every row), the cleaning stats and how
-    many pairs of each corpus it kept (`corpora`: each one's training pairs, in order; `among`: see `clean`)."""
+    many pairs of each corpus it kept (`rows`: each one's rows in the file, in order; `among`: see `clean`)."""
     train, clean_file, stats_file = raw["train"], work / "train.clean.arrow", work / "clean.json"
     saved = json.loads(stats_file.read_text()) if stats_file.is_file() else None
     if saved is None or not (saved["whole"] or clean_file.is_file()):
@@ -389,7 +502,6 @@ def _cached_clean(raw: dict[str, datasets.Dataset], cfg: DataConfig, work: Path,
         if stats["kept"] == 0:
             raise NmtError(f"no training pairs left after cleaning ({stats['read']} read; dropped: "
                            f"{stats['dropped']}); check the files or relax data.max_words / data.max_ratio")
-        rows = [len(kept) - sum(corpora[1:]), *corpora[1:]]  # each corpus's rows in the file (the first's before carving)
         saved = {"stats": stats, "whole": bool(kept.all()),
                  "per_corpus": [int(np.count_nonzero(part)) for part in np.split(kept, np.cumsum(rows)[:-1])]}
         if not saved["whole"]:

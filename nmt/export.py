@@ -20,7 +20,7 @@ from nmt.batching import eval_batches
 from nmt.collate import pad
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.model_dir import SEARCH_FILE
+from nmt.model_dir import LANGUAGES_FILE, SEARCH_FILE
 from nmt.sampling import SamplingConfig
 from nmt.search import Hypothesis, SearchConfig, length_limits
 from nmt.strict import from_dict, to_dict
@@ -160,8 +160,9 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         save_ctranslate2(model, vocabulary(tokenizer, "src"), vocabulary(tokenizer, "tgt"), partial, quantization,
                          {"exported_from": str(model_dir.resolve())})
         tokenizer.save(partial)
-        if (model_dir / SEARCH_FILE).is_file():  # the tuned alpha stays the model's default
-            shutil.copy2(model_dir / SEARCH_FILE, partial / SEARCH_FILE)
+        for name in (SEARCH_FILE, LANGUAGES_FILE):  # the tuned alpha stays the default; the target languages
+            if (model_dir / name).is_file():
+                shutil.copy2(model_dir / name, partial / name)
 
     return write_directory(out_dir, write)
 

@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from nmt.errors import NmtError
-from nmt.model_dir import SEARCH_FILE, SUMMARY_FILE, WEIGHTS_FILE, load_model_config, read_json
+from nmt.model_dir import SEARCH_FILE, SUMMARY_FILE, WEIGHTS_FILE, load_model_config, read_json, read_languages
 from nmt.strict import to_dict
 
 
@@ -22,7 +22,7 @@ def describe(model_dir: str | Path) -> dict:
     Keys: model_dir, architecture (the ModelConfig fields), parameters, tensors, dtypes, vocab
     ({"joint", "src", "tgt"}), and from training.json when present: step, best (validation metrics),
     data (pairs per split, cleaning), num_processes, argv, command; search (the tuned length penalty, from
-    search.json) when training tuned it.
+    search.json) when training tuned it; languages (languages.json) for a multilingual model.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -36,6 +36,8 @@ def describe(model_dir: str | Path) -> dict:
                num_processes=summary.get("num_processes"), argv=argv, command=command_line(argv))
     if (model_dir / SEARCH_FILE).is_file():
         out["search"] = read_json(model_dir / SEARCH_FILE)
+    if (languages := read_languages(model_dir)) is not None:
+        out["languages"] = languages
     return out
 
 
@@ -109,6 +111,10 @@ def lines(info: dict) -> list[str]:
         s = info["search"]
         out.append(f"search        alpha {s.get('alpha')} by default (tuned on {s.get('tuned_on', 'validation')} "
                    f"with beam {s.get('beam_size')}; --alpha overrides)")
+    if info.get("languages"):
+        langs = info["languages"]
+        out.append(f"languages     {', '.join(langs['pairs'])}; translate with --tgt-lang "
+                   f"{' / '.join(langs['target_languages'])}")
     if info["command"]:
         procs = info.get("num_processes") or 1
         out.append(f"command       {info['command']}  ({procs} process{'es' if procs > 1 else ''})")

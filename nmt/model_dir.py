@@ -19,6 +19,7 @@ CONFIG_FILE = "config.json"  # the ModelConfig as JSON
 WEIGHTS_FILE = "model.safetensors"  # the weights (a shared embedding stored once)
 SUMMARY_FILE = "training.json"  # step, best validation metrics, data, command line of the run
 SEARCH_FILE = "search.json"  # the alpha tuned on validation by training's tune_alpha
+LANGUAGES_FILE = "languages.json"  # a multilingual model's language pairs and the target languages one may ask for
 JOINT_FILE = "tokenizer.json"  # one tokenizer for both languages
 SRC_FILE, TGT_FILE = "tokenizer.src.json", "tokenizer.tgt.json"  # separate vocabularies
 ADAPTER_CONFIG = "adapter_config.json"  # a LoRA run's adapter: peft's LoraConfig (nmt.adapters)
@@ -34,6 +35,17 @@ def read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise NmtError(f"{path}: expected a JSON object")
     return data
+
+
+def languages_record(pairs: list[str], targets: list[str], tags: list[str]) -> dict:
+    """What languages.json holds: the pairs trained ("en-de"), the target languages, and their source-side tags."""
+    return {"pairs": pairs, "target_languages": targets, "tags": dict(zip(targets, tags)) if tags else {}}
+
+
+def read_languages(directory: str | Path) -> dict | None:
+    """A model directory's languages.json (`languages_record`), or None where training wrote none."""
+    path = Path(directory) / LANGUAGES_FILE
+    return read_json(path) if path.is_file() else None
 
 
 def load_model_config(directory: str | Path) -> ModelConfig:

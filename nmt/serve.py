@@ -46,7 +46,8 @@ OPTIONS = {"beam": ("beam_size", int), "alpha": ("alpha", float), "nbest": ("nbe
            "max_new_tokens": ("max_new_tokens", int)}
 SEARCH_RANGES = {f.name: f.metadata[RANGE] for f in dataclasses.fields(SearchConfig) if RANGE in f.metadata}
 # what GET /info shows of `nmt info --json`: no paths, no command lines
-PUBLIC_INFO = ("architecture", "parameters", "tensors", "dtypes", "vocab", "step", "best", "num_processes", "search")
+PUBLIC_INFO = ("architecture", "parameters", "tensors", "dtypes", "vocab", "step", "best", "num_processes", "search",
+               "languages")
 
 
 class BadRequest(Exception):
@@ -69,9 +70,10 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
         raise BadRequest(400, f"the body holds a number too long to read ({str(e).split(':')[0]})") from None
     if not isinstance(data, dict):
         raise BadRequest(400, 'the body must be a JSON object like {"sentences": ["Hello."]}')
-    unknown = sorted(set(data) - {"sentences", "timeout", *OPTIONS})
+    unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", *OPTIONS})
     if unknown:
-        raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, {', '.join(OPTIONS)}")
+        raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, tgt_lang, "
+                         f"{', '.join(OPTIONS)}")
     sentences = data.get("sentences")
     if not isinstance(sentences, list) or not sentences:
         raise BadRequest(400, "'sentences' must be a non-empty list of strings")
@@ -91,6 +93,10 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
             options[keyword] = _number(data[key], key, kind, SEARCH_RANGES[keyword])
     if options.get("nbest", 1) > options["beam_size"]:
         raise BadRequest(400, f"'nbest' ({options['nbest']}) cannot exceed 'beam' ({options['beam_size']})")
+    if "tgt_lang" in data:  # a multilingual model's target language (checked against the model by the caller)
+        if not isinstance(data["tgt_lang"], str):
+            raise BadRequest(400, f"'tgt_lang' must be a language code string, got {_short(data['tgt_lang'])}")
+        options["tgt_lang"] = data["tgt_lang"]
     timeout = _number(data.get("timeout", cfg.timeout), "timeout", float, Range(f"(0, {cfg.timeout}]"))
     return [s.replace("\n", " ") for s in sentences], options, timeout
 
@@ -172,6 +178,10 @@ class Api:
             return _error(400, "the client closed the connection before its body was complete")
         try:
             sentences, options, timeout = parse_request(body, self.cfg)
+            try:
+                self.translator.source_tag(options.get("tgt_lang"))  # a language the model has, or none it needs
+            except NmtError as e:
+                raise BadRequest(400, str(e).replace("(--tgt-lang, tgt_lang=)", "('tgt_lang')")) from None
             tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(sentences)]
             job = Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens,
                       decoding_costs(self.translator, tokens, options))

@@ -230,7 +230,11 @@ class DropoutSegmenter:
         self.specials = [t.content for t in tok.get_added_tokens_decoder().values()]
 
     def encode(self, text: str, rng: random.Random) -> list[int]:
-        """Subword ids of `text` (no specials added), drawing from `rng`."""
+        """Subword ids of `text` (no specials added), drawing from `rng`. Tags that lead the text (a multilingual
+        run's <2de>, a back-translation's <bt>) keep their ids; the words after them are segmented with dropout."""
+        lead = next((s for s in self.specials if text.startswith(s) and text[len(s):].strip()), None)
+        if lead is not None:
+            return [self.tok.token_to_id(lead), *self.encode(text[len(lead):], rng)]
         if any(s in text for s in self.specials):  # "<unk>" written in the text: the tokenizer's own ids
             return self.tok.encode(text, add_special_tokens=False).ids
         ids: list[int] = []

@@ -27,6 +27,7 @@ import torch
 from nmt.ensemble import Ensemble
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
+from nmt.model_dir import read_languages
 from nmt.sampling import SEEDS, SamplingConfig
 from nmt.score import Score, score_encoded
 from nmt.search import SearchConfig, beam_search, search_defaults, search_encoded
@@ -43,11 +44,39 @@ class Translator:
 
     def __init__(self, model: Seq2SeqTransformer | Ensemble | CT2Model, tokenizer: PairTokenizer,
                  device: str | torch.device = "cpu",
-                 search_defaults: dict | None = None):
+                 search_defaults: dict | None = None, languages: dict | None = None):
         self.model = model.to(device).eval() if isinstance(model, torch.nn.Module) else model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.search_defaults = search_defaults or {}  # SearchConfig fields used unless a call gives them
+        self.languages = languages  # the model directory's languages.json (nmt.model_dir), None where it has none
+
+    @property
+    def target_languages(self) -> list[str]:
+        """The languages this model translates into, as its languages.json names them (empty: it does not say)."""
+        return list((self.languages or {}).get("target_languages", []))
+
+    def source_tag(self, tgt_lang: str | None) -> int | None:
+        """The id of the target-language tag that starts every source of a multilingual model (None for a model of
+        one pair). NmtError for a target language the model was not trained for, or none where it needs one."""
+        tags, targets = (self.languages or {}).get("tags") or {}, self.target_languages
+        if tgt_lang is not None and targets and tgt_lang not in targets:
+            raise NmtError(f"target language {tgt_lang!r} is not one this model translates into; choose one of "
+                           f"{', '.join(targets)}")
+        if tgt_lang is not None and not targets:
+            raise NmtError(f"target language {tgt_lang!r}: this is not a multilingual model (no languages.json); it "
+                           "translates into one language: leave --tgt-lang (tgt_lang) out")
+        if not tags:
+            return None
+        if tgt_lang is None:
+            if len(tags) > 1:
+                raise NmtError(f"this model translates into {len(tags)} languages: give the target language "
+                               f"(--tgt-lang, tgt_lang=), one of {', '.join(targets)}")
+            tgt_lang = targets[0]
+        tag_id = self.tokenizer.src.token_to_id(tags[tgt_lang])
+        if tag_id is None:
+            raise NmtError(f"the tokenizer has no token {tags[tgt_lang]!r} that languages.json names for {tgt_lang!r}")
+        return tag_id
 
     @property
     def backend(self) -> str:
@@ -64,7 +93,7 @@ class Translator:
         model = Seq2SeqTransformer.from_pretrained(directory)
         tokenizer = PairTokenizer.load(directory)
         tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
-        return cls(model, tokenizer, device, search_defaults(directory))
+        return cls(model, tokenizer, device, search_defaults(directory), read_languages(directory))
 
     @classmethod
     def _ensemble(cls, directories: list[Path], device) -> Translator:
@@ -79,7 +108,7 @@ class Translator:
                 raise NmtError(f"{d}: its tokenizer differs from {directories[0]}'s; an ensemble needs models "
                                "trained with one tokenizer (nmt average combines checkpoints of one run instead)")
         model = Ensemble([m.model for m in members])
-        return cls(model, members[0].tokenizer, device, members[0].search_defaults)
+        return cls(model, members[0].tokenizer, device, members[0].search_defaults, members[0].languages)
 
     @classmethod
     def from_ctranslate2(cls, directory: str | Path, device: str | torch.device = "cpu", compute_type: str = "default",
@@ -95,9 +124,9 @@ class Translator:
         model = CT2Model(directory, device=str(device), compute_type=compute_type, threads=threads)
         tokenizer = PairTokenizer.load(directory)
         tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
-        return cls(model, tokenizer, device, search_defaults(directory))
+        return cls(model, tokenizer, device, search_defaults(directory), read_languages(directory))
 
-    def attention(self, text: str, layer: int = -1, beam_size: int = 4,
+    def attention(self, text: str, layer: int = -1, beam_size: int = 4, tgt_lang: str | None = None,
                   **search_kwargs) -> tuple[list[str], list[str], torch.Tensor]:
         """Translate one sentence and return its cross-attention alignment.
 
@@ -110,7 +139,7 @@ class Translator:
         if self.backend != "torch" or isinstance(self.model, Ensemble):
             raise NmtError("attention pictures need one PyTorch model: use Translator.from_pretrained(MODEL_DIR)")
         limit = self.model.cfg.max_positions
-        ids = fit_length(self.tokenizer.encode_src([text])[0], limit, "truncate")[0]
+        ids = self._source_ids([text], limit, "truncate", tgt_lang)[0][0]
         search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         src_ids = torch.tensor([ids], device=self.device)
@@ -118,11 +147,13 @@ class Translator:
             best = beam_search(self.model, src_ids, SearchConfig(beam_size=beam_size, **search_kwargs))[0][0].tokens
             weights = cross_attention(self.model, src_ids, best, layer)
         src_tokens = self.tokenizer.src_tokens(text)
+        if len(ids) > len(src_tokens) or ids[0] != self.tokenizer.src.token_to_id(src_tokens[0]):  # a tag leads
+            src_tokens = [self.tokenizer.src.id_to_token(ids[0])] + src_tokens
         src_tokens = src_tokens if len(src_tokens) == len(ids) else src_tokens[: len(ids) - 1] + ["</s>"]
         return src_tokens, self.tokenizer.tgt_tokens(best), weights
 
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
-                  long_inputs: str = "truncate", sampling: SamplingConfig | None = None,
+                  long_inputs: str = "truncate", sampling: SamplingConfig | None = None, tgt_lang: str | None = None,
                   **search_kwargs) -> list[str] | list[list[tuple[str, float]]]:
         """Translate sentences; returns one string per sentence, or with nbest > 1 one list of exactly `nbest`
         (translation, score) pairs per sentence, best first, always in input order.
@@ -144,7 +175,7 @@ class Translator:
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         beams = beam_size if sampling is None else max(beam_size, nbest)  # nbest samples need no beams
         search = SearchConfig(beam_size=beams, nbest=nbest, **search_kwargs)
-        pieces, owner = self._pieces(texts, limit, long_inputs)
+        pieces, owner = self._pieces(texts, limit, long_inputs, tgt_lang)
         found: dict = {}
         if pieces and self.backend == "torch":
             with torch.inference_mode():
@@ -157,18 +188,30 @@ class Translator:
         joined = _join_pieces(decoded, owner, len(texts), nbest)
         return [hs[0][0] for hs in joined] if nbest == 1 else joined
 
-    def _pieces(self, texts: list[str], limit: int, long_inputs: str) -> tuple[list[list[int]], list[int]]:
+    def _pieces(self, texts: list[str], limit: int, long_inputs: str,
+                tgt_lang: str | None = None) -> tuple[list[list[int]], list[int]]:
         """The model inputs (source ids fitted to `limit`) and the sentence each belongs to; a blank sentence, or
         one the tokenizer keeps nothing of, has none: the model would only make something up for it."""
         pieces, owner = [], []
-        for i, (text, ids) in enumerate(zip(texts, self.tokenizer.encode_src(texts))):
-            if text.strip() and len(ids) > 1:
-                for piece in fit_length(ids, limit, long_inputs):
+        least = 2 if self.source_tag(tgt_lang) is None else 3  # more than </s> (and the tag)
+        for i, (text, fitted) in enumerate(zip(texts, self._source_ids(texts, limit, long_inputs, tgt_lang))):
+            if text.strip() and len(fitted[0]) >= least:
+                for piece in fitted:
                     pieces.append(piece)
                     owner.append(i)
         return pieces, owner
 
-    def score(self, sources: list[str], targets: list[str], batch_tokens: int = 4096) -> list[Score]:
+    def _source_ids(self, texts: list[str], limit: int, how: str, tgt_lang: str | None) -> list[list[list[int]]]:
+        """Each text's source ids fitted to `limit` (`fit_length`: one piece, or several when split), each piece
+        after the target-language tag of a multilingual model (`source_tag`)."""
+        tag = self.source_tag(tgt_lang)
+        encoded = self.tokenizer.encode_src(texts)
+        if tag is None:
+            return [fit_length(ids, limit, how) for ids in encoded]
+        return [[[tag, *piece] for piece in fit_length(ids, limit - 1, how)] for ids in encoded]
+
+    def score(self, sources: list[str], targets: list[str], batch_tokens: int = 4096,
+              tgt_lang: str | None = None) -> list[Score]:
         """The log-probability (nats) of each target given its source, per token with </s>, in input order.
 
         Both sides are tokenized as in training; a source over max_positions is truncated (with a warning), a
@@ -178,7 +221,7 @@ class Translator:
         if len(sources) != len(targets):
             raise NmtError(f"{len(sources)} sources but {len(targets)} targets: give one target per source")
         limit = self.model.cfg.max_positions
-        src_ids = [fit_length(ids, limit, "truncate")[0] for ids in self.tokenizer.encode_src(list(sources))]
+        src_ids = [fitted[0] for fitted in self._source_ids(list(sources), limit, "truncate", tgt_lang)]
         tgt_ids = self.tokenizer.encode_tgt(list(targets))
         for n, ids in enumerate(tgt_ids, 1):
             if len(ids) + 1 > limit:

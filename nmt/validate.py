@@ -17,7 +17,7 @@ from typing import Any
 
 from nmt.checkpoint import COMPLETE
 from nmt.compat import state_dict_mismatch
-from nmt.config import TrainConfig, check_config, read_yaml
+from nmt.config import CorpusSpec, TrainConfig, check_config, read_yaml
 from nmt.errors import NmtError
 from nmt.model_dir import CONFIG_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, WEIGHTS_FILE
 from nmt.ranges import PATH, PATH_KINDS, RANGE, Range, walk
@@ -46,8 +46,13 @@ def check_paths(cfg: TrainConfig) -> None:
     for key, f, value in walk(cfg):
         kind = f.metadata.get(PATH)
         if kind is not None and value is not None:
-            for item in value if isinstance(value, (list, tuple)) else [value]:  # data.train may list corpora
-                PATH_CHECKS[kind](key, Path(str(item)), cfg)  # expanded where the config is read
+            for i, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):  # data.train may list
+                if isinstance(item, CorpusSpec):  # a corpus with languages of its own: its files are named by them
+                    langs = {k: v for k, v in (("src_lang", item.src_lang), ("tgt_lang", item.tgt_lang)) if v}
+                    own = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **langs))
+                    PATH_CHECKS[kind](f"{key}[{i}].path", Path(item.path), own)
+                else:
+                    PATH_CHECKS[kind](key, Path(str(item)), cfg)  # expanded where the config is read
 
 
 def _refuse(key: str, path: Path, problem: str, kind: str) -> NmtError:

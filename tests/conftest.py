@@ -48,6 +48,18 @@ def tiny_config(corpus_dir: Path, out: Path, **overrides) -> TrainConfig:
     return TrainConfig(**base)
 
 
+def both_directions(corpus_dir: Path, name: str) -> list:
+    """data.train/valid/test items of `corpus_dir`'s split `name` read both ways: en->xx and xx->en."""
+    return [str(corpus_dir / name), {"path": str(corpus_dir / name), "src_lang": "xx", "tgt_lang": "en"}]
+
+
+def multilingual_config(corpus_dir: Path, out: Path, temperature: float = 1.0, **overrides) -> TrainConfig:
+    """`tiny_config` of a two-pair multilingual run: the corpus in both directions (en-xx, xx-en)."""
+    data = DataConfig(train=both_directions(corpus_dir, "train"), valid=both_directions(corpus_dir, "valid"),
+                      test=both_directions(corpus_dir, "test"), temperature=temperature, cache_dir=str(out / "cache"))
+    return tiny_config(corpus_dir, out, data=data, **overrides)
+
+
 @pytest.fixture
 def fresh_accelerate_state():
     """Accelerate's process-wide state (PartialState, AcceleratorState, GradientState) is forgotten before and

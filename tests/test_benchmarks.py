@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,16 @@ def test_serve_load(corpus_dir, tmp_path):
     assert hostile.split()[6] == "0", out  # the normal clients beside hostile ones: no errors
     assert "slow body: cut off" in out and "slow headers: cut off" in out, out  # after --request-timeout
     assert "over the cost limit: 413" in out and "normal clients, quiet -> with hostile clients: p50" in out, out
+
+
+def test_multilingual_against_one_model_per_direction(corpus_dir, tmp_path):
+    """One model trained on both directions of the corpus beside one per direction at half the minutes each."""
+    out = run("multilingual.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.2", "--output",
+              str(tmp_path / "runs"), cwd=tmp_path, home=tmp_path)
+    assert f"$ nmt train --config {tmp_path / 'runs' / 'both.yaml'} --max_minutes 0.2" in out
+    assert f"$ nmt train --data.train {corpus_dir}/train" in out and "--data.src_lang xx --data.tgt_lang en" in out
+    table = out[out.index("setup"):].splitlines()
+    assert table[0].split()[:5] == ["setup", "en-xx", "BLEU", "en-xx", "chrF"]
+    assert table[1].startswith("one model, both (0.2 min)") and table[2].startswith("one model per direction (0.1 min")
+    scores = [[w for w in row.split() if re.fullmatch(r"\d+\.\d\d", w)] for row in table[1:3]]
+    assert [len(s) for s in scores] == [6, 6]  # BLEU and chrF of each direction, and their means

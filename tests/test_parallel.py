@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from nmt.compat import reset_accelerate_state
 from nmt.launch import launch
-from tests.conftest import tiny_config
+from tests.conftest import multilingual_config, tiny_config
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).parent.parent
@@ -40,12 +40,14 @@ def final_params(cfg) -> dict[str, torch.Tensor]:
     return load_file(Path(cfg.output_dir) / "checkpoints" / f"step_{cfg.max_steps}" / "model.safetensors")
 
 
-def test_ddp_equals_one_process_equals_accumulation(corpus_dir, tmp_path):
+@pytest.mark.parametrize("multilingual", [False, True], ids=["one-pair", "two-pairs-temperature-5"])
+def test_ddp_equals_one_process_equals_accumulation(corpus_dir, tmp_path, multilingual):
     common = dict(max_steps=4, save_every=4, eval_every=100, eval_max_sentences=4)
     g = 800  # global padded tokens per optimizer step in all three runs
-    one = tiny_config(corpus_dir, tmp_path / "one", max_tokens=g, **common)
-    two = tiny_config(corpus_dir, tmp_path / "two", max_tokens=g // 2, **common)
-    acc = tiny_config(corpus_dir, tmp_path / "acc", max_tokens=g // 2, accum_steps=2, **common)
+    make = (lambda *a, **k: multilingual_config(*a, temperature=5.0, **k)) if multilingual else tiny_config
+    one = make(corpus_dir, tmp_path / "one", max_tokens=g, **common)
+    two = make(corpus_dir, tmp_path / "two", max_tokens=g // 2, **common)
+    acc = make(corpus_dir, tmp_path / "acc", max_tokens=g // 2, accum_steps=2, **common)
     for cfg in (one, two, acc):
         cfg.model.dropout = 0.0
     run_training(one)
@@ -104,8 +106,10 @@ def record_epoch_and_validation(cfg, out: str) -> None:
                                          "world": accelerator.num_processes}))
 
 
-def test_every_pair_once_and_same_validation(corpus_dir, tmp_path):
-    cfg = tiny_config(corpus_dir, tmp_path, eval_max_sentences=None, max_tokens=300)
+@pytest.mark.parametrize("multilingual", [False, True], ids=["one-pair", "two-pairs"])
+def test_every_pair_once_and_same_validation(corpus_dir, tmp_path, multilingual):
+    make = multilingual_config if multilingual else tiny_config  # two pairs: en->xx and xx->en, tagged
+    cfg = make(corpus_dir, tmp_path, eval_max_sentences=None, max_tokens=300)
     launch(record_epoch_and_validation, (cfg, str(tmp_path / "two.json")), num_processes=2)
     record_epoch_and_validation(cfg, str(tmp_path / "one.json"))
     _reset()
@@ -114,7 +118,9 @@ def test_every_pair_once_and_same_validation(corpus_dir, tmp_path):
     flat = [i for part in two["indices"] for i in part]
     assert len(two["indices"]) == 2 and all(two["indices"])  # both ranks got work
     assert sorted(flat) == list(range(two["n"]))  # every pair exactly once, none dropped or repeated
-    assert one["metrics"]["bleu"] == two["metrics"]["bleu"] and one["metrics"]["chrf"] == two["metrics"]["chrf"]
+    scores = [k for k in one["metrics"] if k.startswith(("bleu", "chrf")) and k != "bleu_signature"]
+    assert len(scores) == (6 if multilingual else 2)  # per pair and their means
+    assert all(one["metrics"][k] == two["metrics"][k] for k in scores)
     assert one["metrics"]["valid_nll"] == pytest.approx(two["metrics"]["valid_nll"], rel=1e-9)
 
 

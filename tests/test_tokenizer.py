@@ -43,6 +43,18 @@ def test_dropout_is_seeded_and_varies_with_the_seed(tok):
     assert 1.05 < longer < 2.0  # skipped merges leave more, shorter pieces
 
 
+def test_leading_tags_stay_whole_and_the_words_after_them_get_dropout():
+    """A multilingual source "<2de><bt> ...": its tags are the tokenizer's own ids, its words are segmented with
+    dropout as without the tags (not the tokenizer's deterministic encoding, which any special would fall back to)."""
+    tagged = train_tokenizer(TEXTS, TokenizerConfig(vocab_size=300, reserved=["<2de>", "<bt>"]))
+    seg, text = DropoutSegmenter(tagged, 0.5), PAIRS[0][0] + " " + PAIRS[1][0]
+    ids = seg.encode(f"<2de><bt> {text}", random.Random(3))
+    assert ids[:2] == [tagged.token_to_id("<2de>"), tagged.token_to_id("<bt>")]
+    assert ids[2:] == seg.encode(text, random.Random(3)) != tagged.encode(text, add_special_tokens=False).ids
+    assert DropoutSegmenter(tagged, 0.0).encode(f"<2de>{text}", random.Random(0)) == \
+        tagged.encode(f"<2de>{text}", add_special_tokens=False).ids  # p = 0: as the tokenizer encodes it
+
+
 def test_every_dropout_segmentation_decodes_to_the_same_text(tok):
     seg = DropoutSegmenter(tok, 0.5)
     for i, text in enumerate(TEXTS):

@@ -63,18 +63,23 @@ def test_resume_without_checkpoint_is_a_clear_error(tiny_cfg):
         train(tiny_cfg)
 
 
-@pytest.mark.parametrize("bpe_dropout", [None, 0.1])
-def test_resumed_run_equals_uninterrupted_run(corpus_dir, tmp_path, bpe_dropout):
+@pytest.mark.parametrize("bpe_dropout, multilingual", [(None, False), (0.1, False), (0.1, True)],
+                         ids=["plain", "bpe-dropout", "two-pairs-temperature-5"])
+def test_resumed_run_equals_uninterrupted_run(corpus_dir, tmp_path, bpe_dropout, multilingual):
+    from functools import partial
+
     from nmt.config import TokenizerConfig
-    from tests.conftest import tiny_config
+    from tests.conftest import multilingual_config, tiny_config
 
     tok = TokenizerConfig(vocab_size=300, dropout=bpe_dropout)  # BPE-dropout: the same noisy segmentation too
-    # max_tokens 2000: 8 (9 with BPE-dropout) steps an epoch, so the resumed half crosses into epoch 1
-    common = dict(max_steps=12, save_every=6, eval_every=100, tokenizer=tok, max_tokens=2000)
-    whole = tiny_config(corpus_dir, tmp_path / "a", **common)
+    # max_tokens 2000: 8 (9 with BPE-dropout) steps an epoch, so the resumed half crosses into epoch 1; two pairs
+    # (en->xx and xx->en, tagged, mixed at temperature 5) have twice the pairs and twice the tokens a step
+    make = partial(multilingual_config, temperature=5.0) if multilingual else tiny_config
+    common = dict(max_steps=12, save_every=6, eval_every=100, tokenizer=tok, max_tokens=4000 if multilingual else 2000)
+    whole = make(corpus_dir, tmp_path / "a", **common)
     train(whole)
     reset_accelerate_state()
-    split = tiny_config(corpus_dir, tmp_path / "b", **common | {"max_steps": 6})
+    split = make(corpus_dir, tmp_path / "b", **common | {"max_steps": 6})
     train(split)
     reset_accelerate_state()
     split.max_steps, split.resume = 12, "latest"

@@ -95,7 +95,7 @@ def _translations(translator, source, interactive: bool, seen: _Seen, args: argp
     """The output lines: files batch by length; a terminal or pipe is translated as its lines arrive."""
     from nmt.translate import arrived_lines
 
-    kwargs = dict(nbest=args.nbest, **search_kwargs(args))
+    kwargs = dict(nbest=args.nbest, tgt_lang=args.tgt_lang, **search_kwargs(args))
     if interactive:
         def groups():
             for group in arrived_lines(source, args.input or "stdin"):
@@ -129,7 +129,8 @@ def _draw_first(translator, seen: _Seen, args: argparse.Namespace) -> None:
     if translator.backend != "torch" or len(args.model_dir) != 1:
         translator = Translator.from_pretrained(args.model_dir[0], args.device)
     text, alpha = seen.first, {} if args.alpha is None else {"alpha": args.alpha}
-    src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam, **alpha)
+    src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam,
+                                             tgt_lang=args.tgt_lang, **alpha)
     translation = translator.tokenizer.decode_tgt([[translator.tokenizer.tgt.token_to_id(t) for t in tgt]])[0]
     out = plot_alignment(src, tgt, weights, args.attention, title=f"{text}  \u2192  {translation}")
     print(f"wrote {out} (cross-attention of the first sentence)", file=sys.stderr)
@@ -144,7 +145,7 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise NmtError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    hyps = _translator(args).translate(src, **search_kwargs(args))
+    hyps = _translator(args).translate(src, tgt_lang=args.tgt_lang, **search_kwargs(args))
     if args.output:
         with atomic_file(args.output) as sink:
             sink.write("".join(h + "\n" for h in hyps))
@@ -168,7 +169,7 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
     dirs = args.model_dir
     translator = Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
     with atomic_file(args.output) if args.output else nullcontext(sys.stdout) as sink:
-        for s in translator.score(src, tgt, batch_tokens=args.batch_tokens):
+        for s in translator.score(src, tgt, batch_tokens=args.batch_tokens, tgt_lang=args.tgt_lang):
             tokens = "\t" + " ".join(f"{x:.4f}" for x in s.token_logprobs) if args.per_token else ""
             sink.write(f"{s.total:.4f}\t{s.mean:.4f}{tokens}\n")
     return 0
@@ -183,8 +184,10 @@ def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
         raise NmtError(f"--tag must be one token without spaces, e.g. <bt>; got {args.tag!r}")
     src_path, tgt_path = output_paths(args.output, args.model_dir, args.src_lang, args.tgt_lang, args.input)
     translator = Translator.from_pretrained(args.model_dir, device=args.device)
+    # a multilingual model translates into the language of the synthetic sources: their file's suffix
+    into = src_path.suffix[1:] if len(translator.target_languages) > 1 else None
     result = backtranslate(translator, args.input, src_path, tgt_path, tag=args.tag,
-                           chunk_size=args.chunk_size, **search_kwargs(args))
+                           chunk_size=args.chunk_size, tgt_lang=into, **search_kwargs(args))
     print(result.summary())
     if result.failed:
         print(f"nmt backtranslate: error: input line(s) {numbers(result.failed)} could not be translated and were "

@@ -17,8 +17,8 @@ from nmt import checkpoint as ckpt
 from nmt.adapters import save_adapted
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import save_yaml
-from nmt.data import overlap_line
-from nmt.model_dir import SUMMARY_FILE, WEIGHTS_FILE
+from nmt.data import corpora_line, overlap_line
+from nmt.model_dir import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, languages_record
 from nmt.strict import flat, to_dict
 from nmt.training.finetune import copy_tokenizer, segmentation
 from nmt.training.state import Run
@@ -38,8 +38,9 @@ def start_run(run: Run) -> None:
         print(f"nmt: {accelerator.num_processes} process(es) on {accelerator.device}, "
               f"precision {accelerator.mixed_precision}; {n_params / 1e6:.2f}M parameters{trained}; "
               f"pairs {stats['pairs']}; cleaning dropped {stats['clean']['dropped']}", flush=True)
-        if overlap := overlap_line(stats):
-            print(f"nmt: {overlap}", flush=True)
+        for line in (overlap_line(stats), corpora_line(stats)):
+            if line:
+                print(f"nmt: {line}", flush=True)
     if cfg.log_with:
         accelerator.init_trackers("nmt", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
                                                    for k, v in flat(to_dict(cfg)).items()})
@@ -113,6 +114,10 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
                    "num_processes": accelerator.num_processes, "config": to_dict(run.cfg),
                    ckpt.FINGERPRINTS: fingerprints(run, tmp)}  # what loading compares (checkpoint.check_fingerprint)
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        data = run.cfg.data
+        if data.is_multilingual:  # what translate and serve check a requested target language against
+            record = languages_record(data.pairs(), data.target_languages(), data.tags())
+            (tmp / LANGUAGES_FILE).write_text(json.dumps(record, indent=2))
         ckpt.publish(tmp, final)
     del weights
     accelerator.wait_for_everyone()

@@ -83,21 +83,47 @@ def valid_bleu(run: Run) -> dict:
 def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) -> dict | None:
     """BLEU/chrF of `base` (an unwrapped model, or None on processes that decode nothing) searching with
     `search` on the validation set: this process decodes share (rank, world), the main one scores.
-    None on every process when a stop signal cut the decoding short on any."""
-    valid, cfg = run.corpus.splits["valid"], run.cfg
-    n = min(len(valid), cfg.eval_max_sentences or len(valid))
-    src_ids = valid.select(range(n))["src_ids"]
+    None on every process when a stop signal cut the decoding short on any. A validation set of several
+    language pairs is scored per pair (bleu_en-de, chrf_en-de, ...); bleu and chrf are then their means."""
+    valid = run.corpus.splits["valid"]
+    rows = valid_rows(run)
+    picked = valid.select([i for _, idx in rows for i in idx])
+    src_ids, n = picked["src_ids"], len(picked)
     rank, world = share
-    found = {} if base is None else search_encoded(base, src_ids, search, cfg.max_tokens, rank=rank,
+    found = {} if base is None else search_encoded(base, src_ids, search, run.cfg.max_tokens, rank=rank,
                                                    world_size=world, device=run.accelerator.device,
                                                    stop=run.stop_requested)
     mine = [(i, hyps[0].tokens) for i, hyps in found.items()] + ([(-1, None)] if run.stop_requested() else [])
     gathered = dict(run.accelerator.gather_for_metrics(mine, use_gather_object=True))  # index -> tokens, each once
     if -1 in gathered:
         return None
-    hyps = run.corpus.tokenizer.decode_tgt([gathered[i] for i in range(n)])
-    scores = corpus_scores(hyps, valid.select(range(n))["tgt"])
-    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
+    hyps, refs = run.corpus.tokenizer.decode_tgt([gathered[i] for i in range(n)]), picked["tgt"]
+    if len(rows) == 1:
+        scores = corpus_scores(hyps, refs)
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
+    out, start = {}, 0
+    for pair, idx in rows:
+        scores = corpus_scores(hyps[start: start + len(idx)], refs[start: start + len(idx)])
+        out[f"bleu_{pair}"], out[f"chrf_{pair}"] = scores["bleu"], scores["chrf"]
+        start += len(idx)
+    per_pair = [out[f"bleu_{pair}"] for pair, _ in rows], [out[f"chrf_{pair}"] for pair, _ in rows]
+    return {"bleu": sum(per_pair[0]) / len(rows), "chrf": sum(per_pair[1]) / len(rows), **out,
+            "bleu_signature": scores["bleu_signature"]}
+
+
+def valid_rows(run: Run) -> list[tuple[str, list[int]]]:
+    """The validation rows scored, by language pair: the first eval_max_sentences of the set, or of each language
+    pair's part of it when it holds several (`nmt.data`'s stats["eval_pairs"]); one entry ("", rows) otherwise."""
+    valid, cap = run.corpus.splits["valid"], run.cfg.eval_max_sentences
+    blocks = run.corpus.stats.get("eval_pairs", {}).get("valid", [])
+    if len({pair for pair, n in blocks if n}) < 2:
+        return [("", list(range(min(len(valid), cap or len(valid)))))]
+    out: dict[str, list[int]] = {}
+    start = 0
+    for pair, n in blocks:  # two parts of one pair are scored as one
+        out.setdefault(pair, []).extend(range(start, start + n))
+        start += n
+    return [(pair, idx[:cap]) for pair, idx in out.items() if idx]
 
 
 def gathered_copy(run: Run):
@@ -182,8 +208,7 @@ def tune_alpha(run: Run, model_dir: Path) -> dict:
 
 
 def _write_search_file(run: Run, model_dir: Path, alpha: float, bleu: dict[float, float]) -> None:
-    valid, beam = run.corpus.splits["valid"], run.cfg.eval_beam
-    n = min(len(valid), run.cfg.eval_max_sentences or len(valid))
+    beam, n = run.cfg.eval_beam, sum(len(idx) for _, idx in valid_rows(run))
     found = {"alpha": alpha, "beam_size": beam, "tuned_on": f"{n} validation pairs",
              "bleu": {str(a): b for a, b in bleu.items()}}
     tmp = model_dir / f".{SEARCH_FILE}.{os.getpid()}"

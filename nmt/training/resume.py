@@ -76,9 +76,8 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
 def _refuse_inputs_inside(cfg: TrainConfig, out: Path) -> None:
     """`--overwrite` moves the old run aside: an input of this run inside it (`init_from` R/model, a corpus
     written into the run folder) would vanish from under the new run, so that is refused before anything moves."""
-    train = [cfg.data.train] if isinstance(cfg.data.train, str) else list(cfg.data.train)
-    inputs = [("init_from", cfg.init_from), *(("data.train", t) for t in train), ("data.valid", cfg.data.valid),
-              ("data.test", cfg.data.test)]
+    inputs = [("init_from", cfg.init_from), *((f"data.{split}", c.path) for split in ("train", "valid", "test")
+                                              for c in cfg.data.corpora(split))]
     root = out.resolve()
     for key, value in inputs:
         if isinstance(value, str) and value:
@@ -193,7 +192,8 @@ def check_same_data(path: Path, run: Run) -> None:
     saved = ckpt.read_info(path).get(ckpt.FINGERPRINTS) or {}
     changed = ckpt.data_changes(saved, run.corpus.stats.get(ckpt.FINGERPRINTS) or {})
     if changed:
-        named = ", ".join(f"{name} ({getattr(cfg.data, name) or f'carved from {cfg.data.train}'})" for name in changed)
+        first = cfg.data.corpora("train")[0].path
+        named = ", ".join(f"{name} ({getattr(cfg.data, name) or f'carved from {first}'})" for name in changed)
         if not cfg.allow_data_change:
             raise NmtError(f"--resume: the data changed since {path} was written: {named} (files are known by path, "
                            "size and modification time); put the run's data back, start a new run in another "

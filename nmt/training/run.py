@@ -137,18 +137,44 @@ def finish(run: Run) -> TrainResult:
 
 def score_test(run: Run, model_dir: Path) -> dict:
     """BLEU and chrF of the final model on the test split, beam 4 as `nmt evaluate` decodes (empty: no test set).
-    The main process translates; the others wait."""
+    The main process translates; the others wait. A test split of several language pairs is scored per pair
+    (`nmt evaluate --tgt-lang` on each), bleu and chrf then being their means."""
     test = run.corpus.splits.get("test")
     scores = {}
     if run.is_main and test is not None and len(test) and (model_dir / CONFIG_FILE).is_file():  # nmt's model: searchable
         from nmt.metrics import corpus_scores
         from nmt.translate import Translator
 
-        hyps = Translator.from_pretrained(model_dir, device=run.accelerator.device).translate(list(test["src"]), beam_size=4)
-        scores = {**{k: v for k, v in corpus_scores(hyps, list(test["tgt"])).items() if k in ("bleu", "chrf")},
-                  "pairs": len(hyps)}
+        translator = Translator.from_pretrained(model_dir, device=run.accelerator.device)
+        blocks = run.corpus.stats.get("eval_pairs", {}).get("test")
+        if not blocks:
+            hyps = translator.translate(list(test["src"]), beam_size=4)
+            scores = {**{k: v for k, v in corpus_scores(hyps, list(test["tgt"])).items() if k in ("bleu", "chrf")},
+                      "pairs": len(hyps)}
+        else:
+            scores = _score_pairs(translator, test, blocks)
+        
     run.accelerator.wait_for_everyone()
     return scores
+
+
+def _score_pairs(translator, test, blocks: list[list]) -> dict:
+    """Test BLEU/chrF per language pair of a multilingual run (its sources start with their tags, which the
+    translator adds itself from tgt_lang), and their means."""
+    from nmt.metrics import corpus_scores
+
+    scores, start, sources, refs = {}, 0, list(test["src"]), list(test["tgt"])
+    for pair, n in blocks:
+        if n:
+            tag = sources[start][: sources[start].index(">") + 1]  # "<2de>..." -> <2de>, de
+            hyps = translator.translate([s[len(tag):] for s in sources[start: start + n]], beam_size=4,
+                                        tgt_lang=tag[2:-1])
+            found = corpus_scores(hyps, refs[start: start + n])
+            scores[f"bleu_{pair}"], scores[f"chrf_{pair}"] = found["bleu"], found["chrf"]
+        start += n
+    pairs = [pair for pair, n in blocks if n]
+    return {"bleu": sum(scores[f"bleu_{p}"] for p in pairs) / len(pairs),
+            "chrf": sum(scores[f"chrf_{p}"] for p in pairs) / len(pairs), **scores, "pairs": start}
 
 
 def commands(cfg: TrainConfig, model_dir: Path) -> list[str]:
