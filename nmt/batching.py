@@ -175,14 +175,17 @@ class TokenBatchSampler:
     continues with the very next micro-batch. Reshuffles each epoch from `seed + epoch`. `ties` (e.g. the
     source lengths) orders pairs of equal length inside the buckets: see `global_batches`.
     `epoch_lengths(epoch)`, when given, returns the (lengths, ties) that replace them for planning that epoch
-    (pairs re-segmented each epoch by BPE-dropout); it must give the same on every process.
+    (pairs re-segmented each epoch by BPE-dropout); `epoch_rows(epoch)`, the indices an epoch reads (several
+    corpora mixed, `nmt.data.Mixing`; repeats allowed), else every index once. Both must give the same on every
+    process.
     """
 
     def __init__(self, lengths: Sequence[int], max_tokens: int, rank: int = 0, world_size: int = 1,
                  accum_steps: int = 1, seed: int | None = 0, ties: Sequence[int] | None = None,
-                 epoch_lengths: Callable[[int], tuple[Sequence[int], Sequence[int] | None]] | None = None):
+                 epoch_lengths: Callable[[int], tuple[Sequence[int], Sequence[int] | None]] | None = None,
+                 epoch_rows: Callable[[int], np.ndarray] | None = None):
         self.lengths = narrow(lengths)
-        self.epoch_lengths = epoch_lengths
+        self.epoch_lengths, self.epoch_rows = epoch_lengths, epoch_rows
         self.ties = None if ties is None else narrow(ties)  # see global_batches
         self.max_tokens, self.rank, self.world_size = max_tokens, rank, world_size
         self.accum_steps, self.seed = accum_steps, seed
@@ -208,7 +211,12 @@ class TokenBatchSampler:
         if self.epoch_lengths is not None:
             lengths, ties = self.epoch_lengths(epoch)
             lengths, ties = narrow(lengths), None if ties is None else narrow(ties)
+        rows = None if self.epoch_rows is None else self.epoch_rows(epoch)
+        if rows is not None:
+            lengths, ties = lengths[rows], None if ties is None else ties[rows]
         batches = global_batches(lengths, self.max_tokens * n_chunks, n_chunks, seed, ties)
+        if rows is not None:
+            batches = [rows[b] for b in batches]
         return EpochPlan(batches, self.rank, self.world_size, self.accum_steps)
 
     def steps_per_epoch(self, epoch: int | None = None) -> int:

@@ -86,7 +86,10 @@ def _epoch_zero(cfg: TrainConfig, corpus, num_processes: int) -> Epoch:
     src_len, tgt_len = pair_lengths(train, narrow=True)  # 1-2 bytes a pair: sums and maxima below go through int
     cost = dropout.lengths(0)[0] if dropout else column(train, "cost", narrow=True)
     sampler = TokenBatchSampler(cost, cfg.max_tokens, world_size=num_processes, accum_steps=cfg.accum_steps,
-                                seed=cfg.seed, ties=src_len)
+                                seed=cfg.seed, ties=src_len, epoch_rows=corpus.epoch_rows)
+    if corpus.epoch_rows is not None:  # the lengths of the pairs epoch 0 reads, repeats included
+        rows = corpus.epoch_rows(0)
+        src_len, tgt_len = src_len[rows], tgt_len[rows]
     return Epoch(train, sampler.plan(0), src_len, tgt_len)
 
 

@@ -51,12 +51,40 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Mixing:
+    """Which training pairs each epoch reads when several corpora are mixed (`data.weights`, `data.temperature`):
+    corpus i gives `draws[i]` pairs an epoch, as whole copies of itself and, for the rest, a sample of its pairs
+    drawn anew each epoch from `seed` and the epoch (the same on every process, so resume and N processes agree).
+    A corpus a temperature shrinks is thus seen in turn, not cut to one fixed subset."""
+
+    origin: np.ndarray  # (N,) the corpus of each training pair
+    draws: list[int]
+    seed: int
+
+    def rows(self, epoch: int) -> np.ndarray:
+        """(sum(draws),) indices into the training split: epoch `epoch`'s pairs, corpus by corpus."""
+        rng = np.random.default_rng([self.seed, epoch])
+        parts = []
+        for i, n_draws in enumerate(self.draws):
+            idx = np.flatnonzero(self.origin == i)
+            whole, rest = divmod(n_draws, len(idx))
+            parts += [idx] * whole + [np.sort(rng.choice(idx, size=rest, replace=False))]
+        return np.concatenate(parts)
+
+
+@dataclass
 class Corpus:
-    """Encoded splits, their tokenizer, and what cleaning dropped."""
+    """Encoded splits, their tokenizer, what cleaning dropped, and how several training corpora are mixed."""
 
     splits: dict[str, datasets.Dataset]
     tokenizer: PairTokenizer
     stats: dict = field(default_factory=dict)
+    mixing: Mixing | None = None
+
+    @property
+    def epoch_rows(self) -> Callable[[int], np.ndarray] | None:
+        """`epoch -> indices` of the training pairs an epoch reads (`Mixing.rows`); None: every pair once."""
+        return None if self.mixing is None else self.mixing.rows
 
 
 # --- cleaning -----------------------------------------------------------------------------------
@@ -258,7 +286,8 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
         del raw  # the encoded files hold what training reads; the raw splits' row mappings go
     limit = min(cfg.max_subwords, max_positions or cfg.max_subwords)
     if "train" in encoded:
-        encoded["train"], clean_stats = _trained_on(encoded["train"], cfg, clean_stats, kept, split_stats, limit)
+        encoded["train"], clean_stats, mixing = _trained_on(encoded["train"], cfg, clean_stats, kept, split_stats,
+                                                            limit)
     for name in EVAL_SPLITS:
         if name in encoded:
             encoded[name] = drop_long_eval(encoded[name], name, limit, eval_stats[name], eval_pairs.get(name))
@@ -266,7 +295,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
              "sizing_pairs": sizing_pairs, "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
     if line := eval_clean_line(stats):
         log.info("%s", line)
-    return Corpus(encoded, tokenizer, stats)
+    return Corpus(encoded, tokenizer, stats, mixing if "train" in encoded else None)
 
 
 def with_tags(tok_cfg: TokenizerConfig, cfg: DataConfig) -> TokenizerConfig:
@@ -285,15 +314,16 @@ def _check_tags(tokenizer: PairTokenizer, cfg: DataConfig) -> None:
 
 
 def _trained_on(train: datasets.Dataset, cfg: DataConfig, clean_stats: dict, kept: list[int],
-                split_stats: dict, limit: int) -> tuple[datasets.Dataset, dict]:
-    """The encoded training pairs training reads: those over `limit` tokens dropped, several corpora mixed by their
-    weights (`kept`: how many pairs of each corpus cleaning kept, in order)."""
+                split_stats: dict, limit: int) -> tuple[datasets.Dataset, dict, Mixing | None]:
+    """The encoded training pairs training reads, those over `limit` tokens dropped, and how several corpora are
+    mixed by their weights and the temperature (`kept`: how many pairs of each corpus cleaning kept, in order)."""
     train, clean_stats, long_kept = drop_long(train, limit, clean_stats)
+    mixing = None
     if len(kept) > 1:
         origin = np.repeat(np.arange(len(kept), dtype=np.min_scalar_type(len(kept))), kept)
-        train, split_stats["corpora"] = mix(train, origin if long_kept is None else origin[long_kept], cfg)
+        mixing, split_stats["corpora"] = mix(origin if long_kept is None else origin[long_kept], cfg)
     release_free_memory()
-    return train, clean_stats
+    return train, clean_stats, mixing
 
 
 @contextmanager
@@ -327,22 +357,18 @@ def epoch_draws(sizes: list[int], weights: list[float], temperature: float) -> l
     return [max(1, round(share * total)) for share in epoch_shares(sizes, weights, temperature)]
 
 
-def mix(train: datasets.Dataset, origin: np.ndarray, cfg: DataConfig) -> tuple[datasets.Dataset, list[dict]]:
-    """Each corpus's pairs drawn `epoch_draws` times per epoch (data.weights, data.temperature): whole copies, and
-    for the rest a sample drawn once with `data.split_seed`. `origin` (N,) is the corpus of each training pair."""
+def mix(origin: np.ndarray, cfg: DataConfig) -> tuple[Mixing, list[dict]]:
+    """The mixing of the training corpora (each drawn `epoch_draws` times an epoch, by data.weights and
+    data.temperature) and each one's line of the stats. `origin` (N,) is the corpus of each training pair."""
     sources = cfg.corpora("train")
     sizes = [int(np.count_nonzero(origin == i)) for i in range(len(sources))]
+    if 0 in sizes:
+        empty = sources[sizes.index(0)].path
+        raise NmtError(f"data.train {empty}: no pairs left after cleaning; check the file or drop it from data.train")
     draws = epoch_draws(sizes, [s.weight for s in sources], cfg.temperature)
-    rng = np.random.default_rng(cfg.split_seed)
-    parts, corpora = [], []
-    for i, (source, n_draws) in enumerate(zip(sources, draws)):
-        idx = np.flatnonzero(origin == i)
-        whole, rest = divmod(n_draws, len(idx))
-        extra = np.sort(rng.choice(idx, size=rest, replace=False))
-        parts += [idx] * whole + [extra]
-        corpora.append({"train": source.path, "pair": source.pair, "pairs": len(idx), "weight": source.weight,
-                        "per_epoch": n_draws, "share": round(n_draws / sum(draws), 4)})
-    return select(train, np.concatenate(parts)), corpora
+    corpora = [{"train": source.path, "pair": source.pair, "pairs": n, "weight": source.weight, "per_epoch": n_draws,
+                "share": round(n_draws / sum(draws), 4)} for source, n, n_draws in zip(sources, sizes, draws)]
+    return Mixing(origin, draws, cfg.split_seed), corpora
 
 
 def corpora_line(stats: dict) -> str | None:

@@ -53,9 +53,13 @@ def both_directions(corpus_dir: Path, name: str) -> list:
     return [str(corpus_dir / name), {"path": str(corpus_dir / name), "src_lang": "xx", "tgt_lang": "en"}]
 
 
-def multilingual_config(corpus_dir: Path, out: Path, temperature: float = 1.0, **overrides) -> TrainConfig:
-    """`tiny_config` of a two-pair multilingual run: the corpus in both directions (en-xx, xx-en)."""
-    data = DataConfig(train=both_directions(corpus_dir, "train"), valid=both_directions(corpus_dir, "valid"),
+def multilingual_config(corpus_dir: Path, out: Path, temperature: float = 1.0, reverse_weight: float = 1.0,
+                        **overrides) -> TrainConfig:
+    """`tiny_config` of a two-pair multilingual run: the corpus in both directions (en-xx, xx-en; the second
+    weighted by `reverse_weight`)."""
+    train = both_directions(corpus_dir, "train")
+    train[1]["weight"] = reverse_weight
+    data = DataConfig(train=train, valid=both_directions(corpus_dir, "valid"),
                       test=both_directions(corpus_dir, "test"), temperature=temperature, cache_dir=str(out / "cache"))
     return tiny_config(corpus_dir, out, data=data, **overrides)
 

@@ -143,7 +143,8 @@ def test_the_loop_trains_a_forward_model_on_real_and_weighted_tagged_synthetic_p
     real, synthetic = corpus.stats["corpora"]
     assert real["pairs"] == real["per_epoch"] > 500 and synthetic["train"] == str(tmp_path / "bt")
     assert synthetic["pairs"] > 0 and synthetic["per_epoch"] == 2 * synthetic["pairs"]  # weight 2: twice an epoch
-    starts = [ids[0] for ids in corpus.splits["train"]["src_ids"]]
+    firsts = [ids[0] for ids in corpus.splits["train"]["src_ids"]]
+    starts = [firsts[i] for i in corpus.epoch_rows(0)]  # the pairs an epoch reads
     assert len(starts) == real["per_epoch"] + synthetic["per_epoch"]
     assert starts.count(4) == synthetic["per_epoch"]  # every synthetic source, and only those, opens with <bt>
     assert (result.model_dir / "tokenizer.json").is_file()

@@ -355,7 +355,9 @@ def test_several_training_corpora_mixed_by_weight(tmp_path):
     cfg = cfg_for(tmp_path, tmp_path / "real", valid=str(tmp_path / "valid"), test=str(tmp_path / "valid"))
     cfg = dataclasses.replace(cfg, train=[str(tmp_path / "real"), str(tmp_path / "synthetic")], weights=[1, 2.5])
     corpus = prepare(cfg, TOK)
-    seen = Counter(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"]))
+    pairs = list(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"]))
+    assert len(pairs) == 30  # each pair once; an epoch's draws select from them
+    seen = Counter(pairs[i] for i in corpus.epoch_rows(0))
     assert all(seen[p] == 1 for p in real)
     assert sorted(seen[p] for p in synthetic) == [2] * 5 + [3] * 5  # 2 copies, and half of them once more
     assert [c["per_epoch"] for c in corpus.stats["corpora"]] == [20, 25]
@@ -497,7 +499,8 @@ def test_several_corpora_with_carved_splits_and_dropped_pairs_keep_their_mixing(
     for _ in range(2):  # cold, then from the cache
         corpus = prepare(cfg, TOK)
         held = {(s, t) for name in ("valid", "test") for s, t in zip(corpus.splits[name]["src"], corpus.splits[name]["tgt"])}
-        seen = Counter(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"]))
+        pairs = list(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"]))
+        seen = Counter(pairs[i] for i in corpus.epoch_rows(0))
         assert len(corpus.splits["valid"]) + len(corpus.splits["test"]) == 5 + 4  # 10% of 43, then of 38, rounded up
         assert {p: seen[p] for p in synthetic} == {p: 2 for p in synthetic}
         assert all(seen[p] == 1 for p in PAIRS[:40] if p not in held)

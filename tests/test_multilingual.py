@@ -8,14 +8,16 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nmt.batching import TokenBatchSampler
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.config import load_config
-from nmt.data import epoch_draws, epoch_shares
+from nmt.data import Mixing, epoch_draws, epoch_shares
 from nmt.errors import NmtError
 from nmt.train import train
 from nmt.translate import Translator
@@ -72,6 +74,26 @@ def test_temperature_shares(sizes, temperature):
     assert epoch_draws(sizes, ones, 1.0) == sizes  # T = 1: each pair once an epoch
     assert max(epoch_shares(sizes, ones, 100.0)) <= max(shares) + 1e-12  # a larger T is flatter
     assert epoch_shares(sizes, ones, 1e6) == pytest.approx([1 / len(sizes)] * len(sizes), rel=1e-3)
+
+
+def test_a_corpus_the_temperature_shrinks_is_drawn_anew_each_epoch_and_the_sampler_reads_the_draws():
+    origin = np.repeat(np.array([0, 1], dtype=np.uint8), [1000, 10])
+    draws = epoch_draws([1000, 10], [1, 1], 5.0)
+    assert draws[0] < 1000 < 10 * draws[1]  # the large corpus shrinks, the small one is repeated
+    mixing = Mixing(origin, draws, seed=1)
+    e0, e1 = mixing.rows(0), mixing.rows(1)
+    assert len(e0) == len(e1) == sum(draws) and np.array_equal(e0, Mixing(origin, draws, 1).rows(0))  # any process
+    assert set(e0[:draws[0]]) != set(e1[:draws[0]])  # another subset of the large corpus each epoch
+    seen = set().union(*(set(mixing.rows(epoch)[:draws[0]]) for epoch in range(10)))
+    assert seen == set(range(1000))  # within ten epochs every pair of it is read: seen in turn, not cut to a subset
+    small = np.bincount(e0[draws[0]:] - 1000, minlength=10)  # whole copies of the small corpus, then a sample
+    assert small.sum() == draws[1] and set(small.tolist()) <= {draws[1] // 10, draws[1] // 10 + 1}
+    lengths = np.random.default_rng(0).integers(1, 30, size=len(origin))
+    sampler = TokenBatchSampler(lengths, max_tokens=120, seed=3, epoch_rows=mixing.rows)
+    for epoch in (0, 1):
+        read = np.concatenate([np.concatenate(sampler.plan(epoch).micro_batches(step))
+                               for step in range(sampler.steps_per_epoch(epoch))])
+        assert sorted(read.tolist()) == sorted(mixing.rows(epoch).tolist())  # each draw once, nothing else
 
 
 def test_tags_are_reserved_and_start_every_source(run):
@@ -158,7 +180,8 @@ def test_back_translation_into_a_language_and_its_corpus_weighted_beside_the_oth
     corpus = prepare(data, TokenizerConfig(vocab_size=300, reserved=["<bt>"]))
     tok = corpus.tokenizer.src
     assert [(c["pair"], c["pairs"], c["per_epoch"]) for c in corpus.stats["corpora"]][2] == ("xx-en", 8, 16)
-    bt = corpus.splits["train"]["src_ids"][-16:]
+    src_ids = corpus.splits["train"]["src_ids"]
+    bt = [src_ids[i] for i in corpus.epoch_rows(0)[-16:]]  # the corpus's 16 draws of an epoch
     assert {tuple(ids[:2]) for ids in bt} == {(tok.token_to_id("<2en>"), tok.token_to_id("<bt>"))}
 
 

@@ -44,7 +44,8 @@ def final_params(cfg) -> dict[str, torch.Tensor]:
 def test_ddp_equals_one_process_equals_accumulation(corpus_dir, tmp_path, multilingual):
     common = dict(max_steps=4, save_every=4, eval_every=100, eval_max_sentences=4)
     g = 800  # global padded tokens per optimizer step in all three runs
-    make = (lambda *a, **k: multilingual_config(*a, temperature=5.0, **k)) if multilingual else tiny_config
+    make = (lambda *a, **k: multilingual_config(*a, temperature=5.0, reverse_weight=0.5, **k)) if multilingual \
+        else tiny_config  # two pairs: each epoch draws a new sample of each corpus
     one = make(corpus_dir, tmp_path / "one", max_tokens=g, **common)
     two = make(corpus_dir, tmp_path / "two", max_tokens=g // 2, **common)
     acc = make(corpus_dir, tmp_path / "acc", max_tokens=g // 2, accum_steps=2, **common)

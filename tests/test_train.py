@@ -73,8 +73,9 @@ def test_resumed_run_equals_uninterrupted_run(corpus_dir, tmp_path, bpe_dropout,
 
     tok = TokenizerConfig(vocab_size=300, dropout=bpe_dropout)  # BPE-dropout: the same noisy segmentation too
     # max_tokens 2000: 8 (9 with BPE-dropout) steps an epoch, so the resumed half crosses into epoch 1; two pairs
-    # (en->xx and xx->en, tagged, mixed at temperature 5) have twice the pairs and twice the tokens a step
-    make = partial(multilingual_config, temperature=5.0) if multilingual else tiny_config
+    # (en->xx and xx->en weighted 1 and 0.5, tagged, mixed at temperature 5: each corpus a sample drawn anew each
+    # epoch) have about 1.5 times the pairs and twice the tokens a step
+    make = partial(multilingual_config, temperature=5.0, reverse_weight=0.5) if multilingual else tiny_config
     common = dict(max_steps=12, save_every=6, eval_every=100, tokenizer=tok, max_tokens=4000 if multilingual else 2000)
     whole = make(corpus_dir, tmp_path / "a", **common)
     train(whole)

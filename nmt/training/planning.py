@@ -37,8 +37,10 @@ def facts(cfg: TrainConfig, corpus, processes: int = 1) -> planlib.Facts:
     """The plan's facts of the prepared corpus; steps per epoch are the training sampler's own."""
     cost = column(corpus.splits["train"], "cost", narrow=True)
     spe = functools.cache(lambda max_tokens: TokenBatchSampler(
-        cost, max_tokens, world_size=processes, accum_steps=cfg.accum_steps, seed=cfg.seed).steps_per_epoch(0))
-    return planlib.Facts(train_pairs=corpus.stats["sizing_pairs"], epoch_cost=int(cost.sum(dtype=np.int64)),
+        cost, max_tokens, world_size=processes, accum_steps=cfg.accum_steps, seed=cfg.seed,
+        epoch_rows=corpus.epoch_rows).steps_per_epoch(0))
+    epoch = cost if corpus.epoch_rows is None else cost[corpus.epoch_rows(0)]
+    return planlib.Facts(train_pairs=corpus.stats["sizing_pairs"], epoch_cost=int(epoch.sum(dtype=np.int64)),
                          longest_cost=int(cost.max()), epoch_steps=spe)
 
 
