@@ -80,7 +80,7 @@ def child_prepare(args: argparse.Namespace) -> dict:
     corpus = prepare(cfg.data, cfg.tokenizer)
     start = time.perf_counter()
     train = corpus.splits["train"]
-    TokenBatchSampler(column(train, "cost", narrow=True), cfg.max_tokens, ties=source_lengths(train, narrow=True)).plan(0)
+    TokenBatchSampler(column(train, "cost"), cfg.max_tokens, ties=source_lengths(train)).plan(0)
     return {**corpus.stats["seconds"], "plan": time.perf_counter() - start, "pairs": corpus.stats["pairs"]["train"]}
 
 

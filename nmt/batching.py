@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CHUNK = 1 << 16  # pairs per pass of the plan's element-wise work: temporaries of 0.5 MiB, not of the corpus
-
 
 def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | None,
                    ties: np.ndarray | None = None) -> list[np.ndarray]:
@@ -44,84 +42,11 @@ def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | 
     return batches
 
 
-def narrow(values) -> np.ndarray:
-    """(N,) lengths in the smallest integer type that holds them (uint8 or uint16 for subword counts): what a
-    sampler keeps for the whole run, 2 bytes a pair instead of 8."""
-    values = np.asarray(values)
-    if values.dtype.kind not in "iu":
-        values = values.astype(np.int64)
-    if len(values) == 0:
-        return values.astype(np.int64, copy=False)
-    return values.astype(narrow_type(int(values.min()), int(values.max())), copy=False)
-
-
-def narrow_type(low: int, high: int) -> np.dtype:
-    """The type `narrow` gives integers from `low` to `high`: unsigned and as small as it can be, else int64."""
-    return np.dtype(np.int64) if low < 0 else np.min_scalar_type(high)
-
-
-def index_type(n: int) -> type:
-    """The integer type for indices into n elements: int32 while it holds them (half of int64's bytes)."""
-    return np.int32 if n < 2**31 else np.int64
-
-
-def _spans(n: int) -> Iterator[tuple[int, int]]:
-    """[start, end) of each CHUNK of range(n): the element-wise passes' temporaries are a chunk's, not the corpus's."""
-    return ((start, min(n, start + CHUNK)) for start in range(0, n, CHUNK))
-
-
-def true_indices(mask: np.ndarray) -> np.ndarray:
-    """np.flatnonzero(mask) in `index_type`, found chunk by chunk: 4 bytes a True, no int64 or whole-range copy."""
-    out, at = np.empty(int(np.count_nonzero(mask)), dtype=index_type(len(mask))), 0
-    for start, end in _spans(len(mask)):
-        found = np.flatnonzero(mask[start: end]) + start
-        out[at: at + len(found)] = found
-        at += len(found)
-    return out
-
-
 def _sorted_order(lengths: np.ndarray, ties: np.ndarray | None, rng: np.random.Generator | None) -> np.ndarray:
-    """Indices by length, then ties, then a random order.
-
-    perm[k] is the example at place k of the random order. When the keys fit in 63 bits, place k's keys and k
-    itself are packed into one integer (chunk by chunk); sorting those values (not an argsort) and reading k back
-    gives perm[k], written over the sorted values' own memory: about 0.1 s for 3M pairs, and at the peak 12 bytes
-    a pair (the packed values, the permutation), 4 kept (the order).
-    """
-    n = len(lengths)
-    perm = np.arange(n, dtype=index_type(n))
-    if rng is not None:
-        rng.shuffle(perm)  # the same draws, so the same order, as rng.permutation(n)
-    keys = [lengths, *([] if ties is None else [ties])]
-    bits = [max(int(k.max(initial=0)), 1).bit_length() for k in keys] + [max(n - 1, 1).bit_length()]
-    if n == 0 or min(int(k.min()) for k in keys) < 0 or sum(bits) > 63:
-        return perm[np.lexsort([k[perm] for k in keys[::-1]])]  # stable, so equal keys keep place order
-    packed = np.empty(n, dtype=np.int64)
-    for start, end in _spans(n):
-        at = perm[start: end]
-        values = np.zeros(len(at), dtype=np.int64)
-        for key, width in zip(keys, bits):
-            np.left_shift(values, width, out=values)
-            np.bitwise_or(values, key[at], out=values, casting="unsafe")
-        np.left_shift(values, bits[-1], out=values)
-        packed[start: end] = values | np.arange(start, end, dtype=np.int64)
-    packed.sort()
-    return _read_back(perm, packed, (1 << bits[-1]) - 1)
-
-
-def _read_back(perm: np.ndarray, packed: np.ndarray, mask: int) -> np.ndarray:
-    """perm[packed & mask]: int32 indices written chunk by chunk into the first half of `packed`'s memory (chunk
-    [s, e) lands in bytes [4s, 4e), inside the values [0, e) already read), whose second half is then handed back."""
-    n = len(packed)
-    if perm.dtype != np.int32:
-        np.bitwise_and(packed, mask, out=packed)
-        return perm[packed]
-    slots = packed.view(np.int32)
-    for start, end in _spans(n):
-        slots[start: end] = perm[packed[start: end] & mask]
-    del slots
-    packed.resize((n + 1) // 2, refcheck=False)  # no view of it is left: `slots` is gone
-    return packed.view(np.int32)[:n]
+    """Indices by length, then ties, then a random order (the place in `rng.permutation(n)`; none: the index)."""
+    perm = np.arange(len(lengths)) if rng is None else rng.permutation(len(lengths))
+    keys = [lengths[perm]] if ties is None else [ties[perm], lengths[perm]]
+    return perm[np.lexsort(keys)]  # stable: equal keys keep their place in perm
 
 
 def _cuts(lengths: np.ndarray, order: np.ndarray, budget: int, min_size: int) -> Iterator[tuple[int, int]]:
@@ -129,18 +54,13 @@ def _cuts(lengths: np.ndarray, order: np.ndarray, budget: int, min_size: int) ->
     (end - start) * lengths[order[end - 1]] <= budget, at least min_size examples.
 
     Lengths ascend, so a batch [s, j] fits exactly when g(j) = j + 1 - budget // length[j] <= s, and g strictly
-    increases: each cut is one binary search (~20k of them for 3M pairs in 4,096-token batches). g is built chunk
-    by chunk (4 bytes a pair, no sorted copy of the lengths).
+    increases: each cut is one binary search.
     """
     n = len(order)
-    limit = np.empty(n, dtype=index_type(max(n + 1, budget)))
-    for start, end in _spans(n):
-        part = np.maximum(lengths[order[start: end]], 1).astype(limit.dtype)
-        np.floor_divide(budget, part, out=part)
-        np.subtract(np.arange(start + 1, end + 1, dtype=limit.dtype), part, out=limit[start: end])
-    start, as_limit = 0, limit.dtype.type  # a scalar of the array's type: no conversion of the array per search
+    limit = np.arange(1, n + 1) - budget // np.maximum(lengths[order], 1).astype(np.int64)
+    start = 0
     while start < n:
-        end = min(max(int(np.searchsorted(limit, as_limit(start), side="right")), start + min_size), n)
+        end = min(max(int(np.searchsorted(limit, start, side="right")), start + min_size), n)
         yield start, end
         start = end
 
@@ -184,9 +104,9 @@ class TokenBatchSampler:
                  accum_steps: int = 1, seed: int | None = 0, ties: Sequence[int] | None = None,
                  epoch_lengths: Callable[[int], tuple[Sequence[int], Sequence[int] | None]] | None = None,
                  epoch_rows: Callable[[int], np.ndarray] | None = None):
-        self.lengths = narrow(lengths)
+        self.lengths = np.asarray(lengths)
         self.epoch_lengths, self.epoch_rows = epoch_lengths, epoch_rows
-        self.ties = None if ties is None else narrow(ties)  # see global_batches
+        self.ties = None if ties is None else np.asarray(ties)  # see global_batches
         self.max_tokens, self.rank, self.world_size = max_tokens, rank, world_size
         self.accum_steps, self.seed = accum_steps, seed
         self.epoch, self.step_in_epoch = 0, 0
@@ -207,10 +127,10 @@ class TokenBatchSampler:
     def _build_plan(self, epoch: int) -> EpochPlan:
         n_chunks = self.world_size * self.accum_steps
         seed = None if self.seed is None else self.seed + epoch
-        lengths, ties = self.lengths, self.ties  # narrowed when stored
+        lengths, ties = self.lengths, self.ties
         if self.epoch_lengths is not None:
             lengths, ties = self.epoch_lengths(epoch)
-            lengths, ties = narrow(lengths), None if ties is None else narrow(ties)
+            lengths, ties = np.asarray(lengths), None if ties is None else np.asarray(ties)
         rows = None if self.epoch_rows is None else self.epoch_rows(epoch)
         if rows is not None:
             lengths, ties = lengths[rows], None if ties is None else ties[rows]

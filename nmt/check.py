@@ -83,8 +83,8 @@ def _epoch_zero(cfg: TrainConfig, corpus, num_processes: int) -> Epoch:
     dropout = bpe_dropout(cfg, corpus)
     # under BPE-dropout, epoch 0's segmentation as training will see it (later epochs differ by a few steps)
     train = dropout.encoded(0) if dropout else corpus.splits["train"]
-    src_len, tgt_len = pair_lengths(train, narrow=True)  # 1-2 bytes a pair: sums and maxima below go through int
-    cost = dropout.lengths(0)[0] if dropout else column(train, "cost", narrow=True)
+    src_len, tgt_len = pair_lengths(train)
+    cost = dropout.lengths(0)[0] if dropout else column(train, "cost")
     sampler = TokenBatchSampler(cost, cfg.max_tokens, world_size=num_processes, accum_steps=cfg.accum_steps,
                                 seed=cfg.seed, ties=src_len, epoch_rows=corpus.epoch_rows)
     if corpus.epoch_rows is not None:  # the lengths of the pairs epoch 0 reads, repeats included

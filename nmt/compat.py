@@ -8,8 +8,6 @@ upgrade, fix it here (and only here). Libraries are imported inside the function
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import logging
 import re
 
@@ -103,18 +101,6 @@ def default_store():
         return dist.distributed_c10d._get_default_store()
 
 
-def dataset_with_indices(ds, indices, fingerprint: str):
-    """A Dataset over `ds`'s table that selects its rows `indices` ((N,) uint64 NumPy), with that fingerprint:
-    `ds.select` at NumPy's cost (datasets 5.2.0: `Dataset(..., indices_table=)`; `select` turns the indices into a
-    Python list first, ~0.3 s and ~40 transient bytes a row for a million rows)."""
-    import datasets
-    import pyarrow as pa
-
-    with private("datasets", "Dataset(indices_table=)", "5.2"):
-        return datasets.Dataset(ds.data, info=ds.info, split=ds.split, fingerprint=fingerprint,
-                                indices_table=pa.table({"indices": indices}))
-
-
 def generator_yielded_nothing(error: Exception) -> bool:
     """Whether `Dataset.from_generator` failed because the generator yielded no rows (datasets 5.2.0 says so only
     in the text of its error: "... corresponds to no data")."""
@@ -157,63 +143,6 @@ def dataset_indices(ds):
     shuffle keep; the public row access reads it one row at a time)."""
     with private("datasets", "Dataset._indices", "5.2"):
         return None if ds._indices is None else ds._indices.column(0).to_numpy()
-
-
-def memory_mapped_rows(ds) -> tuple[str, int] | None:
-    """(path, first): the Arrow file a Dataset's table is memory-mapped from, and the file row at which the table's
-    rows start, when the table holds consecutive rows of the file as written (opened, then sliced or given
-    features metadata, as datasets does for a contiguous selection), else None (datasets 5.2.0:
-    `MemoryMappedTable.path`, and `.replays`, the table operations made since the file was opened)."""
-    table, first = ds.data, 0
-    if type(table).__name__ != "MemoryMappedTable":  # datasets.table's; InMemoryTable and ConcatenationTable have no file
-        return None
-    for name, args, kwargs in table.replays:
-        if name == "slice":
-            first += ({"offset": 0} | dict(zip(("offset", "length"), args)) | kwargs)["offset"]
-        elif name != "replace_schema_metadata":
-            return None
-    return table.path, first
-
-
-def release_free_memory() -> None:
-    """Hand memory that is free but still mapped back to the system: Arrow's pool, and glibc's heaps (`malloc_trim`).
-    Without it the pages a data phase freed (NumPy temporaries, the tokenizer threads' arenas) stay in the process's
-    RSS and the next phase's arrays add to them. Takes milliseconds; a no-op where libc has no malloc_trim."""
-    import pyarrow as pa
-
-    pa.default_memory_pool().release_unused()
-    if (trim := _malloc_trim()) is not None:
-        trim(0)
-
-
-@contextlib.contextmanager
-def prompt_memory_pool():
-    """Arrow allocates inside the block from a pool that hands freed pages back at once: its own jemalloc with no
-    decay where pyarrow has it, else the C library's malloc (trimmed by `release_free_memory`); then from the
-    default pool again. The default (mimalloc) keeps much of what a data phase frees, even after `release_unused`,
-    and glibc keeps freed blocks under its moving mmap threshold. Buffers remember their pool: arrays made inside
-    stay valid after the block."""
-    import pyarrow as pa
-
-    before = pa.default_memory_pool()
-    try:
-        pool = pa.jemalloc_memory_pool()
-        pa.jemalloc_set_decay_ms(0)
-    except NotImplementedError:  # a pyarrow built without jemalloc (e.g. Windows)
-        pool = pa.system_memory_pool()
-    pa.set_memory_pool(pool)
-    try:
-        yield
-    finally:
-        pa.set_memory_pool(before)
-
-
-@functools.cache
-def _malloc_trim():
-    try:
-        return ctypes.CDLL(None).malloc_trim  # the process's own C library: glibc on Linux
-    except (OSError, AttributeError):  # macOS, musl, Windows
-        return None
 
 
 def is_fsdp(accelerator) -> bool:

@@ -30,15 +30,14 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
 from nmt import clean as columns
-from nmt.batching import true_indices
-from nmt.compat import dataset_fingerprint, prompt_memory_pool, release_free_memory
+from nmt.compat import dataset_fingerprint
 from nmt.config import DataConfig, DataSource, TokenizerConfig, lang_tag
 from nmt.encoding import drop_long, encode
 from nmt.errors import NmtError
 from nmt.plan import vocab_size_for
 from nmt.readers import load_split
 from nmt.strict import to_dict
-from nmt.tables import arrow_batches, column, open_arrow, rows, select, write_rows
+from nmt.tables import arrow_batches, column, open_arrow, rows, write_rows
 from nmt.textfiles import write_arrow
 from nmt.tokenizer import PairTokenizer, bulk_threads, train_pair_tokenizer
 
@@ -105,22 +104,20 @@ def drop_reason(src: str, tgt: str, cfg: DataConfig) -> str | None:
 
 
 def clean(ds: datasets.Dataset, cfg: DataConfig, evals: dict[str, datasets.Dataset] | None = None,
-          among: np.ndarray | None = None, spill_dir: Path | None = None) -> tuple[np.ndarray, dict]:
+          among: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
     """(N,) bool: the pairs to keep (bad pairs and exact duplicates dropped), and counts per reason. `among` ((N,)
-    bool): the rows that are training pairs (the others were carved off for validation or test; None: all). The
-    dedupe's hashes lie in a temporary folder in `spill_dir` (default: the system's) while it runs.
+    bool): the rows that are training pairs (the others were carved off for validation or test; None: all).
 
     Whole columns at a time (`nmt.clean`). With `evals` (validation, test), stats["overlap"] counts their
     pairs that also occur in `ds` after normalisation (`nmt.clean.normalise`); `cfg.dedupe_eval` drops those
     training pairs ("in_valid_or_test").
     """
     evals = {name: (ev, columns.normalised_hashes(arrow_batches(ev))) for name, ev in (evals or {}).items()}
-    with tempfile.TemporaryDirectory(dir=spill_dir, prefix=".hashes-") as folder:
-        spill = columns.HashSpill(Path(folder)) if cfg.dedupe else None
-        other = np.concatenate([np.zeros(0, np.uint64), *(hashes for _, hashes in evals.values())])
-        codes, near = columns.scan(arrow_batches(ds, 10_000), cfg, len(ds), other, spill)
-        if spill is not None:  # over every pair: equal pairs share a drop code, so a repeat of a dropped one is dropped
-            repeated = columns.repeats(spill.parts(), len(ds), lambda idx: rows(ds, idx), among)
+    other = np.concatenate([np.zeros(0, np.uint64), *(hashes for _, hashes in evals.values())])
+    codes, near, hashes = columns.scan(arrow_batches(ds, 10_000), cfg, len(ds), other)
+    if cfg.dedupe:  # over every pair: equal pairs share a drop code, so a repeat of a dropped one is dropped
+        repeated = columns.repeats(hashes, lambda idx: rows(ds, idx), among)
+    del hashes
     if among is not None:
         codes[~among] = -1  # not a training pair: neither kept nor counted
     reasons, counts = np.unique(codes[codes > 0], return_counts=True)
@@ -213,7 +210,7 @@ def drop_long_eval(ds: datasets.Dataset, name: str, limit: int, stats: dict,
     """Encoded validation or test without pairs longer than `limit` tokens on a side (</s> counted), which the
     model could not take; counted in `stats` (`clean_eval`'s) as too_many_subwords, and in `blocks` (see
     `clean_eval`)."""
-    cost = column(ds, "cost", narrow=True)
+    cost = column(ds, "cost")
     if len(cost) == 0 or int(cost.max()) <= limit:
         return ds
     keep = np.flatnonzero(cost <= limit)
@@ -223,7 +220,7 @@ def drop_long_eval(ds: datasets.Dataset, name: str, limit: int, stats: dict,
     stats["dropped"]["too_many_subwords"] = len(cost) - len(keep)
     stats["kept"] = len(keep)
     _recount(blocks, cost <= limit)
-    return select(ds, keep)
+    return ds.select(keep)
 
 
 def eval_clean_line(stats: dict) -> str | None:
@@ -257,7 +254,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     cache_root = Path(cfg.cache_dir)
     cache_root.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
-    with (main_first or nullcontext)(), prompt_memory_pool():
+    with (main_first or nullcontext)():
         with _timed(seconds, "read"):
             raw, split_stats, among = _read_splits(cfg, cache_root)
         eval_pairs = split_stats.get("eval_pairs", {})
@@ -320,9 +317,8 @@ def _trained_on(train: datasets.Dataset, cfg: DataConfig, clean_stats: dict, kep
     train, clean_stats, long_kept = drop_long(train, limit, clean_stats)
     mixing = None
     if len(kept) > 1:
-        origin = np.repeat(np.arange(len(kept), dtype=np.min_scalar_type(len(kept))), kept)
+        origin = np.repeat(np.arange(len(kept)), kept)
         mixing, split_stats["corpora"] = mix(origin if long_kept is None else origin[long_kept], cfg)
-    release_free_memory()
     return train, clean_stats, mixing
 
 
@@ -330,7 +326,6 @@ def _trained_on(train: datasets.Dataset, cfg: DataConfig, clean_stats: dict, kep
 def _timed(seconds: dict, name: str):
     start = time.perf_counter()
     yield
-    release_free_memory()  # what the phase freed does not stay in RSS under the next phase's arrays
     seconds[name] = round(time.perf_counter() - start, 3)
 
 
@@ -474,8 +469,8 @@ def _carve(train: datasets.Dataset, stays: np.ndarray, name: str, ratio: float, 
         raise NmtError(f"config key 'data.{name}': {left} training pair(s) left are too few to carve a {name} set "
                        f"of data.{name}_ratio={ratio} from; give data.{name} (a separate file) or more pairs")
     key = f"{dataset_fingerprint(train)}:{ratio}:{seed}:{hashlib.sha256(np.packbits(stays).data).hexdigest()}"
-    order = true_indices(stays)
-    np.random.default_rng(seed).shuffle(order)  # rng.permutation's draws in 4 bytes a pair
+    order = np.flatnonzero(stays)
+    np.random.default_rng(seed).shuffle(order)
     picked = np.zeros(len(stays), dtype=bool)
     picked[order[:held]] = True
     del order
@@ -524,7 +519,7 @@ def _cached_clean(raw: dict[str, datasets.Dataset], cfg: DataConfig, work: Path,
     train, clean_file, stats_file = raw["train"], work / "train.clean.arrow", work / "clean.json"
     saved = json.loads(stats_file.read_text()) if stats_file.is_file() else None
     if saved is None or not (saved["whole"] or clean_file.is_file()):
-        kept, stats = clean(train, cfg, {name: raw[name] for name in ("valid", "test")}, among, spill_dir=work)
+        kept, stats = clean(train, cfg, {name: raw[name] for name in ("valid", "test")}, among)
         if stats["kept"] == 0:
             raise NmtError(f"no training pairs left after cleaning ({stats['read']} read; dropped: "
                            f"{stats['dropped']}); check the files or relax data.max_words / data.max_ratio")
@@ -547,7 +542,7 @@ def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: P
         return PairTokenizer.load(tok_dir)
     if tok_cfg.train_sample is not None and tok_cfg.train_sample < len(train):
         rng = np.random.default_rng(0)  # the same sample on every run and process
-        train = select(train, np.sort(rng.choice(len(train), size=tok_cfg.train_sample, replace=False)))
+        train = train.select(np.sort(rng.choice(len(train), size=tok_cfg.train_sample, replace=False)))
 
     def texts(name: str) -> Callable[[], Iterator[list[str]]]:  # batches of one side, as tokenizers takes them
         return lambda: (t.column(name).to_pylist() for t in arrow_batches(train, 10_000))

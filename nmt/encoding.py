@@ -10,9 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nmt import batching
 from nmt.errors import NmtError
-from nmt.tables import arrow_batches, column, open_arrow, select, table_and_mapping
+from nmt.tables import arrow_batches, column, open_arrow, table_and_mapping
 from nmt.textfiles import write_arrow
 from nmt.tokenizer import PairTokenizer, bulk_threads
 
@@ -45,32 +44,30 @@ def encode(ds: datasets.Dataset, tokenizer: PairTokenizer, cache_file: Path) -> 
     return open_arrow(cache_file, f"nmt-{cache_file.parent.name}-{cache_file.stem}")
 
 
-def pair_lengths(ds: datasets.Dataset, narrow: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>), int32; with
-    `narrow`, in the smallest type that holds them (`nmt.tables.column`): for a sampler, not for arithmetic."""
+def pair_lengths(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) source lengths (subwords + </s>) and (N,) target lengths as the decoder sees them (+ </s>)."""
     if "src_len" in ds.column_names and "tgt_len" in ds.column_names:
-        return column(ds, "src_len", narrow), column(ds, "tgt_len", narrow)
+        return column(ds, "src_len"), column(ds, "tgt_len")
     table, mapping = table_and_mapping(ds)
     side = lambda name: pc.list_value_length(table.column(name)).to_numpy()
     src, tgt = side("src_ids"), side("tgt_ids") + 1
-    src, tgt = (src, tgt) if mapping is None else (src[mapping], tgt[mapping])
-    return (batching.narrow(src), batching.narrow(tgt)) if narrow else (src, tgt)
+    return (src, tgt) if mapping is None else (src[mapping], tgt[mapping])
 
 
-def source_lengths(ds: datasets.Dataset, narrow: bool = False) -> np.ndarray:
+def source_lengths(ds: datasets.Dataset) -> np.ndarray:
     """(N,) source lengths alone (a sampler's ties), as `pair_lengths` gives them: one column read, not both."""
-    return column(ds, "src_len", narrow) if "src_len" in ds.column_names else pair_lengths(ds, narrow)[0]
+    return column(ds, "src_len") if "src_len" in ds.column_names else pair_lengths(ds)[0]
 
 
 def drop_long(train: datasets.Dataset, max_subwords: int,
               stats: dict) -> tuple[datasets.Dataset, dict, np.ndarray | None]:
     """Drop training pairs longer than `max_subwords` subwords on either side, counting them; also returns the
     indices kept (None: all of them)."""
-    cost = column(train, "cost", narrow=True)  # 1-2 bytes a pair, and no file pages left in memory
+    cost = column(train, "cost")
     if len(cost) == 0 or int(cost.max()) <= max_subwords:
         return train, stats, None
     keep = np.flatnonzero(cost <= max_subwords)
     if len(keep) == 0:
         raise NmtError(f"no training pairs left: all are longer than data.max_subwords={max_subwords}")
     dropped = {**stats["dropped"], "too_many_subwords": len(cost) - len(keep)}
-    return select(train, keep), {**stats, "kept": len(keep), "dropped": dropped}, keep
+    return train.select(keep), {**stats, "kept": len(keep), "dropped": dropped}, keep

@@ -21,12 +21,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nmt.compat import release_free_memory
 from nmt.errors import NmtError
 
 SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string())])
 CHUNK_LINES = 100_000
-TRIM_ROWS = 100_000
 
 
 def decode_line(raw: bytes, path: Path, line_no: int) -> str:
@@ -100,17 +98,12 @@ def write_arrow(batches: Iterator[pa.RecordBatch], out: Path, schema: pa.Schema 
     """Write `batches` as an Arrow IPC stream at `out` (atomically: a temporary name, then a rename); rows written.
 
     Two processes filling the same cache write their own temporary files; the last rename wins (same content).
-    Every `TRIM_ROWS` rows the memory that making the batches freed goes back to the system (`release_free_memory`):
-    otherwise the C library keeps much of it, and a pass over a large corpus grows with it.
     """
-    rows = trimmed = 0
+    rows = 0
     with atomic_path(out) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         for batch in batches:
             writer.write_batch(batch)
             rows += batch.num_rows
-            if rows - trimmed >= TRIM_ROWS:
-                release_free_memory()
-                trimmed = rows
     return rows
 
 

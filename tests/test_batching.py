@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt import batching
 from nmt.batching import TokenBatchSampler, eval_batches, global_batches
 from nmt.errors import NmtError
 
@@ -266,65 +265,3 @@ def test_an_epoch_is_planned_once_and_a_resume_does_not_replay_it(monkeypatch):
     assert len(resumed) == len(full) - 7 and resumed.steps_per_epoch() == len(full)
     assert list(resumed) == full[7:]
     assert calls == [0]  # one plan of epoch 0: no batch before step 7 was built again, nor the plan re-made
-
-
-def test_a_plan_keeps_a_few_bytes_a_pair(monkeypatch):
-    """Memory per pair, not per corpus. The sampler keeps its lengths in the narrowest type (1-2 bytes
-    each) and an epoch's order in int32 (with the batch list ~9 bytes a pair here); planning peaks at the packed
-    sort keys and the permutation (~14 bytes a pair: the order is written over the sorted keys, the cuts are
-    found without a sorted copy of the lengths), where it had taken ~18, and before that ~56."""
-    import tracemalloc
-
-    monkeypatch.setattr(batching, "CHUNK", 2048)  # the element-wise passes' temporaries, small beside n
-    n = 200_000
-    rng = np.random.default_rng(0)
-    cost = rng.integers(3, 200, n).astype(np.int32)
-    ties = np.minimum(cost, rng.integers(2, 200, n)).astype(np.int32)
-    tracemalloc.start()
-    try:
-        sampler = TokenBatchSampler(cost, 4096, ties=ties, seed=3)
-        plan = sampler.plan(0)
-        kept, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert sampler.lengths.dtype == np.uint8 and sampler.ties.dtype == np.uint8
-    assert plan.batches[0].dtype == np.int32
-    assert kept / n < 12 and peak / n < 16, (kept / n, peak / n)  # before: ~9 and ~18
-    assert sorted(np.concatenate(plan.batches).tolist()) == list(range(n))
-
-
-@PROPERTY
-@given(lengths=lengths_st, budget=st.integers(1, 400), chunk=st.integers(1, 9), seed=st.integers(0, 3))
-def test_the_plan_does_not_depend_on_how_its_passes_are_chunked(lengths, budget, chunk, seed):
-    ties = np.random.default_rng(1).integers(1, 30, len(lengths))
-    whole = global_batches(np.asarray(lengths), budget, 2, seed, ties)
-    original = batching.CHUNK
-    batching.CHUNK = chunk  # (hypothesis: no monkeypatch fixture per example)
-    try:
-        chunked = global_batches(np.asarray(lengths), budget, 2, seed, ties)
-    finally:
-        batching.CHUNK = original
-    assert [b.tolist() for b in chunked] == [b.tolist() for b in whole]
-    assert [b.tolist() for b in chunked] == [b.tolist() for b in reference_batches(lengths, budget, 2, seed, ties)]
-
-
-def test_lengths_too_wide_for_the_packed_keys_are_still_sorted():
-    """Keys over 63 bits (or negative) take the lexsort path, which orders ties by the same shuffle."""
-    lengths = np.array([2**40, 5, 2**40, 5, 7] * 20)
-    batches = global_batches(lengths, 2**41, 1, seed=1)
-    order = np.concatenate(batches)
-    assert sorted(order.tolist()) == list(range(100))
-    assert all(np.all(np.diff(lengths[b]) >= 0) for b in batches)
-    assert [b.tolist() for b in batches] == [b.tolist() for b in global_batches(lengths, 2**41, 1, seed=1)]
-
-
-@PROPERTY
-@given(mask=st.lists(st.booleans(), max_size=60), chunk=st.integers(1, 9))
-def test_true_indices_are_flatnonzero_in_the_index_type(mask, chunk):
-    original = batching.CHUNK
-    batching.CHUNK = chunk
-    try:
-        found = batching.true_indices(np.array(mask, dtype=bool))
-    finally:
-        batching.CHUNK = original
-    assert found.dtype == np.int32 and found.tolist() == np.flatnonzero(mask).tolist()

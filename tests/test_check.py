@@ -229,15 +229,3 @@ def test_the_plan_lines_are_the_resolution_training_makes(cfg, report, tmp_path)
     assert (r.cfg.model.d_model, r.cfg.model.n_encoder_layers, r.cfg.tokenizer.vocab_size) == (48, 1, 1000)
     built = ModelConfig.preset("tiny", d_model=48, src_vocab_size=r.src_vocab_size, tgt_vocab_size=r.tgt_vocab_size)
     assert r.n_params == Seq2SeqTransformer(built).num_parameters()  # the probe measured the model training builds
-
-
-def test_padded_work_adds_narrow_lengths_without_wrapping():
-    import numpy as np
-
-    from nmt.batching import EpochPlan
-    from nmt.check import _padded, padding_share
-
-    src, tgt = np.array([200, 10], np.uint8), np.array([100, 250], np.uint8)
-    assert _padded(np.array([0, 1]), src, tgt) == 2 * (200 + 250)
-    plan = EpochPlan([np.array([0, 1])], rank=0, world_size=1, accum_steps=1)
-    assert padding_share(plan, src, tgt) == 1 - 560 / 900

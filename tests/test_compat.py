@@ -46,25 +46,6 @@ def test_dataset_fingerprint_follows_the_content():
     assert compat.dataset_fingerprint(a) == compat.dataset_fingerprint(datasets.Dataset.from_dict({"x": [1, 2]}))
 
 
-def test_memory_mapped_rows_names_the_file_and_the_first_row(tmp_path):
-    import datasets
-    import pyarrow as pa
-
-    from nmt.tables import open_arrow
-    from nmt.textfiles import write_arrow
-
-    write_arrow(iter([pa.record_batch([pa.array(list("abcdef")), pa.array(list("ABCDEF"))], names=["src", "tgt"])]),
-                tmp_path / "x.arrow")
-    ds = open_arrow(tmp_path / "x.arrow", "x")
-    path = str((tmp_path / "x.arrow").resolve())
-    assert compat.memory_mapped_rows(ds) == (path, 0)
-    assert compat.memory_mapped_rows(ds.select([2, 3, 4]).select([1, 2])) == (path, 3)  # contiguous: slices
-    assert ds.select([2, 3, 4]).select([1, 2])["src"] == ["d", "e"]
-    assert compat.memory_mapped_rows(ds.select([0, 2])) == (path, 0)  # an index mapping on the whole table
-    assert compat.memory_mapped_rows(ds.select_columns(["src"])) is None
-    assert compat.memory_mapped_rows(datasets.Dataset.from_dict({"src": ["a"]})) is None
-
-
 def test_tied_embedding_notice_is_the_text_accelerate_logs(fresh_accelerate_state, caplog):
     """accelerate's own cleaning of a tied state dict logs the notice we filter, from the logger we filter."""
     from accelerate.state import PartialState
@@ -93,29 +74,6 @@ def test_is_fsdp_compares_the_enum(kind, fsdp):
     assert compat.is_fsdp(FakeAccelerator()) is fsdp
 
 
-def test_release_free_memory_finds_malloc_trim_on_glibc():
-    """nmt.data hands each preparation phase's freed memory back; on glibc that needs malloc_trim."""
-    import platform
-
-    compat.release_free_memory()  # never raises, whatever the platform
-    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        assert compat._malloc_trim() is not None
-
-
-def test_preparation_allocates_from_a_pool_that_hands_memory_back():
-    """Inside the block Arrow allocates from jemalloc without decay (or malloc); the default after it,
-    and what was made inside stays readable."""
-    import pyarrow as pa
-
-    before = pa.default_memory_pool()
-    with compat.prompt_memory_pool():
-        inside = pa.default_memory_pool().backend_name
-        made = pa.array(range(1000), pa.int64())
-    assert inside in ("jemalloc", "system")
-    assert pa.default_memory_pool().backend_name == before.backend_name
-    assert made.to_numpy().sum() == 499_500
-
-
 def test_the_default_store_is_the_process_groups(tmp_path):
     import torch.distributed as dist
 
@@ -128,13 +86,14 @@ def test_the_default_store_is_the_process_groups(tmp_path):
         dist.destroy_process_group()
 
 
-def test_a_dataset_with_indices_selects_those_rows():
+def test_dataset_indices_are_the_rows_a_selection_reads():
     import datasets
-    import numpy as np
 
     ds = datasets.Dataset.from_dict({"src": list("abcdef")})
-    picked = compat.dataset_with_indices(ds, np.array([4, 1, 1], dtype=np.uint64), "f" * 16)
-    assert picked["src"] == ["e", "b", "b"] and compat.dataset_fingerprint(picked) == "f" * 16
+    assert compat.dataset_indices(ds) is None
+    picked = ds.select([4, 1, 1]).select([2, 0])
+    assert compat.dataset_indices(picked).tolist() == [1, 4]
+    assert ds.data.table.take(compat.dataset_indices(picked)).column("src").to_pylist() == picked["src"]
 
 
 def test_a_generator_that_yields_nothing_is_recognised_by_datasets_text(tmp_path):

@@ -320,17 +320,6 @@ def test_dedupe_is_exact_even_when_every_hash_collides(tmp_path, monkeypatch):
     assert list(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"])) == PAIRS[:20]
 
 
-def test_string_hashes_tell_apart_what_they_should():
-    import pyarrow as pa
-
-    from nmt.clean import string_hashes
-
-    texts = ["", "a", "a\x00", "\x00a", "ab", "ba", "é", "e\u0301", "a" * 1000, "a" * 1001]
-    hashes = string_hashes(pa.array(texts))
-    assert len(set(hashes.tolist())) == len(texts)
-    assert (string_hashes(pa.array(texts[3:] + texts[:3])) == list(hashes[3:]) + list(hashes[:3])).all()  # no position
-
-
 def test_eval_pairs_in_train_are_reported_and_removed_on_request(tmp_path):
     valid, test = PAIRS[40:45], PAIRS[45:50]
     noisy = [(f"  {s.upper()} ", t) for s, t in valid[:2]]  # equal after normalisation (case, spaces)
@@ -413,78 +402,36 @@ def _arrow_file(tmp_path, sizes):
 
 @settings(max_examples=60, deadline=None)
 @given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=5), batch_size=st.integers(1, 12), data=st.data())
-def test_a_pass_read_from_the_file_gives_the_memory_maps_batches(tmp_path_factory, sizes, batch_size, data):
-    """arrow_batches reads a whole file of ours (all rows, or ascending selections) with plain reads: the same tables
-    as gathering from the memory map."""
+def test_batches_rows_and_columns_are_the_datasets_own(tmp_path_factory, sizes, batch_size, data):
+    """arrow_batches, rows and column read a memory-mapped file of ours, and selections of it, as datasets reads
+    them row by row; a pickled Dataset re-opens the file by its path."""
+    import pickle
+
     import numpy as np
 
     from nmt import tables
 
     ds, _ = _arrow_file(tmp_path_factory.getbasetemp(), sizes)
     n = len(ds)
-    picked = sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n))) if n else []
-    for view in (ds, ds.select(picked)):
-        assert tables.memory_mapped_rows(view) is not None
+    picked = data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=n)) if n else []
+    for view in (ds, ds.select(picked), pickle.loads(pickle.dumps(ds.select(picked)))):
+        expected = [(r["src"], r["tgt"]) for r in view]
         streamed = [t.to_pydict() for t in tables.arrow_batches(view, batch_size)]
-        table, mapping = tables.table_and_mapping(view)
-        rows = table if mapping is None else table.take(mapping)
-        mapped = [rows.slice(i, batch_size).to_pydict() for i in range(0, len(view), batch_size)]
-        assert streamed == mapped
+        assert [p for t in streamed for p in zip(t["src"], t["tgt"])] == expected
         assert all(len(t["src"]) == batch_size for t in streamed[:-1])
         idx = np.array(data.draw(st.lists(st.integers(0, len(view) - 1), max_size=8)) if len(view) else [], np.int64)
-        assert tables.rows(view, idx) == [(r["src"], r["tgt"]) for r in rows.take(idx).to_pylist()]  # read from the file
-        assert tables.take(rows, idx).to_pydict() == rows.take(idx).to_pydict()  # chunk by chunk
-    shuffled = ds.select(np.arange(n)[::-1])  # not ascending: gathered from the memory map
-    assert [t.to_pydict() for t in tables.arrow_batches(shuffled, batch_size)] == [
-        ds.data.table.take(np.arange(n)[::-1]).slice(i, batch_size).to_pydict() for i in range(0, n, batch_size)]
+        assert tables.rows(view, idx) == [expected[i] for i in idx]
 
 
-def _mapped_kib(path) -> int:
-    """KiB of `path`'s memory map resident in this process (/proc/self/smaps)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's header line
-            inside = line.rstrip().endswith(str(path))
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1])
-    return total
+def test_a_column_of_a_selection_is_the_datasets_own(tmp_path):
+    from nmt.encoding import pair_lengths
+    from nmt.tables import column
 
-
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux /proc")
-def test_a_whole_pass_leaves_the_memory_map_untouched(tmp_path):
-    """Cleaning, tokenizer training and encoding each read the whole training file, and cleaning a few rows of it
-    (duplicates, eval overlap): through plain reads, so its pages are the page cache's, not this process's resident
-    memory; reading through the map touches them all."""
-    ds, path = _arrow_file(tmp_path, [20_000] * 5)
-    from nmt.tables import arrow_batches, rows, table_and_mapping
-
-    before = _mapped_kib(path)
-    assert sum(t.num_rows for t in arrow_batches(ds.select(range(0, len(ds), 2)), 10_000)) == len(ds) // 2
-    assert rows(ds, [99_999, 5] + list(range(20_001, 100_000, 20_000)))[1][0] == "s5"  # a few rows, in every batch
-    size_kib = path.stat().st_size // 1024
-    assert _mapped_kib(path) - before < size_kib // 10, (before, _mapped_kib(path), size_kib)
-    table, _ = table_and_mapping(ds)
-    table.column("tgt").combine_chunks()  # what gathering through the memory map does
-    assert _mapped_kib(path) > size_kib // 2
-
-
-@settings(max_examples=40, deadline=None)
-@given(first=st.lists(st.integers(0, 9), max_size=12), second=st.data())
-def test_select_is_datasets_select_without_its_python_list(first, second):
-    import numpy as np
-
-    from nmt.compat import dataset_fingerprint
-    from nmt.tables import select
-
-    ds = datasets.Dataset.from_dict({"src": [f"s{i}" for i in range(10)], "tgt": [f"t{i}" for i in range(10)]})
-    ours, theirs = select(ds, np.array(first, np.int64)), ds.select(first)
-    assert ours["src"] == theirs["src"] and ours["tgt"] == theirs["tgt"]
-    then = second.draw(st.lists(st.integers(0, max(len(first) - 1, 0)), max_size=6)) if first else []
-    assert select(ours, np.array(then, np.int64))["src"] == theirs.select(then)["src"]  # a selection of a selection
-    fingerprint = lambda picked: dataset_fingerprint(select(ds, np.array(picked, np.int64)))
-    assert fingerprint(first) == dataset_fingerprint(ours)
-    if first != first[::-1]:
-        assert fingerprint(first[::-1]) != fingerprint(first)
+    write_pairs(tmp_path / "train", PAIRS, "en", "fr")
+    train = read_all(tmp_path, tmp_path / "train").splits["train"]
+    picked = train.select(list(range(len(train)))[::-2])
+    assert column(picked, "cost").tolist() == picked["cost"]
+    assert [a.tolist() for a in pair_lengths(picked)] == [picked["src_len"], picked["tgt_len"]]
 
 
 def test_several_corpora_with_carved_splits_and_dropped_pairs_keep_their_mixing(tmp_path):
@@ -508,8 +455,7 @@ def test_several_corpora_with_carved_splits_and_dropped_pairs_keep_their_mixing(
 
 
 def test_the_cleaned_training_split_is_a_file_not_a_selection(tmp_path):
-    """No array of 8 bytes a pair (a datasets selection) stays behind cleaning and carving, and the
-    dedupe's hashes on disk are gone when it ends."""
+    """What cleaning and carving keep is written to a file of its own, which a warm start opens as it is."""
     from nmt.compat import dataset_indices
 
     write_pairs(tmp_path / "train", PAIRS[:50] + PAIRS[:5], "en", "fr")
@@ -517,120 +463,20 @@ def test_the_cleaned_training_split_is_a_file_not_a_selection(tmp_path):
     assert corpus.stats["clean"]["dropped"]["duplicate"] >= 1
     assert dataset_indices(corpus.splits["train"]) is None
     work = Path(corpus.stats["cache"])
-    assert (work / "train.clean.arrow").is_file() and not list(work.glob(".hashes-*"))
+    assert (work / "train.clean.arrow").is_file()
 
 
-def test_cleaning_holds_a_few_bytes_a_pair(tmp_path, monkeypatch):
-    """Cleaning and dedupe grow by a few bytes a pair (drop codes, flags), not by the pair hashes or
-    indices (8 bytes each; ~10 bytes a pair traced before the hashes went to disk, ~2 now). One scanning thread,
-    so the batches' temporaries do not peak at random."""
-    import tracemalloc
-
-    from nmt import clean as columns
-    from nmt.data import clean
-    from nmt.readers import load_split
-
-    monkeypatch.setattr(columns.os, "cpu_count", lambda: 1)
-
-    cfg = DataConfig(src_lang="en", tgt_lang="fr")
-    peaks = {}
-    for n in (20_000, 100_000):
-        write_pairs(tmp_path / f"c{n}", [(f"w{i} x{i % 7} .", f"m{i % 1000} y{i} .") for i in range(n)], "en", "fr")
-        ds = load_split(str(tmp_path / f"c{n}"), cfg, "train", tmp_path / "cache")
-        clean(ds, cfg, spill_dir=tmp_path)  # once, so fixed-size buffers (hash tables) exist in both counts
-        tracemalloc.start()
-        try:
-            kept, stats = clean(ds, cfg, spill_dir=tmp_path)
-            peaks[n] = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-        assert stats["kept"] == n and kept.all()
-    per_pair = (peaks[100_000] - peaks[20_000]) / 80_000
-    assert per_pair < 5, per_pair
-
-
-def test_string_hashes_do_not_depend_on_how_much_text_is_hashed_at_once(monkeypatch):
-    import pyarrow as pa
-
-    from nmt import clean
-
-    texts = pa.array([f"{'ab' * (i % 13)} {i}" for i in range(500)] + ["x" * 300, ""])
-    whole = clean.string_hashes(texts, 1)
-    monkeypatch.setattr(clean, "SPAN", 37)  # runs of a few strings, and strings longer than a run
-    assert (clean.string_hashes(texts, 1) == whole).all()
-
-
-def test_repeats_count_only_the_rows_among_the_training_pairs(tmp_path):
+def test_repeats_count_only_the_rows_among_the_training_pairs():
     import numpy as np
 
-    from nmt.clean import HashSpill, repeats
+    from nmt.clean import repeats
 
-    values = np.array([5, 7, 5, 5, 9, 7], dtype=np.uint64) << np.uint64(58)  # across parts of the spill
-    spill = HashSpill(tmp_path)
-    spill.add(values[:4])
-    spill.add(values[4:])
+    values = np.array([5, 7, 5, 5, 9, 7], dtype=np.uint64)
     texts = lambda idx: [int(values[i]) for i in idx]
-    assert repeats(spill.parts(), 6, texts).tolist() == [False, False, True, True, False, True]
+    assert repeats(values, texts).tolist() == [False, False, True, True, False, True]
     among = np.array([False, True, True, True, True, False])
-    assert repeats(spill.parts(), 6, texts, among).tolist() == [False, False, False, True, False, False]
-
-
-def test_a_narrow_column_holds_the_same_values_in_the_smallest_type(tmp_path):
-    """The sampler's lengths are read chunk by chunk into 1-2 bytes a pair, never as a whole int32 copy."""
-    import numpy as np
-
-    from nmt.encoding import pair_lengths
-    from nmt.tables import column, select
-
-    write_pairs(tmp_path / "train", PAIRS + [(" ".join(["w"] * 300), " ".join(["x"] * 300))], "en", "fr")
-    train = read_all(tmp_path, tmp_path / "train", max_subwords=1000, max_words=1000).splits["train"]
-    for ds in (train, select(train, np.arange(len(train))[::-2])):
-        wide, small = column(ds, "cost"), column(ds, "cost", narrow=True)
-        assert wide.dtype == np.int32 and small.dtype == np.uint16 and (small == wide).all()
-        assert [a.tolist() for a in pair_lengths(ds, narrow=True)] == [a.tolist() for a in pair_lengths(ds)]
-    import pyarrow as pa  # a table in memory, one of its chunks empty
-
-    chunked = pa.Table.from_batches([pa.record_batch({"cost": pa.array(v, pa.int32())}) for v in ([], [3, 900])])
-    assert column(datasets.Dataset(datasets.table.InMemoryTable(chunked)), "cost", narrow=True).tolist() == [3, 900]
-
-
-def resident_kib(path: Path) -> int:
-    """KiB of `path`'s pages mapped into this process (Linux: the Rss of its mappings in /proc/self/smaps)."""
-    total, ours = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line: range, perms, offset, dev, inode, path
-            ours = line.endswith(str(path))
-        elif ours and line.startswith("Rss:"):
-            total += int(head[1])
-    return total
-
-
-@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="needs Linux's /proc/self/smaps")
-def test_opening_a_file_and_reading_a_column_leave_none_of_its_pages_in_memory(tmp_path):
-    """Memory does not grow with the corpus. Opening an Arrow file reads each batch's header and offsets,
-    a narrow column reads its values: those pages go back (they stay in the page cache); through datasets' own
-    memory map they stayed in the process's RSS (~7 and 4 bytes a pair). Pickling re-opens the file by its path."""
-    import pickle
-
-    import numpy as np
-    import pyarrow as pa
-
-    from nmt.tables import column, open_arrow
-    from nmt.textfiles import write_arrow
-
-    n, path = 600_000, tmp_path / "lengths.arrow"
-    values = np.random.default_rng(0).integers(1, 300, n).astype(np.int32)
-    schema = pa.schema([("cost", pa.int32())])
-    write_arrow((pa.record_batch([pa.array(values[i: i + 10_000])], schema=schema) for i in range(0, n, 10_000)),
-                path, schema)
-    ds = open_arrow(path, "lengths")
-    later = ds.select(range(1000, n))  # contiguous: a slice of the file, read from its row 1000
-    got = column(later, "cost", narrow=True)
-    assert got.dtype == np.uint16 and (got == values[1000:]).all()
-    assert resident_kib(path) < 200, resident_kib(path)  # the column alone is 2,340 KiB
-    again = pickle.loads(pickle.dumps(later))
-    assert (column(again, "cost") == values[1000:]).all()
+    assert repeats(values, texts, among).tolist() == [False, False, False, True, False, False]
+    assert not repeats(np.zeros(6, np.uint64), lambda idx: list(idx)).any()  # equal hashes, other texts: kept
 
 
 def test_every_split_keeps_only_pairs_the_model_can_take(tmp_path):

@@ -35,7 +35,7 @@ PROBE_BUDGET_S = 30.0  # a probe stops early (after at least one timed step) onc
 
 def facts(cfg: TrainConfig, corpus, processes: int = 1) -> planlib.Facts:
     """The plan's facts of the prepared corpus; steps per epoch are the training sampler's own."""
-    cost = column(corpus.splits["train"], "cost", narrow=True)
+    cost = column(corpus.splits["train"], "cost")
     spe = functools.cache(lambda max_tokens: TokenBatchSampler(
         cost, max_tokens, world_size=processes, accum_steps=cfg.accum_steps, seed=cfg.seed,
         epoch_rows=corpus.epoch_rows).steps_per_epoch(0))

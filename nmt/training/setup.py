@@ -111,9 +111,9 @@ def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, mode
     """The training DataLoader and its TokenBatchSampler (this process's share of every optimizer step)."""
     train = corpus.splits["train"]
     dropout = bpe_dropout(cfg, corpus)
-    sampler = TokenBatchSampler(column(train, "cost", narrow=True), cfg.max_tokens, rank=accelerator.process_index,
+    sampler = TokenBatchSampler(column(train, "cost"), cfg.max_tokens, rank=accelerator.process_index,
                                 world_size=accelerator.num_processes, accum_steps=cfg.accum_steps, seed=cfg.seed,
-                                ties=source_lengths(train, narrow=True),  # source lengths: less padding
+                                ties=source_lengths(train),  # source lengths: less padding
                                 epoch_lengths=dropout.lengths if dropout else None, epoch_rows=corpus.epoch_rows)
     plain = train.select_columns(["src_ids", "tgt_ids"])
     # no worker processes: the BPE-dropout view reads sampler.epoch when a batch is fetched
