@@ -540,15 +540,21 @@ def _cached_tokenizer(train: datasets.Dataset, tok_cfg: TokenizerConfig, work: P
     tok_dir = work / "tokenizer"
     if tok_dir.is_dir():
         return PairTokenizer.load(tok_dir)
+    picked = np.ones(len(train), dtype=bool)
     if tok_cfg.train_sample is not None and tok_cfg.train_sample < len(train):
-        rng = np.random.default_rng(0)  # the same sample on every run and process
-        train = train.select(np.sort(rng.choice(len(train), size=tok_cfg.train_sample, replace=False)))
+        picked[:] = False  # a sample the same on every run and process, read in file order
+        picked[np.random.default_rng(0).choice(len(train), size=tok_cfg.train_sample, replace=False)] = True
 
     def texts(name: str) -> Callable[[], Iterator[list[str]]]:  # batches of one side, as tokenizers takes them
-        return lambda: (t.column(name).to_pylist() for t in arrow_batches(train, 10_000))
+        def batches() -> Iterator[list[str]]:
+            start = 0
+            for table in arrow_batches(train, 10_000):
+                yield table.column(name).filter(pa.array(picked[start: start + len(table)])).to_pylist()
+                start += len(table)
+        return batches
 
     with bulk_threads():
-        tokenizer = train_pair_tokenizer(texts("src"), texts("tgt"), tok_cfg, len(train))
+        tokenizer = train_pair_tokenizer(texts("src"), texts("tgt"), tok_cfg, int(picked.sum()))
     tmp = Path(tempfile.mkdtemp(dir=work, prefix=".tokenizer-"))
     tokenizer.save(tmp)
     try:

@@ -117,8 +117,8 @@ UPWARD = {  # the imports that point up on purpose, and why
 }
 HOMES = {  # third-party library -> the only modules that import it (one home per library)
     "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},
-    "datasets": {"tables", "readers", "encoding", "data", "dropout_epochs", "compat"},  # the data layer; compat: its
-    # private constructor keyword
+    "datasets": {"tables", "readers", "encoding", "data", "dropout_epochs"},  # the data layer
+    "pandas": {"clean"},  # the dedupe's string hashes
     "accelerate": {"compat", "launch", *(n for n in LAYER if n.startswith("training."))},
     "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "transformers": {"interop"}, "peft": {"adapters"},
     "uvicorn": {"serve", "compat"},  # compat: the private protocol class serve extends
