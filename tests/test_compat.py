@@ -3,6 +3,9 @@ when checked (accelerate 1.15.0, torch 2.13.0, datasets 5.2.0). A failure here n
 
 import inspect
 import logging
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -133,3 +136,23 @@ def test_a_changed_private_api_is_one_error_naming_both_versions():
     with pytest.raises(NmtError, match=r"^torch \S+ changed thing, which nmt uses as torch 2\.13 has it \(Attrib"):
         with compat.private("torch", "thing", "2.13"):
             raise AttributeError("no thing")
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"), reason="glibc")
+def test_release_free_memory_hands_the_heaps_free_pages_back():
+    """Freed blocks scattered over the C heap stay resident until released (what varied training batches leave)."""
+    script = """
+import sys
+from nmt.compat import release_free_memory
+def rss():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) // 1024
+blocks = [bytearray(64 * 1024) for _ in range(4000)]  # 250 MiB of heap blocks, each under the mmap threshold
+kept = blocks[::50]  # a few stay alive, spread over the heap
+del blocks
+before = rss()
+release_free_memory()
+print(before, rss())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    before, after = map(int, out.split())
+    assert before > 200 and after < before - 150, out

@@ -12,6 +12,7 @@ import time
 from accelerate.logging import get_logger
 
 from nmt import checkpoint as ckpt
+from nmt.compat import release_free_memory
 from nmt.config import save_yaml
 from nmt.errors import NmtError
 from nmt.plan import TRAIN_SHARE, retime, retime_line
@@ -24,6 +25,7 @@ from nmt.training.state import Run
 from nmt.training.step import Optim, StepStats
 
 log = get_logger(__name__)
+RELEASE_EVERY = 50  # steps between two hand-backs of the C heap's free pages
 
 
 class StopSignals:
@@ -225,6 +227,8 @@ class Loop:
                 log.info(f"early stop at step {state.step}: best was step {state.best_step}", main_process_only=True)
         if state.step % cfg.save_every == 0 or last or self.stopped_by:
             save_checkpoint(run)
+        if state.step % RELEASE_EVERY == 0:
+            release_free_memory()  # resident memory stays flat over the steps (see compat.release_free_memory)
 
 
 class Session:

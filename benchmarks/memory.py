@@ -1,0 +1,124 @@
+"""Resident memory of a training run over its steps: does it stay flat after the first epoch?
+
+Runs the README's own-corpus command (`nmt train --data.train D/train ... --max_minutes M`) once per precision
+(fp32, and bf16 through ACCELERATE_MIXED_PRECISION, as a user would choose it), reads the training process's
+resident memory (/proc/PID/status VmRSS, Linux) every `--every` seconds beside the step and epoch its progress
+line shows, and prints per precision: RSS at the end of the first epoch, at the end of the run, the largest, and
+the slope after the first epoch (MiB per 1,000 steps, least squares) — flat memory is a slope near 0.
+
+    python benchmarks/memory.py --data ../shared/data/tatoeba-en-de --minutes 10
+
+Arguments after `--` are added to the command as a user's own settings, e.g. `-- --model.size tiny` for more
+steps in the same minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PROGRESS = re.compile(r"step (\d+)/\d+.*?epoch=(\d+)")
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def command(data: Path, minutes: float, out: Path, src: str, tgt: str, extra: list[str]) -> list[str]:
+    """The README's own-corpus command with the data paths and the budget, then the `extra` settings given."""
+    return ["nmt", "train", "--data.train", str(data / "train"), "--data.valid", str(data / "valid"),
+            "--data.test", str(data / "test"), "--data.src_lang", src, "--data.tgt_lang", tgt,
+            "--max_minutes", f"{minutes:g}", "--output_dir", str(out), *extra]
+
+
+def watch(argv: list[str], precision: str, every: float) -> list[tuple[float, int, int, float]]:
+    """(seconds, step, epoch, RSS MiB) samples of the run; exits with the run's last lines if it fails."""
+    env = dict(os.environ, ACCELERATE_MIXED_PRECISION=precision, PYTHONUNBUFFERED="1")
+    nmt = Path(sys.executable).with_name("nmt")
+    proc = subprocess.Popen([str(nmt) if nmt.exists() else "nmt", *argv[1:]], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    where = {"step": 0, "epoch": 1}
+    tail: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            tail[:] = [*tail[-19:], line]
+            for part in line.split("\r"):
+                if (m := PROGRESS.search(part)) is not None:
+                    where["step"], where["epoch"] = int(m[1]), int(m[2])
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    samples, start = [], time.monotonic()
+    while proc.poll() is None:
+        if (rss := rss_mib(proc.pid)) is not None and where["step"] > 0:
+            samples.append((time.monotonic() - start, where["step"], where["epoch"], rss))
+        time.sleep(every)
+    reader.join(timeout=5)
+    if proc.returncode != 0:
+        sys.exit(f"the run with precision {precision} failed (exit {proc.returncode}):\n{''.join(tail)}")
+    return samples
+
+
+def slope_per_1000_steps(points: list[tuple[int, float]]) -> float:
+    if len(points) < 2:
+        return float("nan")
+    n = len(points)
+    mx, my = sum(s for s, _ in points) / n, sum(r for _, r in points) / n
+    var = sum((s - mx) ** 2 for s, _ in points)
+    return 1000 * sum((s - mx) * (r - my) for s, r in points) / var if var else float("nan")
+
+
+def summary(samples: list[tuple[float, int, int, float]]) -> dict:
+    first_epoch_end = next((i for i, (_, _, epoch, _) in enumerate(samples) if epoch >= 2), None)
+    after = samples[first_epoch_end:] if first_epoch_end is not None else []
+    return {"steps": samples[-1][1] if samples else 0, "epochs": samples[-1][2] if samples else 0,
+            "after_epoch_1": after[0][3] if after else float("nan"), "end": samples[-1][3] if samples else float("nan"),
+            "max": max((r for *_, r in samples), default=float("nan")),
+            "slope": slope_per_1000_steps([(s, r) for _, s, _, r in after])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True, help="folder with train/valid/test.{src,tgt}")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--minutes", type=float, default=10.0, help="the budget of each run")
+    parser.add_argument("--precision", nargs="+", default=["no", "bf16"], choices=["no", "bf16"],
+                        help="accelerate's mixed precision of each run (no = fp32)")
+    parser.add_argument("--every", type=float, default=2.0, help="seconds between two samples")
+    parser.add_argument("extra", nargs="*", help="after --: settings added to the command")
+    args = parser.parse_args()
+    rows = []
+    for precision in args.precision:
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = command(args.data, args.minutes, Path(tmp) / "run", args.src, args.tgt, args.extra)
+            print("$", "ACCELERATE_MIXED_PRECISION=" + precision, " ".join(argv), flush=True)
+            rows.append((precision, summary(watch(argv, precision, args.every))))
+            print(row(*rows[-1]), flush=True)
+    print(f"\n{'precision':<10}{'steps':>8}{'epochs':>8}{'RSS after epoch 1':>19}{'at the end':>12}{'largest':>10}"
+          f"{'MiB / 1,000 steps after epoch 1':>33}")
+    for precision, s in rows:
+        print(row(precision, s))
+
+
+def row(precision: str, s: dict) -> str:
+    return (f"{'fp32' if precision == 'no' else precision:<10}{s['steps']:>8,}{s['epochs']:>8}"
+            f"{s['after_epoch_1']:>15.0f} MiB{s['end']:>8.0f} MiB{s['max']:>6.0f} MiB{s['slope']:>33.1f}")
+
+
+if __name__ == "__main__":
+    main()
