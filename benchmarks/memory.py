@@ -10,6 +10,12 @@ the slope after the first epoch (MiB per 1,000 steps, least squares) — flat me
 
 Arguments after `--` are added to the command as a user's own settings, e.g. `-- --model.size tiny` for more
 steps in the same minutes.
+
+`--heap STEPS` measures instead what `nmt.compat.release_free_memory` (called by the training loop every
+`RELEASE_EVERY` steps) buys: the training step alone (the model, its loss, AdamW; bf16 autocast or fp32) on
+random batches of varied shapes, each setting in a fresh process, with and without the release, RSS every 100 steps.
+
+    python benchmarks/memory.py --heap 1000
 """
 
 from __future__ import annotations
@@ -24,6 +30,33 @@ import threading
 import time
 from pathlib import Path
 
+HEAP_STEP = """
+import random, sys, time, torch
+from nmt.compat import release_free_memory
+from nmt.config import ModelConfig
+from nmt.model import Seq2SeqTransformer
+from nmt.objective import Seq2SeqLoss
+from nmt.training.loop import RELEASE_EVERY
+precision, steps, release = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+rss = lambda: next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) // 1024
+torch.manual_seed(0)
+random.seed(0)
+model = Seq2SeqTransformer(ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=128, n_heads=4, d_ff=512,
+                                       n_encoder_layers=3, n_decoder_layers=3, dropout=0.1))
+loss, opt, start = Seq2SeqLoss(model, 0.1), torch.optim.AdamW(model.parameters(), lr=1e-3), time.perf_counter()
+for step in range(1, steps + 1):
+    B, S, T = random.randint(8, 120), random.randint(4, 60), random.randint(4, 60)
+    src, tgt_in, labels = (torch.randint(4, 8000, shape) for shape in ((B, S), (B, T), (B, T)))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        sums = loss(src, tgt_in, labels)
+    (sums.loss / sums.tokens).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if release and step % RELEASE_EVERY == 0:
+        release_free_memory()
+    if step % 100 == 0:
+        print(step, rss(), round(time.perf_counter() - start, 1), flush=True)
+"""
 PROGRESS = re.compile(r"step (\d+)/\d+.*?epoch=(\d+)")
 
 
@@ -91,17 +124,37 @@ def summary(samples: list[tuple[float, int, int, float]]) -> dict:
             "slope": slope_per_1000_steps([(s, r) for _, s, _, r in after])}
 
 
+def heap(steps: int, precisions: list[str]) -> None:
+    """The training step alone, with and without the release of the C heap's free pages: RSS over the steps."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    for precision in precisions:
+        for release in (False, True):
+            out = subprocess.run([sys.executable, "-c", HEAP_STEP, precision, str(steps), str(int(release))],
+                                 env=env, capture_output=True, text=True, check=True).stdout.split("\n")
+            samples = [tuple(map(float, line.split())) for line in out if line.strip()]
+            shown = " ".join(f"{int(rss)}" for _, rss, _ in samples)
+            name = "fp32" if precision == "no" else precision
+            print(f"{name:<5} release {'on ' if release else 'off'}: RSS MiB every 100 steps {shown}; "
+                  f"{samples[-1][2]:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, required=True, help="folder with train/valid/test.{src,tgt}")
+    parser.add_argument("--data", type=Path, help="folder with train/valid/test.{src,tgt}")
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
     parser.add_argument("--minutes", type=float, default=10.0, help="the budget of each run")
     parser.add_argument("--precision", nargs="+", default=["no", "bf16"], choices=["no", "bf16"],
                         help="accelerate's mixed precision of each run (no = fp32)")
     parser.add_argument("--every", type=float, default=2.0, help="seconds between two samples")
+    parser.add_argument("--heap", type=int, metavar="STEPS", help="measure the training step alone, with and without "
+                        "the release of the C heap's free pages, for STEPS steps (no --data needed)")
     parser.add_argument("extra", nargs="*", help="after --: settings added to the command")
     args = parser.parse_args()
+    if args.heap:
+        return heap(args.heap, args.precision)
+    if args.data is None:
+        parser.error("give --data (or --heap STEPS)")
     rows = []
     for precision in args.precision:
         with tempfile.TemporaryDirectory() as tmp:

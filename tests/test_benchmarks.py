@@ -182,3 +182,12 @@ def test_multilingual_against_one_model_per_direction(corpus_dir, tmp_path):
     assert table[1].startswith("one model, both (0.2 min)") and table[2].startswith("one model per direction (0.1 min")
     scores = [[w for w in row.split() if re.fullmatch(r"\d+\.\d\d", w)] for row in table[1:3]]
     assert [len(s) for s in scores] == [6, 6]  # BLEU and chrF of each direction, and their means
+
+
+def test_memory_samples_a_users_run(corpus_dir, tmp_path):
+    out = run("memory.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.3", "--precision", "no",
+              "--every", "0.2", "--", "--max_steps", "40", "--max_tokens", "400", "--eval_every", "20",
+              "--data.cache_dir", str(tmp_path / "cache"), home=tmp_path)
+    assert "--max_minutes 0.3 --output_dir" in out and "--max_steps 40" in out  # the user's command, then the extras
+    fp32 = next(line.split() for line in out.splitlines()[::-1] if line.startswith("fp32"))
+    assert int(fp32[1].replace(",", "")) > 0 and float(fp32[5]) > 0, out  # steps sampled, RSS read at the end
