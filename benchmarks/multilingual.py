@@ -10,13 +10,14 @@ sacreBLEU, 13a; beam 4) per direction for both setups, with their means.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from quality import corpus_arguments, run_user_command, user_command  # noqa: E402
+from quality import run_user_command, user_command  # noqa: E402
 
 
 def multilingual_config(data: Path, src: str, tgt: str) -> str:
@@ -27,8 +28,13 @@ def multilingual_config(data: Path, src: str, tgt: str) -> str:
 
 
 def main() -> None:
-    args = corpus_arguments(__doc__.splitlines()[0], 50.0, "the total budget (wall clock) of each setup",
-                            "runs/multilingual").parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="folder with train/valid/test.<src>/<tgt>")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--minutes", type=float, default=50.0, help="the total budget (wall clock) of each setup")
+    parser.add_argument("--output", default="runs/multilingual")
+    args = parser.parse_args()
     data, out, src, tgt = Path(args.data).resolve(), Path(args.output), args.src, args.tgt
     out.mkdir(parents=True, exist_ok=True)
     config = out / "both.yaml"

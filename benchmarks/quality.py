@@ -46,19 +46,13 @@ def run_user_command(argv: list[str], env: dict | None = None) -> dict:
     return {**summary, "tokens_per_s": speeds[len(speeds) // 2] if speeds else 0.0}
 
 
-def corpus_arguments(description: str, minutes: float, minutes_help: str, output: str) -> argparse.ArgumentParser:
-    """The arguments of a benchmark on a corpus folder: --data, --src, --tgt, --minutes and --output."""
-    parser = argparse.ArgumentParser(description=description)
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="folder with train/valid/test.<src>/<tgt>")
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
-    parser.add_argument("--minutes", type=float, default=minutes, help=minutes_help)
-    parser.add_argument("--output", default=output)
-    return parser
-
-
-def main() -> None:
-    parser = corpus_arguments(__doc__.splitlines()[0], 25.0, "the time budget (wall clock)", "runs/quality")
+    parser.add_argument("--minutes", type=float, default=25.0, help="the time budget (wall clock)")
+    parser.add_argument("--output", default="runs/quality")
     parser.add_argument("--baseline", action="store_true",
                         help="also train the HF MarianMTModel baseline for the same minutes and compare")
     args = parser.parse_args()
