@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (nmt.config_reference.reference_text)
+CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (nmt.config.reference_text)
 
 
 class _ConfigKeysHelp(argparse.RawDescriptionHelpFormatter):
@@ -44,7 +44,7 @@ class _ConfigKeysHelp(argparse.RawDescriptionHelpFormatter):
 
     def add_text(self, text: str | None) -> None:
         if text == CONFIG_KEYS:
-            from nmt.config_reference import reference_text
+            from nmt.config import reference_text
 
             text = reference_text()
         super().add_text(text)

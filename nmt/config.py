@@ -1,18 +1,159 @@
-"""The typed configuration tree: one set of dataclasses used from YAML, the command line and Python. No torch here;
-unknown keys and wrong types raise `NmtError` naming the key (nmt.strict). Launch settings (processes, precision,
-GPUs) live in accelerate_configs/, not here."""
+"""The configuration chapter: the typed configuration tree, one set of dataclasses used from YAML, the command line
+and Python alike, and everything that reads, checks and describes it. No torch here, and no YAML until a file or
+an override is read.
+
+In reading order: the allowed values of each key (`ranged`, `path_key`, `check_fields`), which the fields
+declare; the config dataclasses (`TrainConfig` and its sections), their YAML files and command-line overrides;
+strict building from plain data (`from_dict`, `to_dict`: unknown keys and wrong types raise `NmtError` naming
+the key); and the configuration reference generated from the fields' comments (docs/configuration.md's table
+and `nmt train --help`):
+
+    python -m nmt.config docs/configuration.md    # rewrite the page's table from nmt/config.py
+
+Launch settings (processes, precision, GPUs) live in accelerate_configs/, not here.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
 import re
+import types
+import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from nmt.errors import NmtError
-from nmt.ranges import check_fields, path_key, ranged
-from nmt.strict import from_dict, to_dict
 
+# --- What a key allows: intervals and path kinds ---------------------------------------------------------------------
+# What values a config key or flag allows: an interval for every numeric key, a kind for every path key.
+#
+# A dataclass field declares them in its metadata (`ranged`, `path_key`), and `check_fields` checks an
+# instance in one place, naming the key, the value and what is allowed. The same call expands `~` and
+# environment variables in its path keys (`expand_paths`): every config, from YAML, flags or Python, holds the
+# paths it names, and no later reader expands them again. No torch and no filesystem here: path keys are checked
+# against the disk by `nmt.validate` at the start of training and `nmt check`.
+
+RANGE, PATH = "range", "path"  # the metadata keys
+# what each path kind must be on disk: the README table's "allowed" column and nmt.validate's messages
+PATH_KINDS = {
+    "folder": "a folder path (created if missing)",
+    "corpus": "a corpus: PREFIX of .<lang> files, a .tsv/.jsonl/.csv file, a save_to_disk folder, hub: or builtin:",
+    "checkpoint": "latest, auto, or a checkpoint folder output_dir/checkpoints/step_N",
+    "model": "a model directory (output_dir/model or output_dir/best) with config.json, weights and tokenizer",
+}
+
+
+@dataclass(frozen=True)
+class Range:
+    """A closed, open or half-open interval written as in mathematics: "[0, 1)", "(0, 10]", "[1, 1e9]".
+
+    Both ends are finite, so an absurd value (a typo's extra zeros, inf, nan) is always refused.
+    """
+
+    text: str
+    lo: float = field(init=False, compare=False)
+    hi: float = field(init=False, compare=False)
+    lo_open: bool = field(init=False, compare=False)
+    hi_open: bool = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        m = re.fullmatch(r"([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])", self.text)
+        if not m:
+            raise ValueError(f"not an interval: {self.text!r}")
+        lo, hi = float(m[2]), float(m[3])
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise ValueError(f"an interval needs finite ends, low <= high: {self.text!r}")
+        for name, value in (("lo", lo), ("hi", hi), ("lo_open", m[1] == "("), ("hi_open", m[4] == ")")):
+            object.__setattr__(self, name, value)
+
+    def __contains__(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) and math.isnan(value):
+            return False
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return above and below
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def ranged(default: Any, allowed: str) -> Any:
+    """A numeric dataclass field whose values (each element of a list or tuple; None passes) lie in `allowed`."""
+    return field(default=default, metadata={RANGE: Range(allowed)})
+
+
+def path_key(default: Any, kind: str) -> Any:
+    """A dataclass field naming a path of `kind` (a key of PATH_KINDS), checked by nmt.validate.check_paths."""
+    if kind not in PATH_KINDS:
+        raise ValueError(f"unknown path kind {kind!r}")
+    return field(default=default, metadata={PATH: kind})
+
+
+def allowed_text(f: dataclasses.Field) -> str:
+    """What a field allows, in a few words: its interval or its path kind (empty when neither)."""
+    if RANGE in f.metadata:
+        return str(f.metadata[RANGE])
+    return f.metadata.get(PATH, "")
+
+
+def check_fields(obj: Any, prefix: str = "", noun: str = "config key") -> None:
+    """Refuse the first field of dataclass `obj` whose value lies outside its declared range, after expanding its
+    path keys (`expand_paths`).
+
+    The message names the key (`prefix` + field name), the value and the allowed interval.
+    """
+    expand_paths(obj, prefix, noun)
+    for f in dataclasses.fields(obj):
+        allowed = f.metadata.get(RANGE)
+        value = getattr(obj, f.name)
+        if allowed is None or value is None:
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item not in allowed:
+                raise NmtError(f"{noun} '{prefix}{f.name}': {value!r} is outside the allowed range {allowed}")
+
+
+def expand_paths(obj: Any, prefix: str = "", noun: str = "config key") -> None:
+    """Replace `~` and `$VAR` / `${VAR}` in the path keys of dataclass `obj` (each item of a list) by what they
+    stand for. Idempotent: a path without them is left as it is. A variable that is not set is an error naming
+    the key, rather than a folder named `$VAR` made later."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if PATH not in f.metadata or value is None:
+            continue
+        key = f"{noun} '{prefix}{f.name}'"
+        expanded = [expand_path(v, key) for v in value] if isinstance(value, list) else expand_path(value, key)
+        if expanded != value:
+            setattr(obj, f.name, expanded)
+
+
+def expand_path(text: Any, key: str) -> Any:
+    """`text` with `~` and environment variables expanded (a non-string is returned as it is, for the type check)."""
+    if not isinstance(text, str):
+        return text
+    out = os.path.expanduser(os.path.expandvars(text))
+    unset = [m[1] or m[2] for m in re.finditer(r"\$(?:(\w+)|\{([^}]*)\})", out) if (m[1] or m[2]) not in os.environ]
+    if unset:
+        raise NmtError(f"{key}: {text!r} names the environment variable ${unset[0]}, which is not set; set it or "
+                       "write the path out")
+    return out
+
+
+def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """(dotted key, field, value) for every leaf field of a tree of dataclass instances."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            yield from walk(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, value
+
+
+# --- The configuration tree ------------------------------------------------------------------------------------------
 BUILTIN = "builtin:synthetic"  # the embedded corpus (nmt.synthetic)
 LANG = re.compile(r"[A-Za-z0-9_-]+")  # a language code: a file suffix and a tag <2xx>
 
@@ -187,7 +328,7 @@ class ModelConfig:
 
     @staticmethod
     def renamed_keys(data: dict, where: str) -> dict:
-        """`preset`, the older name of `size` (nmt.strict.from_dict calls this)."""
+        """`preset`, the older name of `size` (`from_dict` calls this)."""
         if "preset" in data:
             preset = data.pop("preset")
             if preset not in MODEL_PRESETS:
@@ -340,7 +481,7 @@ def check_config(cfg: TrainConfig) -> None:
         section.__post_init__()
 
 
-# --- YAML files and command-line overrides --------------------------------------------------------
+# --- YAML files and command-line overrides -----------------------------------------------------------------------
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
@@ -433,3 +574,187 @@ def save_yaml(cfg: Any, path: str | Path) -> None:
     import yaml
 
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+
+
+# --- Dataclasses from plain data and back, strictly ------------------------------------------------------------------
+# Dataclasses from plain data and back, strictly: unknown keys and wrong types raise `NmtError` naming the key
+# (`from_dict`); `to_dict` gives the plain nested dict for YAML and JSON. Knows no config class.
+
+def from_dict(cls: type, data: dict, where: str = "") -> Any:
+    """Build dataclass `cls` from a dict, rejecting unknown keys and wrong types by name. A class with a static
+    `renamed_keys(data, where) -> data` maps its older key names first."""
+    if not isinstance(data, dict):
+        raise NmtError(f"config key {where or '<root>'!r}: expected a mapping, got {type(data).__name__}")
+    data = dict(data)
+    if hasattr(cls, "renamed_keys"):  # a class's older key names (ModelConfig: preset)
+        data = cls.renamed_keys(data, where)
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else key
+        if key not in names:
+            raise NmtError(f"unknown config key {path!r}; valid keys here: {', '.join(sorted(names))}")
+        kwargs[key] = _coerce(hints[key], value, path)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value if value is not None else {}, path)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        members = [a for a in args if a is not type(None)]
+        for member in members[:-1]:  # str | list[str]: the first that takes the value
+            try:
+                return _coerce(member, value, path)
+            except NmtError:
+                continue
+        return _coerce(members[-1], value, path)
+    if origin is Literal:
+        if value not in args:
+            raise NmtError(f"config key {path!r}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise NmtError(f"config key {path!r}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        if origin is tuple and len(args) > 1 and args[1] is not Ellipsis and len(items) != len(args):
+            raise NmtError(f"config key {path!r}: expected {len(args)} values, got {len(items)}")
+        return tuple(items) if origin is tuple else items
+    return _scalar(tp, value, path)
+
+
+EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _scalar(tp: Any, value: Any, path: str) -> Any:
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value) if abs(value) < 2**1023 else math.inf if value > 0 else -math.inf  # refused by its range
+    if tp is float and isinstance(value, str) and EXPONENT_FLOAT.fullmatch(value.strip()):
+        return float(value)  # 1e-3: YAML 1.1 (PyYAML) reads a float without a dot as a string
+    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
+        raise NmtError(f"config key {path!r}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain nested dict (lists for tuples) suitable for YAML/JSON."""
+    return _plain(cfg)
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """A nested dict as one level of dotted keys: {"optim": {"lr": 1}} -> {"optim.lr": 1}."""
+    out = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(getattr(value, "name", value))  # an object given from Python (a tracker in log_with): its name
+
+
+# --- The configuration reference -------------------------------------------------------------------------------------
+# The configuration reference, from the config dataclasses' field comments: the table of
+# docs/configuration.md (`reference_markdown`) and `nmt train --help` (`reference_text`).
+
+def config_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, Any, str, str]]:
+    """(dotted key, type, default, comment, allowed) for every field: the configuration reference.
+    `allowed` is a numeric key's interval or a path key's kind (`ranged`, `path_key`), else empty."""
+    import inspect
+
+    comments = _field_comments(inspect.getsource(cls))
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += config_fields(hints[f.name], key + ".")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((key, _type_name(hints[f.name]), default, comments.get(f.name, ""), allowed_text(f)))
+    return rows
+
+
+def _field_comments(source: str) -> dict[str, str]:
+    out = {}
+    for line in source.splitlines():
+        name, colon, rest = line.strip().partition(":")
+        if colon and name.isidentifier() and "#" in rest:
+            out[name] = rest.split("#", 1)[1].strip()
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def reference_markdown() -> str:
+    """The table of docs/configuration.md, generated from the field comments of the config dataclasses."""
+    lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for key, tp, default, doc, allowed in config_fields():
+        shown = "null" if default is None else json_default(default)
+        allowed = f"`{allowed}`" if allowed[:1] in "[(" and allowed else allowed
+        lines.append(f"| `{key}` | {tp.replace('|', 'or')} | `{shown}` | {allowed} | {doc.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def reference_text() -> str:
+    """The same reference as `reference_markdown`, for a terminal (`nmt train --help`): keys grouped by section,
+    each with its type, default and allowed values, then its meaning on the next line."""
+    groups: dict[str, list[str]] = {}
+    for key, tp, default, doc, allowed in config_fields():
+        section = key.split(".")[0] if "." in key else "training"
+        shown = "null" if default is None else json_default(default)
+        groups.setdefault(section, []).append(f"  --{key} {tp} = {shown}{f'  (allowed: {allowed})' if allowed else ''}\n"
+                                              f"        {doc}")
+    out = ["config keys: override any as --KEY VALUE or KEY=VALUE; docs/configuration.md has the same table"]
+    for section, lines in groups.items():
+        out += ["", f"{section}:", *lines]
+    return "\n".join(out) + "\n"
+
+
+def json_default(value: Any) -> str:
+    import json
+
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
+
+
+def table_in(page: str) -> str:
+    """The generated table as a page holds it, between its START and END markers."""
+    return page[page.index(START) + len(START): page.index(END)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Rewrite the table between the markers of the page named on the command line (atomically)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    path = Path((argv if argv is not None else sys.argv[1:])[0])
+    page = path.read_text(encoding="utf-8")
+    new = page.replace(START + table_in(page) + END, START + reference_markdown() + END)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(new, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()

@@ -31,12 +31,11 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 
 from nmt import clean as columns
 from nmt.compat import dataset_fingerprint
-from nmt.config import DataConfig, DataSource, TokenizerConfig, lang_tag
+from nmt.config import DataConfig, DataSource, TokenizerConfig, lang_tag, to_dict
 from nmt.encoding import drop_long, encode
 from nmt.errors import NmtError
 from nmt.plan import vocab_size_for
 from nmt.readers import load_split
-from nmt.strict import to_dict
 from nmt.tables import arrow_batches, column, open_arrow, rows, write_rows
 from nmt.textfiles import write_arrow
 from nmt.tokenizer import PairTokenizer, bulk_threads, train_pair_tokenizer

@@ -18,12 +18,11 @@ import torch
 
 from nmt.batching import eval_batches
 from nmt.collate import pad
-from nmt.config import ModelConfig
+from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.errors import NmtError
 from nmt.model_dir import LANGUAGES_FILE, SEARCH_FILE
 from nmt.sampling import SamplingConfig
 from nmt.search import Hypothesis, SearchConfig, length_limits
-from nmt.strict import from_dict, to_dict
 from nmt.tokenizer import UNK, PairTokenizer
 
 META_FILE = "nmt_ctranslate2.json"

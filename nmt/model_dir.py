@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nmt.config import ModelConfig
+from nmt.config import ModelConfig, from_dict
 from nmt.errors import NmtError
-from nmt.strict import from_dict
 
 CONFIG_FILE = "config.json"  # the ModelConfig as JSON
 WEIGHTS_FILE = "model.safetensors"  # the weights (a shared embedding stored once)

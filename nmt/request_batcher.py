@@ -16,8 +16,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, fields
 from functools import partial
 
+from nmt.config import RANGE, Range, check_fields
 from nmt.errors import NmtError
-from nmt.ranges import RANGE, Range, check_fields
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt.ranges import check_fields, ranged
+from nmt.config import check_fields, ranged
 
 SEEDS = 10**9 + 1  # seeds are 0 .. 1e9 (the range of SamplingConfig.seed)
 

@@ -33,8 +33,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from nmt.compat import uvicorn_protocol_with_header_deadline
+from nmt.config import RANGE, Range
 from nmt.errors import NmtError
-from nmt.ranges import RANGE, Range
 from nmt.request_batcher import API_KEY_ENV, Batcher, Job, QueueFull, ServeConfig, Stopping
 from nmt.search import SearchConfig
 

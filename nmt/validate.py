@@ -1,7 +1,7 @@
 """User input checked where it enters: path keys against the disk, command-line numbers against their ranges,
 text input as UTF-8, and the one line the command line prints for an exception the input caused.
 
-The intervals and path kinds themselves are declared on the config dataclasses (nmt.ranges); this module
+The intervals and path kinds themselves are declared on the config dataclasses (nmt.config); this module
 applies the checks that need the filesystem or argparse. No torch here.
 """
 
@@ -17,10 +17,9 @@ from typing import Any
 
 from nmt.checkpoint import COMPLETE
 from nmt.compat import state_dict_mismatch
-from nmt.config import CorpusSpec, TrainConfig, check_config, read_yaml
+from nmt.config import PATH, PATH_KINDS, RANGE, CorpusSpec, Range, TrainConfig, check_config, read_yaml, walk
 from nmt.errors import NmtError
 from nmt.model_dir import CONFIG_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, WEIGHTS_FILE
-from nmt.ranges import PATH, PATH_KINDS, RANGE, Range, walk
 
 TABLE_SUFFIXES = (".tsv", ".jsonl", ".json", ".csv")
 DISK_MARKERS = ("dataset_dict.json", "dataset_info.json", "state.json")  # what Dataset(Dict).save_to_disk writes

@@ -249,8 +249,7 @@ def test_one_bad_line_does_not_lose_the_others(model_dir, monkeypatch, caplog):
 # --- every path key with a missing path, a file and a folder of the wrong kind ---------------------------
 
 def path_keys():
-    from nmt.config import TrainConfig
-    from nmt.ranges import PATH, walk
+    from nmt.config import PATH, TrainConfig, walk
 
     return [(key, f.metadata[PATH]) for key, f, _ in walk(TrainConfig()) if PATH in f.metadata]
 
@@ -299,10 +298,9 @@ def right_path(tmp_path, kind: str) -> Path:
 @pytest.mark.parametrize("case", ["missing", "file", "folder", "under_a_file", "right"])
 @pytest.mark.parametrize("kind", sorted(EXPECTED))
 def test_every_path_kind_judges_each_case(tmp_path, kind, case):
-    """Each kind of nmt.ranges.PATH_KINDS, also those no key uses yet, through its check in nmt.validate."""
-    from nmt.config import TrainConfig
+    """Each kind of nmt.config.PATH_KINDS, also those no key uses yet, through its check in nmt.validate."""
+    from nmt.config import PATH_KINDS, TrainConfig
     from nmt.errors import NmtError
-    from nmt.ranges import PATH_KINDS
     from nmt.validate import PATH_CHECKS
 
     assert set(PATH_KINDS) == set(PATH_CHECKS) == set(EXPECTED)
@@ -322,9 +320,8 @@ def test_every_path_kind_judges_each_case(tmp_path, kind, case):
 @pytest.mark.parametrize("case", ["missing", "file", "folder", "under_a_file"])
 @pytest.mark.parametrize("key, kind", path_keys(), ids=[k for k, _ in path_keys()])
 def test_every_path_key_names_a_path_of_the_wrong_kind(tmp_path, key, kind, case):
-    from nmt.config import TrainConfig, set_path
+    from nmt.config import TrainConfig, from_dict, set_path
     from nmt.errors import NmtError
-    from nmt.strict import from_dict
     from nmt.validate import check_paths
 
     assert kind in EXPECTED, f"{key}: a new path kind {kind!r} needs its row in EXPECTED"
@@ -344,8 +341,7 @@ def test_every_path_key_names_a_path_of_the_wrong_kind(tmp_path, key, kind, case
 
 @pytest.mark.parametrize("key, kind", path_keys(), ids=[k for k, _ in path_keys()])
 def test_every_path_key_accepts_the_right_thing(tmp_path, key, kind):
-    from nmt.config import TrainConfig, set_path
-    from nmt.strict import from_dict
+    from nmt.config import TrainConfig, from_dict, set_path
     from nmt.validate import check_paths
 
     data = {"data": {"src_lang": "en", "tgt_lang": "de"}}

@@ -165,9 +165,9 @@ def test_user_errors_keep_exit_2_under_debug(tmp_path, corpus_dir):
 @pytest.mark.parametrize("command", ["train", "check"])
 def test_help_lists_every_config_key_as_the_readme_table_does(command, capsys):
     """`nmt train --help`: each key with its type, default, allowed values and meaning, grouped by section, from
-    nmt.config_reference.config_fields (the source of docs/configuration.md's table, tests/test_config.py)."""
+    nmt.config.config_fields (the source of docs/configuration.md's table, tests/test_config.py)."""
     from nmt.cli import main
-    from nmt.config_reference import config_fields, json_default
+    from nmt.config import config_fields, json_default
 
     with pytest.raises(SystemExit):
         main([command, "--help"])

@@ -11,13 +11,14 @@ from nmt.config import (
     SIZE_FIELDS,
     ModelConfig,
     TrainConfig,
+    config_fields,
+    from_dict,
     load_config,
     parse_override,
     set_path,
+    to_dict,
 )
-from nmt.config_reference import config_fields
 from nmt.errors import NmtError
-from nmt.strict import from_dict, to_dict
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -108,10 +109,10 @@ def test_config_reference_covers_every_field():
 
 
 def test_the_configuration_page_holds_every_key():
-    from nmt.config_reference import reference_markdown, table_in
+    from nmt.config import reference_markdown, table_in
 
     page = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert table_in(page) == reference_markdown(), "regenerate: python -m nmt.config_reference docs/configuration.md"
+    assert table_in(page) == reference_markdown(), "regenerate: python -m nmt.config docs/configuration.md"
 
 
 def test_shipped_configs_keep_their_sizes():
@@ -180,7 +181,7 @@ CONTEXT = {"eval_beam": 4}
 
 
 def test_every_numeric_key_declares_its_range():
-    from nmt.ranges import RANGE
+    from nmt.config import RANGE
 
     assert len(ALL_NUMERIC) > 40  # the walk finds the keys (nested sections, optional and list-valued ones)
     undeclared = [key for key, f, _, _ in ALL_NUMERIC if RANGE not in f.metadata]
@@ -193,7 +194,7 @@ def bad_values(kind):
 
 @pytest.mark.parametrize("key, f, kind, container", ALL_NUMERIC, ids=[k[0] for k in ALL_NUMERIC])
 def test_every_numeric_key_refuses_values_outside_its_range_by_name(key, f, kind, container):
-    from nmt.ranges import RANGE
+    from nmt.config import RANGE
     from nmt.search import SearchConfig
 
     allowed = f.metadata[RANGE]
@@ -222,7 +223,7 @@ def test_keys_whose_zero_means_something_accept_it():
 
 
 def test_path_like_keys_declare_a_kind():
-    from nmt.ranges import PATH, walk
+    from nmt.config import PATH, walk
 
     looks_like_a_path = re.compile(r"(^|_)(dir|file|path|from|train|valid|test|resume)$")
     fields = [(key, f) for key, f, _ in walk(TrainConfig()) if looks_like_a_path.search(key.split(".")[-1])]

@@ -34,8 +34,7 @@ def cli(*argv: str) -> str:
     ("import nmt", set()),
     ("import nmt\nnmt.__all__, dir(nmt)", set()),
     ("import nmt.errors", set()),
-    ("import nmt.config", set()),
-    ("import nmt.config_reference", set()),  # YAML is read inside read_yaml/parse_override/save_yaml
+    ("import nmt.config", set()),  # YAML is read inside read_yaml/parse_override/save_yaml
     ("import nmt.model_dir", set()),
     ("import nmt.info", set()),
     ("import nmt.validate", set()),
@@ -83,9 +82,9 @@ def test_nmt_info_reads_json_and_headers_only(tmp_path):
 LAYERS = [
     {"errors", "loss", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
-    {"strict", "ranges", "batching", "metrics", "textfiles", "launch", "fastlinear", "cache"},
-    {"config", "sampling", "plot"},  # plot: writes with textfiles
-    {"model_dir", "clean", "plan", "config_reference", "check_report"},
+    {"batching", "metrics", "textfiles", "launch", "fastlinear", "cache"},
+    {"config", "plot"},  # plot: writes with textfiles
+    {"model_dir", "clean", "plan", "check_report", "sampling"},
     {"checkpoint"},  # a checkpoint's and a model directory's fingerprints name model_dir's files
     {"tokenizer", "validate", "tables"},
     {"readers", "encoding"},

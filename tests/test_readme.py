@@ -417,7 +417,7 @@ def nmt_subcommands() -> dict:
 
 
 def config_keys() -> set[str]:
-    from nmt.config_reference import config_fields
+    from nmt.config import config_fields
 
     return {row[0] for row in config_fields()}
 

@@ -16,9 +16,8 @@ from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list, gather_object
 
 from nmt import checkpoint as ckpt
-from nmt.config import TrainConfig, read_yaml
+from nmt.config import TrainConfig, flat, read_yaml, to_dict
 from nmt.errors import NmtError
-from nmt.strict import flat, to_dict
 from nmt.tokenizer import PairTokenizer
 from nmt.training.state import Run, TrainState
 from nmt.training.verify import check_rng_restored, damage
