@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from nmt.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from nmt.config import FinetuneConfig
 from nmt.errors import NmtError
-from nmt.model_dir import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 ADAPTER = "default"  # the adapter's name inside the model (peft's default)
 PEFT_PREFIX = "base_model.model."  # how PeftModel.save_pretrained names the keys: from the PeftModel's root
@@ -164,9 +164,8 @@ def merge_adapter_dir(source: str | Path, out: str | Path, force: bool = False) 
     """A plain model directory `out` with the adapter of `source` (a LoRA run's model/, or the run folder) merged
     into its weights; the tokenizer, training.json and search.json are copied as they are (the merged model
     computes what the adapted one did). Written whole or not at all; an existing non-empty `out` only with `force`."""
-    from nmt.checkpoint import tokenizer_files, write_directory
+    from nmt.checkpoint import SEARCH_FILE, SUMMARY_FILE, tokenizer_files, write_directory
     from nmt.model import Seq2SeqTransformer
-    from nmt.model_dir import SEARCH_FILE, SUMMARY_FILE
     from nmt.textfiles import refuse_output_dir
 
     source, out = Path(source), Path(out)

@@ -1,10 +1,13 @@
-"""Where runs keep things on disk: step_N checkpoints (atomic), best/ and the final model directory, and what
-each was made with.
+"""The checkpoint chapter: where runs keep things on disk, and what each was made with. No torch at import: `nmt
+info` and the path checks of nmt.validate name these files cheaply; the functions that read weights import torch
+and Accelerate inside.
 
-A checkpoint is written under a temporary name and renamed into place, so a directory named
-step_N is always complete; `latest` is the newest such directory. Checkpoints and model directories record
-the sha256 fingerprints of the data they were trained on and of their tokenizer file(s) (`FINGERPRINTS`), so a
-resume on other data and a model directory with another tokenizer are named instead of silently misread.
+In reading order: the files of a model directory (output_dir/model, output_dir/best, `nmt average -o DIR`) and
+reading its JSON with named errors; step_N checkpoints, written under a temporary name and renamed into place, so
+a directory named step_N is always complete (`latest` is the newest such directory), with the sha256
+fingerprints of the data they were trained on and of their tokenizer file(s) (`FINGERPRINTS`), so a resume on
+other data and a model directory with another tokenizer are named instead of silently misread; whether a
+checkpoint is whole before Accelerate loads it; and checkpoint averaging.
 """
 
 from __future__ import annotations
@@ -15,13 +18,71 @@ import logging
 import os
 import re
 import shutil
+import struct
 import uuid
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from nmt.config import ModelConfig, from_dict
 from nmt.errors import NmtError
-from nmt.model_dir import JOINT_FILE, SRC_FILE, SUMMARY_FILE, TGT_FILE, read_json
 
+if TYPE_CHECKING:
+    import torch
+
+
+# --- The files of a model directory ----------------------------------------------------------------------------------
+# A model directory (output_dir/model, output_dir/best, `nmt average -o DIR`) holds config.json (the ModelConfig),
+# model.safetensors (the weights), the tokenizer JSON, and when training wrote them training.json (what the run was and
+# scored) and search.json (the tuned alpha); a LoRA run's also its adapter's two files. Named once here.
+
+CONFIG_FILE = "config.json"  # the ModelConfig as JSON
+WEIGHTS_FILE = "model.safetensors"  # the weights (a shared embedding stored once)
+SUMMARY_FILE = "training.json"  # step, best validation metrics, data, command line of the run
+SEARCH_FILE = "search.json"  # the alpha tuned on validation by training's tune_alpha
+LANGUAGES_FILE = "languages.json"  # a multilingual model's language pairs and the target languages one may ask for
+JOINT_FILE = "tokenizer.json"  # one tokenizer for both languages
+SRC_FILE, TGT_FILE = "tokenizer.src.json", "tokenizer.tgt.json"  # separate vocabularies
+ADAPTER_CONFIG = "adapter_config.json"  # a LoRA run's adapter: peft's LoraConfig (nmt.adapters)
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the LoRA matrices; model.safetensors holds the base weights
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`; a file that is not one is an NmtError naming it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NmtError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise NmtError(f"{path}: expected a JSON object")
+    return data
+
+
+def languages_record(pairs: list[str], targets: list[str], tags: list[str]) -> dict:
+    """What languages.json holds: the pairs trained ("en-de"), the target languages, and their source-side tags."""
+    return {"pairs": pairs, "target_languages": targets, "tags": dict(zip(targets, tags)) if tags else {}}
+
+
+def read_languages(directory: str | Path) -> dict | None:
+    """A model directory's languages.json (`languages_record`), or None where training wrote none."""
+    path = Path(directory) / LANGUAGES_FILE
+    return read_json(path) if path.is_file() else None
+
+
+def load_model_config(directory: str | Path) -> ModelConfig:
+    """The ModelConfig of a model directory (its config.json), checked like any config."""
+    directory = Path(directory)
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise NmtError(f"{path}: missing; {directory} is not an nmt model directory (give output_dir/model)")
+    try:
+        return from_dict(ModelConfig, read_json(path), "model")
+    except NmtError as e:
+        raise NmtError(f"{path}: {e}") from None
+
+
+# --- Checkpoints: written whole, found, pruned -----------------------------------------------------------------------
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE = "nmt_checkpoint.json"  # written last inside a checkpoint, before the rename
@@ -162,7 +223,7 @@ def prune(output_dir: str | Path, keep_last: int) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-# --- fingerprints: what a checkpoint or model directory was made with ---------------------------------------------
+# --- Fingerprints: what a checkpoint or model directory was made with ------------------------------------------------
 
 
 def sha256_parts(parts: Iterable[bytes]) -> str:
@@ -209,3 +270,180 @@ def data_changes(saved: dict, now: dict) -> list[str]:
     """The names in `now` (splits: "train", "valid", "test") whose fingerprint differs from `saved`'s; a name
     `saved` does not record (a checkpoint from before fingerprints) is not compared."""
     return [name for name, value in now.items() if saved.get(name) not in (None, value)]
+
+
+# --- Is a checkpoint whole? ------------------------------------------------------------------------------------------
+# Is a checkpoint whole? Every file of a step_N folder is read before Accelerate loads it (a truncated
+# `optimizer.bin` after a node crash, a random-state file Accelerate would silently skip, a tokenizer file that is
+# not the one recorded), and after loading the random states are checked to be the saved ones. (Weights of another
+# model size are not damage: loading them fails with the shapes and the changed keys named,
+# `nmt.validate.load_state_error`.)
+
+def damage(path: Path, rank: int) -> str | None:
+    """What is wrong with checkpoint `path` for process `rank` (a file unreadable, cut short or failing its
+    checksums), or None when it is whole."""
+    from accelerate.utils import RNG_STATE_NAME, SAFE_WEIGHTS_NAME
+
+    try:
+        info = json.loads((path / COMPLETE).read_text())
+        if not isinstance(info, dict) or "state" not in info:
+            return f"{COMPLETE} holds no training state"
+    except (OSError, ValueError) as e:
+        return f"{COMPLETE} is unreadable ({type(e).__name__})"
+    recorded = (info.get(FINGERPRINTS) or {}).get("tokenizer")
+    if recorded and tokenizer_sha256(path) != recorded:
+        names = " + ".join(p.name for p in tokenizer_files(path))
+        return f"{names} is not the tokenizer it recorded (sha256)" if names else "its tokenizer file is missing"
+    weights = sorted(path.rglob("*.safetensors"))
+    if not weights and not any(path.glob("pytorch_model*")):  # (FSDP's sharded weights: a pytorch_model_fsdp_0/)
+        return f"{SAFE_WEIGHTS_NAME} is missing"
+    for file in weights:
+        if problem := safetensors_damage(file):
+            return problem
+    for zipped in sorted(path.glob("*.bin")):
+        if problem := torch_file_damage(zipped):
+            return problem
+    if rank >= int(info.get("num_processes") or 1):
+        return None  # a process the checkpoint did not have: it starts from its seed (resume warns about this)
+    return rng_damage(path / f"{RNG_STATE_NAME}_{rank}.pkl")
+
+
+def safetensors_damage(path: Path) -> str | None:
+    """A missing or cut-short safetensors file."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        size = path.stat().st_size
+    except (OSError, ValueError, struct.error) as e:
+        return f"{path.name} is unreadable ({type(e).__name__})"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if size != 8 + n + end:
+        return f"{path.name} is cut short ({size} of {8 + n + end} bytes)"
+    return None
+
+
+def torch_file_damage(path: Path) -> str | None:
+    """A torch.save file (a zip archive) that is cut short or whose contents fail their checksums."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError) as e:
+        return f"{path.name} is unreadable ({type(e).__name__})"
+    return f"{path.name} is corrupt (member {bad})" if bad else None
+
+
+def rng_damage(path: Path) -> str | None:
+    """The random-state file as Accelerate loads it: Accelerate itself skips an unreadable one without a word."""
+    import torch
+    from accelerate.utils import load
+
+    if problem := torch_file_damage(path):
+        return problem
+    try:
+        states = load(path)
+        torch.ByteTensor(states["torch_manual_seed"])
+    except Exception as e:  # noqa: BLE001 (whatever makes Accelerate skip the file makes it damaged)
+        return f"{path.name} cannot be restored ({type(e).__name__})"
+    return None
+
+
+def check_rng_restored(path: Path, rank: int) -> None:
+    """After load_state: the torch generator is in the state the checkpoint saved (else resume is not exact)."""
+    import torch
+    from accelerate.utils import RNG_STATE_NAME, load
+
+    file = path / f"{RNG_STATE_NAME}_{rank}.pkl"
+    if not file.is_file():
+        return
+    states = load(file)
+    if not torch.equal(torch.get_rng_state(), states["torch_manual_seed"]):
+        raise NmtError(f"{path}: the random states were not restored (Accelerate skipped "
+                       f"{file.name}); resume from another checkpoint")
+
+
+# --- Checkpoint averaging --------------------------------------------------------------------------------------------
+# Checkpoint averaging: the element-wise mean of the weights of several checkpoints of one run.
+#
+# Averaging the last few checkpoints (Vaswani et al. 2017; fairseq's average_checkpoints) usually gains
+# BLEU for free. Reads safetensors only.
+
+def average_weights(dirs: list[Path]) -> dict[str, torch.Tensor]:
+    """Mean of the weights (model.safetensors) of `dirs` (checkpoints or model directories), in float32."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not dirs:
+        raise NmtError("nothing to average: no checkpoints given")
+    total: dict[str, torch.Tensor] = {}
+    for d in dirs:
+        try:
+            state = load_file(str(Path(d) / WEIGHTS_FILE))
+        except (SafetensorError, OSError, FileNotFoundError) as e:
+            raise NmtError(f"{Path(d) / WEIGHTS_FILE}: cannot read ({e})") from None
+        if total and state.keys() != total.keys():
+            raise NmtError(f"{d}: its weights have other names than {dirs[0]}'s; average checkpoints of one run only")
+        for k, v in state.items():
+            total[k] = total[k] + v.float() if k in total else v.float().clone()
+    return {k: v / len(dirs) for k, v in total.items()}
+
+
+def tied_names(model: torch.nn.Module) -> list[list[str]]:
+    """Groups of state-dict names that are one tensor (tied weights): safetensors stores each group once, under
+    any one of its names."""
+    groups: dict[tuple, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        groups.setdefault(key, []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load averaged weights into `model`; a tied weight stored once under one of its names fills the others
+    (nmt's shared embeddings and any own model's ties alike)."""
+    own = model.state_dict()
+    for names in tied_names(model):
+        stored = next((n for n in names if n in weights), None)
+        for name in names:
+            if stored is not None and name not in weights:
+                weights[name] = weights[stored]
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items() if k in own}, strict=True)
+
+
+def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = False) -> Path:
+    """Average the last `last` checkpoints of a run into a new model directory `out`.
+
+    The architecture and tokenizer come from the run's model/ (or best/) directory, and so does the adapter of a
+    LoRA run (its checkpoints' base and LoRA weights are averaged, and written as an adapter directory again, which
+    `nmt merge-adapter` merges); its search.json is not copied
+    (an alpha tuned for other weights). `out` is written as a sibling temporary directory and renamed into place:
+    an existing non-empty `out` only with `force`, and never one the average is read from."""
+    from nmt.adapters import has_adapter, save_adapted
+    from nmt.model import Seq2SeqTransformer
+    from nmt.textfiles import refuse_output_dir
+    from nmt.tokenizer import PairTokenizer
+
+    run_dir, out = Path(run_dir), Path(out)
+    found = list_checkpoints(run_dir)[-last:]
+    if len(found) < 2:
+        raise NmtError(f"{run_dir}: {len(found)} complete checkpoint(s) in checkpoints/; averaging needs 2 or more")
+    source = next((d for d in (run_dir / "model", run_dir / "best") if d.is_dir()), None)
+    if source is None:
+        raise NmtError(f"{run_dir}: no model/ or best/ to take the config and tokenizer from")
+    refuse_output_dir(out, [source, *found], force, "-o")
+    adapted = has_adapter(source)  # a LoRA run: its checkpoints hold the base and LoRA layers, averaged as such
+    model = Seq2SeqTransformer.from_pretrained(source, merge_adapter=False)
+    load_into(model, average_weights(found))
+
+    def write(tmp: Path) -> None:
+        if adapted:  # like the run's model/: the base weights and the averaged adapter
+            save_adapted(model, tmp)
+        else:
+            model.save_pretrained(tmp)
+        PairTokenizer.load(source).save(tmp)
+        summary = {"averaged": [str(d) for d in found], "from": str(source)}
+        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        if (source / LANGUAGES_FILE).is_file():  # a multilingual model's target languages and tags
+            shutil.copy2(source / LANGUAGES_FILE, tmp / LANGUAGES_FILE)
+
+    return write_directory(out, write)

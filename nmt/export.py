@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from nmt.batching import eval_batches
+from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE
 from nmt.collate import pad
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.errors import NmtError
-from nmt.model_dir import LANGUAGES_FILE, SEARCH_FILE
 from nmt.sampling import SamplingConfig
 from nmt.search import Hypothesis, SearchConfig, length_limits
 from nmt.tokenizer import UNK, PairTokenizer

@@ -11,9 +11,9 @@ import math
 import shlex
 from pathlib import Path
 
+from nmt.checkpoint import SEARCH_FILE, SUMMARY_FILE, WEIGHTS_FILE, load_model_config, read_json, read_languages
 from nmt.config import to_dict
 from nmt.errors import NmtError
-from nmt.model_dir import SEARCH_FILE, SUMMARY_FILE, WEIGHTS_FILE, load_model_config, read_json, read_languages
 
 
 def describe(model_dir: str | Path) -> dict:

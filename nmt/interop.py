@@ -181,7 +181,7 @@ def tokenizer_from_hf(hf_dir: str | Path, config=None, src_lang: str | None = No
 
 
 def _read_json(path: Path) -> dict:
-    from nmt.model_dir import read_json
+    from nmt.checkpoint import read_json
 
     return read_json(path)
 

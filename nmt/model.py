@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from nmt.cache import DecoderCache
+from nmt.checkpoint import ADAPTER_CONFIG, CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
 from nmt.config import ModelConfig, to_dict
 from nmt.errors import NmtError
 from nmt.fastlinear import linear
 from nmt.layers import DecoderLayer, Dropout, EncoderLayer, Packing, key_attend, sinusoids
 from nmt.loss import smoothed_cross_entropy
-from nmt.model_dir import ADAPTER_CONFIG, CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
 
 
 class Seq2SeqTransformer(nn.Module):

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
+from nmt.checkpoint import SEARCH_FILE
 from nmt.collate import pad as pad_rows
 from nmt.config import check_fields, ranged
 from nmt.decoder import start_decoder
 from nmt.errors import NmtError
-from nmt.model_dir import SEARCH_FILE
 from nmt.sampling import SamplingConfig, choose
 
 

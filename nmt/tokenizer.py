@@ -16,10 +16,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from nmt.checkpoint import check_fingerprint
+from nmt.checkpoint import JOINT_FILE, SRC_FILE, TGT_FILE, check_fingerprint
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
-from nmt.model_dir import JOINT_FILE, SRC_FILE, TGT_FILE
 
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
 PAD, UNK, BOS, EOS = range(4)

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nmt.checkpoint import read_languages
 from nmt.ensemble import Ensemble
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
-from nmt.model_dir import read_languages
 from nmt.sampling import SEEDS, SamplingConfig
 from nmt.score import Score, score_encoded
 from nmt.search import SearchConfig, beam_search, search_defaults, search_encoded
@@ -49,7 +49,7 @@ class Translator:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.search_defaults = search_defaults or {}  # SearchConfig fields used unless a call gives them
-        self.languages = languages  # the model directory's languages.json (nmt.model_dir), None where it has none
+        self.languages = languages  # the model directory's languages.json (nmt.checkpoint), None where it has none
 
     @property
     def target_languages(self) -> list[str]:

@@ -15,11 +15,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from nmt.checkpoint import COMPLETE
+from nmt.checkpoint import COMPLETE, CONFIG_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, WEIGHTS_FILE
 from nmt.compat import state_dict_mismatch
 from nmt.config import PATH, PATH_KINDS, RANGE, CorpusSpec, Range, TrainConfig, check_config, read_yaml, walk
 from nmt.errors import NmtError
-from nmt.model_dir import CONFIG_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, WEIGHTS_FILE
 
 TABLE_SUFFIXES = (".tsv", ".jsonl", ".json", ".csv")
 DISK_MARKERS = ("dataset_dict.json", "dataset_info.json", "state.json")  # what Dataset(Dict).save_to_disk writes

@@ -1,4 +1,4 @@
-"""nmt.average: the mean of a run's last checkpoints, into a model directory of its own."""
+"""nmt.checkpoint: the mean of a run's last checkpoints, into a model directory of its own."""
 
 import json
 from pathlib import Path
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 def test_average_weights_is_the_mean(tmp_path):
     from safetensors.torch import save_file
 
-    from nmt.average import average_weights
+    from nmt.checkpoint import average_weights
 
     for i, value in enumerate((1.0, 2.0, 6.0)):
         (tmp_path / str(i)).mkdir()
@@ -85,7 +85,7 @@ def test_average_replaces_a_used_directory_only_with_force_and_whole(run_dir, tm
 def test_average_of_checkpoints_with_other_names_is_refused(tmp_path):
     from safetensors.torch import save_file
 
-    from nmt.average import average_weights
+    from nmt.checkpoint import average_weights
 
     for name, key in (("a", "w"), ("b", "v")):
         (tmp_path / name).mkdir()
@@ -97,7 +97,7 @@ def test_average_of_checkpoints_with_other_names_is_refused(tmp_path):
 
 
 def test_load_into_fills_the_shared_embedding_stored_once(tmp_path):
-    from nmt.average import load_into
+    from nmt.checkpoint import load_into
 
     source, target = tiny_model(seed=1, share=True), tiny_model(seed=2, share=True)
     source.save_pretrained(tmp_path)  # shared tensors are stored once: no src_embed.weight in the file
@@ -132,7 +132,7 @@ class TiedOwnModel(torch.nn.Module):
 def test_averaging_an_own_model_with_tied_weights(tiny_cfg, capsys):
     """The checkpoints store the tied tensor once (under either name): the average fills the other name."""
     from nmt import train
-    from nmt.average import average_weights, tied_names
+    from nmt.checkpoint import average_weights, tied_names
 
     model = TiedOwnModel()
     assert tied_names(model) == [["inner.src_embed.weight", "out.weight"]]

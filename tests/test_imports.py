@@ -35,10 +35,9 @@ def cli(*argv: str) -> str:
     ("import nmt\nnmt.__all__, dir(nmt)", set()),
     ("import nmt.errors", set()),
     ("import nmt.config", set()),  # YAML is read inside read_yaml/parse_override/save_yaml
-    ("import nmt.model_dir", set()),
     ("import nmt.info", set()),
     ("import nmt.validate", set()),
-    ("import nmt.checkpoint", set()),
+    ("import nmt.checkpoint", set()),  # torch and Accelerate load inside the functions that read weights
     ("import nmt.batching", {"numpy"}),
     ("import nmt.tokenizer", {"tokenizers"}),
     ("import nmt.collate", {"torch", "numpy", "tokenizers"}),  # torch: it builds tensors (and torch, numpy)
@@ -84,8 +83,8 @@ LAYERS = [
     {"compat"},  # names a changed private API in an NmtError
     {"batching", "metrics", "textfiles", "launch", "fastlinear", "cache"},
     {"config", "plot"},  # plot: writes with textfiles
-    {"model_dir", "clean", "plan", "check_report", "sampling"},
-    {"checkpoint"},  # a checkpoint's and a model directory's fingerprints name model_dir's files
+    {"clean", "plan", "check_report", "sampling"},
+    {"checkpoint"},  # a model directory's files name its ModelConfig
     {"tokenizer", "validate", "tables"},
     {"readers", "encoding"},
     {"data", "collate"},
@@ -94,11 +93,10 @@ LAYERS = [
     {"model", "objective", "decoder"},
     {"search", "attention", "ensemble"},
     {"export", "score", "interop", "adapters"},
-    {"translate", "average", "info"},
+    {"translate", "info"},
     {"backtranslate", "request_batcher"},
     {"serve"},
-    {"training.step", "training.state", "training.progress", "training.finetune",
-     "training.verify"},
+    {"training.step", "training.state", "training.progress", "training.finetune"},
     {"training.artifacts", "training.planning", "training.resume"},
     {"training.evaluation"},
     {"training.loop", "training.setup"},
@@ -113,12 +111,14 @@ UPWARD = {  # the imports that point up on purpose, and why
     ("model", "search"): "Seq2SeqTransformer.generate, a convenience entry, calls search inside the method",
     ("model", "interop"): "Seq2SeqTransformer.from_hf, a convenience entry, calls interop inside the method",
     ("model", "adapters"): "Seq2SeqTransformer.from_pretrained merges a directory's LoRA adapter inside the method",
+    **{("checkpoint", dep): "average_run, a command's entry, builds and writes the averaged model inside the function"
+       for dep in ("model", "adapters", "tokenizer")},
 }
 HOMES = {  # third-party library -> the only modules that import it (one home per library)
     "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},
     "datasets": {"tables", "readers", "encoding", "data", "dropout_epochs"},  # the data layer
     "pandas": {"clean"},  # the dedupe's string hashes
-    "accelerate": {"compat", "launch", *(n for n in LAYER if n.startswith("training."))},
+    "accelerate": {"compat", "launch", "checkpoint", *(n for n in LAYER if n.startswith("training."))},
     "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "transformers": {"interop"}, "peft": {"adapters"},
     "uvicorn": {"serve", "compat"},  # compat: the private protocol class serve extends
 }

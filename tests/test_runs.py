@@ -123,7 +123,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_bit_exactly(
 
 def test_an_unreadable_random_state_is_damage(tmp_path):
     """Accelerate skips a random-state file it cannot load without a word; the check names it."""
-    from nmt.training.verify import rng_damage
+    from nmt.checkpoint import rng_damage
 
     good = tmp_path / "random_states_0.pkl"
     torch.save({"torch_manual_seed": torch.get_rng_state(), "random_state": None}, good)

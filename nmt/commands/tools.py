@@ -55,7 +55,7 @@ def cmd_import(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.average import average_run
+    from nmt.checkpoint import average_run
 
     no_extra(extra)
     print(f"averaged model written to {average_run(args.run_dir, args.last, args.output, force=args.force)}")

@@ -15,10 +15,10 @@ from accelerate.utils import broadcast_object_list
 
 from nmt import checkpoint as ckpt
 from nmt.adapters import save_adapted
+from nmt.checkpoint import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, languages_record
 from nmt.compat import is_fsdp, tied_embedding_notice_muted
 from nmt.config import flat, save_yaml, to_dict
 from nmt.data import corpora_line, overlap_line
-from nmt.model_dir import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, languages_record
 from nmt.training.finetune import copy_tokenizer, segmentation
 from nmt.training.state import Run
 

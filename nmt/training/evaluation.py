@@ -14,11 +14,11 @@ from accelerate.logging import get_logger
 
 from nmt import checkpoint as ckpt
 from nmt.batching import eval_batches
+from nmt.checkpoint import SEARCH_FILE
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
-from nmt.model_dir import SEARCH_FILE
 from nmt.search import SearchConfig, search_encoded
 from nmt.tables import column
 from nmt.training.artifacts import log_metrics, plain_weights, save_model_dir
@@ -163,7 +163,7 @@ def evaluate_and_keep_best(run: Run, decode: bool = True) -> bool:
 
 def try_average(run: Run) -> None:
     """Average the last `average_last` checkpoints; it replaces best/ when it validates at least as well."""
-    from nmt.average import average_weights, load_into
+    from nmt.checkpoint import average_weights, load_into
 
     found = ckpt.list_checkpoints(run.out)[-run.cfg.average_last:]
     if is_fsdp(run.accelerator):

@@ -8,9 +8,9 @@ import dataclasses
 import json
 from pathlib import Path
 
+from nmt.checkpoint import load_model_config
 from nmt.config import SIZE_FIELDS, TrainConfig
 from nmt.errors import NmtError
-from nmt.model_dir import load_model_config
 from nmt.plan import open_keys
 from nmt.tokenizer import JOINT_FILE, SRC_FILE, TGT_FILE, UNK, PairTokenizer
 

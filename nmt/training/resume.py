@@ -16,11 +16,11 @@ from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list, gather_object
 
 from nmt import checkpoint as ckpt
+from nmt.checkpoint import check_rng_restored, damage
 from nmt.config import TrainConfig, flat, read_yaml, to_dict
 from nmt.errors import NmtError
 from nmt.tokenizer import PairTokenizer
 from nmt.training.state import Run, TrainState
-from nmt.training.verify import check_rng_restored, damage
 from nmt.validate import load_state_error
 
 log = get_logger(__name__)

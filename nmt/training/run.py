@@ -16,11 +16,11 @@ import torch
 from accelerate.utils import set_seed
 
 from nmt import checkpoint as ckpt
+from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE
 from nmt.compat import accelerate_state_exists, reset_accelerate_state
 from nmt.config import TrainConfig
 from nmt.data import prepare
 from nmt.launch import main_process_first
-from nmt.model_dir import CONFIG_FILE, SUMMARY_FILE
 from nmt.plan import Plan
 from nmt.textfiles import atomic_file
 from nmt.training.artifacts import publish_final, start_run
