@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmt.config import ModelConfig  # noqa: E402
 from nmt.ensemble import Ensemble  # noqa: E402
+from nmt.kernels import use_cpu_kernels  # noqa: E402
 from nmt.model import Seq2SeqTransformer  # noqa: E402
 from nmt.sampling import SamplingConfig  # noqa: E402
 from nmt.search import SearchConfig, beam_search, greedy  # noqa: E402
@@ -48,7 +49,7 @@ def nmt_model(seed: int = 0) -> Seq2SeqTransformer:
     (gain 1), so with bias b = 1 (all ones) and e_eos = EOS_LOGIT * b / |b|^2, (n + b) . e_eos = EOS_LOGIT."""
     torch.manual_seed(seed)
     cfg = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0, max_positions=256, **DIMS)
-    model = Seq2SeqTransformer(cfg).eval()
+    model = use_cpu_kernels(Seq2SeqTransformer(cfg).eval(), packed_linears=True)  # as Translator decodes
     with torch.no_grad():
         model.dec_norm.bias.fill_(1.0)
         model.tgt_embed.weight[EOS] = EOS_LOGIT / cfg.d_model

@@ -34,6 +34,7 @@ HEAP_STEP = """
 import random, sys, time, torch
 from nmt.compat import release_free_memory
 from nmt.config import ModelConfig
+from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.training.loop import RELEASE_EVERY
@@ -43,6 +44,7 @@ torch.manual_seed(0)
 random.seed(0)
 model = Seq2SeqTransformer(ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=128, n_heads=4, d_ff=512,
                                        n_encoder_layers=3, n_decoder_layers=3, dropout=0.1))
+use_cpu_kernels(model, fast_dropout=True)  # as training on the CPU does
 loss, opt, start = Seq2SeqLoss(model, 0.1), torch.optim.AdamW(model.parameters(), lr=1e-3), time.perf_counter()
 for step in range(1, steps + 1):
     B, S, T = random.randint(8, 120), random.randint(4, 60), random.randint(4, 60)

@@ -34,6 +34,7 @@ from nmt.batching import global_batches  # noqa: E402
 from nmt.collate import Collator  # noqa: E402
 from nmt.config import ModelConfig  # noqa: E402
 from nmt.encoding import pair_cost  # noqa: E402
+from nmt.kernels import use_cpu_kernels  # noqa: E402
 from nmt.loss import label_smoothed_nll  # noqa: E402
 from nmt.model import Seq2SeqTransformer  # noqa: E402
 from nmt.objective import Seq2SeqLoss  # noqa: E402
@@ -129,9 +130,10 @@ class Dims:
 
 
 def build_nmt(dims: Dims) -> nn.Module:
-    return Seq2SeqTransformer(ModelConfig(src_vocab_size=dims.vocab, tgt_vocab_size=dims.vocab, d_model=dims.d_model,
-                                          n_heads=dims.heads, n_encoder_layers=dims.layers,
-                                          n_decoder_layers=dims.layers, d_ff=dims.ffn, dropout=dims.dropout))
+    model = Seq2SeqTransformer(ModelConfig(src_vocab_size=dims.vocab, tgt_vocab_size=dims.vocab, d_model=dims.d_model,
+                                           n_heads=dims.heads, n_encoder_layers=dims.layers,
+                                           n_decoder_layers=dims.layers, d_ff=dims.ffn, dropout=dims.dropout))
+    return use_cpu_kernels(model, fast_dropout=True)  # as training on the CPU does
 
 
 def build_nmt_compiled(dims: Dims) -> nn.Module:

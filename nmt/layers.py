@@ -1,4 +1,4 @@
-"""The Transformer's parts (batch first): masks from ids, sinusoidal positions, dropout, packing of real tokens,
+"""The Transformer's parts (batch first): masks from ids, sinusoidal positions, packing of real tokens,
 attention, feed-forward and the encoder and decoder layers that nmt.model stacks.
 Shapes: B batch, S source, T target, D model, H heads, Dh head width, N real (unpadded) tokens.
 """
@@ -13,9 +13,6 @@ from torch import nn
 
 from nmt.cache import SelfKV
 from nmt.config import ModelConfig
-from nmt.fastlinear import linear
-
-INT64 = torch.iinfo(torch.int64)
 
 
 def key_attend(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:
@@ -56,40 +53,6 @@ def sinusoids(length: int, dim: int, layout: str = "interleaved") -> torch.Tenso
     return table
 
 
-class _CpuDropout(torch.autograd.Function):
-    """Dropout whose keep-mask comes from 64-bit random words, four 16-bit uniforms per draw."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
-        n, cut = x.numel(), round(p * 65536)  # drop where a uniform 16-bit integer falls below the cut
-        words = torch.randint(INT64.min, INT64.max, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
-        keep = torch.ge(words.view(torch.int16)[:n], cut - 32768, out=x.new_empty(n)).view(x.shape)  # 1. or 0.
-        ctx.scale = 65536 / (65536 - cut)  # 1 / (1 - p) for the p actually used
-        ctx.save_for_backward(keep)
-        return torch.addcmul(x.new_zeros(()), x, keep, value=ctx.scale)  # x * keep / (1 - p) in one pass
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (keep,) = ctx.saved_tensors
-        return torch.addcmul(grad.new_zeros(()), grad, keep, value=ctx.scale), None
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout, with a faster mask on the CPU.
-
-    Torch's CPU dropout draws one random number per element, serially: on the feed-forward activations it
-    took longer than the matmul before it (8% of a training step in all). Here each 64-bit draw gives four
-    16-bit uniforms, so p is rounded to a multiple of 2^-16 (0.1 -> 0.100006) and the scale 1/(1-p) with it.
-    Elsewhere (GPUs have fused dropout kernels) and under torch.compile it is nn.Dropout itself.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (not self.training or x.device.type != "cpu" or not 0 < self.p < 1 - 2**-17
-                or torch.compiler.is_compiling()):
-            return super().forward(x)
-        return _CpuDropout.apply(x, self.p)
-
-
 class Packing:
     """The real (non-pad) positions of a right-padded (B, L) id batch, N of them.
 
@@ -121,11 +84,14 @@ class Packing:
 
 
 class Linear(nn.Linear):
-    """nn.Linear through `nmt.fastlinear.linear`, optionally with bias slots held at zero (`zero_bias`, True there).
+    """nn.Linear, optionally with bias slots held at zero (`zero_bias`, True there); through a packed oneDNN weight
+    where `nmt.kernels.use_cpu_kernels` gives it a `packed_linear` (CPU inference), else `F.linear`.
 
     The layers call their projections as modules, never their weights directly, so a module that wraps one
     (a LoRA adapter, `nmt.adapters`, keeps it as its base layer and adds its low-rank term) takes part.
     """
+
+    packed_linear = None  # a nmt.kernels.PackedLinear once a model opts in (use_cpu_kernels)
 
     def __init__(self, d_in: int, d_out: int, zero_bias: torch.Tensor | None = None):
         super().__init__(d_in, d_out)
@@ -136,7 +102,11 @@ class Linear(nn.Linear):
         return self.bias if self.zero_bias is None else self.bias.masked_fill(self.zero_bias, 0.0)
 
     def forward(self, x: torch.Tensor, relu: bool = False) -> torch.Tensor:
-        return linear(x, self.weight, self.effective_bias(), relu=relu)
+        bias = self.effective_bias()
+        if self.packed_linear is not None:
+            return self.packed_linear(x, self.weight, bias, relu)
+        y = F.linear(x, self.weight, bias)
+        return F.relu(y) if relu else y
 
 
 class Attention(nn.Module):
@@ -196,10 +166,10 @@ class FeedForward(nn.Module):
         super().__init__()
         self.up, self.down = Linear(cfg.d_model, cfg.d_ff), Linear(cfg.d_ff, cfg.d_model)
         self.act = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}[cfg.activation]()
-        self.drop = Dropout(cfg.dropout)
+        self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.act, nn.ReLU) and type(self.up) is Linear:  # fused where fastlinear can (not under an adapter)
+        if isinstance(self.act, nn.ReLU) and type(self.up) is Linear:  # fused where packed (not under an adapter)
             h = self.up(x, relu=True)
         else:
             h = self.act(self.up(x))
@@ -211,7 +181,7 @@ class Sublayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm, self.drop, self.pre_norm = nn.LayerNorm(cfg.d_model), Dropout(cfg.dropout), cfg.pre_norm
+        self.norm, self.drop, self.pre_norm = nn.LayerNorm(cfg.d_model), nn.Dropout(cfg.dropout), cfg.pre_norm
 
     def forward(self, x: torch.Tensor, fn) -> tuple[torch.Tensor, object]:
         y = fn(self.norm(x) if self.pre_norm else x)

@@ -12,19 +12,21 @@ import math
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nmt.cache import DecoderCache
 from nmt.checkpoint import ADAPTER_CONFIG, CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
 from nmt.config import ModelConfig, to_dict
 from nmt.errors import NmtError
-from nmt.fastlinear import linear
-from nmt.layers import DecoderLayer, Dropout, EncoderLayer, Packing, key_attend, sinusoids
+from nmt.layers import DecoderLayer, EncoderLayer, Packing, key_attend, sinusoids
 from nmt.loss import smoothed_cross_entropy
 
 
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer taking only batch-leading LongTensors of token ids."""
+
+    packed_linear = None  # the output projection's nmt.kernels.PackedLinear once the model opts in (use_cpu_kernels)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -41,7 +43,7 @@ class Seq2SeqTransformer(nn.Module):
         self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model, cfg.positions), persistent=False)
         if cfg.final_logits_bias:  # a buffer, as in Marian: stored with the weights, never trained
             self.register_buffer("final_logits_bias", torch.zeros(cfg.tgt_vocab_size))
-        self.drop = Dropout(cfg.dropout)
+        self.drop = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
@@ -118,7 +120,10 @@ class Seq2SeqTransformer(nn.Module):
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., V) through the output projection tied to the target embedding."""
-        return linear(hidden, self.tgt_embed.weight, getattr(self, "final_logits_bias", None))
+        bias = getattr(self, "final_logits_bias", None)
+        if self.packed_linear is not None:  # nmt.kernels.use_cpu_kernels: CPU inference through a packed weight
+            return self.packed_linear(hidden, self.tgt_embed.weight, bias)
+        return F.linear(hidden, self.tgt_embed.weight, bias)
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) at every position, as cached decoding computes them."""

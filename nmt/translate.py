@@ -27,6 +27,7 @@ import torch
 from nmt.checkpoint import read_languages
 from nmt.ensemble import Ensemble
 from nmt.errors import NmtError
+from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
 from nmt.sampling import SEEDS, SamplingConfig
 from nmt.score import Score, score_encoded
@@ -90,7 +91,7 @@ class Translator:
         if isinstance(directory, (list, tuple)):
             return cls._ensemble([Path(d) for d in directory], device)
         directory = Path(directory)
-        model = Seq2SeqTransformer.from_pretrained(directory)
+        model = use_cpu_kernels(Seq2SeqTransformer.from_pretrained(directory), packed_linears=True)  # fixed weights
         tokenizer = PairTokenizer.load(directory)
         tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
         return cls(model, tokenizer, device, search_defaults(directory), read_languages(directory))

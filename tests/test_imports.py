@@ -81,7 +81,7 @@ def test_nmt_info_reads_json_and_headers_only(tmp_path):
 LAYERS = [
     {"errors", "loss", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
-    {"batching", "metrics", "textfiles", "launch", "fastlinear", "cache"},
+    {"batching", "metrics", "textfiles", "launch", "kernels", "cache"},
     {"config", "plot"},  # plot: writes with textfiles
     {"clean", "plan", "check_report", "sampling"},
     {"checkpoint"},  # a model directory's files name its ModelConfig

@@ -350,28 +350,6 @@ def test_loss_from_labels_equals_the_loss_of_the_logits(model, batch, smoothing,
             torch.testing.assert_close(grad, grads_b[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_cpu_dropout_rate_scale_gradient_and_seed():
-    """The CPU dropout drops p of the elements (to within 5 sigma), scales the rest by 1/(1-p) so the mean
-    is kept, passes the same mask to the gradient, repeats under the same seed and is off in eval mode."""
-    from nmt.layers import Dropout
-
-    drop, n, p = Dropout(0.1).train(), 1_000_000, 0.1
-    x = torch.ones(n, requires_grad=True)
-    torch.manual_seed(0)
-    y = drop(x)
-    dropped = float(y.eq(0).float().mean())
-    assert abs(dropped - p) < 5 * (p * (1 - p) / n) ** 0.5
-    kept = y[y.ne(0)]
-    torch.testing.assert_close(kept, torch.full_like(kept, 1 / (1 - round(p * 65536) / 65536)))
-    y.backward(torch.full_like(y, 2.0))
-    torch.testing.assert_close(x.grad, 2 * y.detach())
-    torch.manual_seed(0)
-    assert torch.equal(drop(x), y)
-    assert not torch.equal(drop(x), y)  # the next call draws a new mask
-    assert drop(torch.ones(4, 5, dtype=torch.bfloat16)).dtype == torch.bfloat16
-    assert torch.equal(drop.eval()(x), x)
-
-
 def test_model_without_sizes_is_named():
     """size 'auto' is resolved by train() from the corpus; a model built directly needs sizes or a preset."""
     from nmt import ModelConfig

@@ -21,6 +21,7 @@ from nmt import plan as planlib
 from nmt.batching import TokenBatchSampler
 from nmt.collate import Collator
 from nmt.config import ModelConfig, TrainConfig
+from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
@@ -104,7 +105,7 @@ def speed_probe(cfg: TrainConfig, corpus, device: str | None, precision: str) ->
                                 share_embeddings=cfg.model.share_embeddings and tok.joint)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(cfg.seed)
-            model = Seq2SeqTransformer(model_cfg)
+            model = use_cpu_kernels(Seq2SeqTransformer(model_cfg), fast_dropout=device.type == "cpu")  # as trained
         chunks = ([plan.batches[i % len(plan)]] for i in range(PROBE_STEPS + 1))
         timed = time_steps(model, cfg, batches(cfg, train, chunks, device, model), PROBE_STEPS, device,
                            precision)

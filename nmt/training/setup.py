@@ -21,6 +21,7 @@ from nmt.data import Corpus
 from nmt.dropout_epochs import bpe_dropout
 from nmt.encoding import source_lengths
 from nmt.errors import NmtError
+from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
@@ -75,6 +76,8 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
         model = Seq2SeqTransformer.from_pretrained(cfg.init_from, cfg=cfg.model)
     else:
         model = Seq2SeqTransformer(cfg.model)
+    if isinstance(model, Seq2SeqTransformer) and default_device().type == "cpu":  # before LoRA's own dropout
+        use_cpu_kernels(model, fast_dropout=True)  # the CPU's faster dropout mask (nmt.kernels)
     if cfg.finetune.freeze or cfg.finetune.lora_r:
         apply_finetune(model, cfg.finetune)  # parts frozen, or LoRA layers that alone train
     check_contract(model, tokenizer)

@@ -1,0 +1,120 @@
+"""Opt-in CPU fast paths for nmt's model: a linear through oneDNN with its weight packed once, and a dropout whose
+mask costs a quarter of torch's random draws. The model itself is plain PyTorch (`F.linear`, `nn.Dropout`); nothing
+here runs until `use_cpu_kernels` switches it on for one model, and importing this module changes nothing global
+(no hooks on anyone's optimizers, no caches shared between models).
+
+Who opts in: `Translator.from_pretrained` (packed linears: inference with a model directory's fixed weights) and a
+training run on the CPU (the fast dropout). Training never packs its linears: a fused optimizer step
+(torch.optim.AdamW(fused=True), what training uses) updates weights in place without bumping their version counter,
+so a pack could not see a training step, and validation would decode with stale weights.
+
+The packed linear uses PyTorch's own private ops that inductor's CPU freezing uses (`torch.ops.mkldnn.
+_reorder_linear_weight` / `_linear_pointwise`), reached through `nmt.compat` like every private API;
+`tests/test_kernels.py` fails loudly if they change. Without them, `F.linear` runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt import compat
+
+AVAILABLE = compat.mkldnn_packed_linear_available()
+MIN_WEIGHT = 256 * 256  # smaller weights take F.linear: oneDNN's ~0.1 ms set-up per call outweighs its gain
+INT64 = torch.iinfo(torch.int64)
+
+
+def use_cpu_kernels(model: nn.Module, packed_linears: bool = False, fast_dropout: bool = False) -> nn.Module:
+    """Switch `model`'s CPU fast paths on (True) or off (False), in place; returns `model`.
+
+    `packed_linears`: every module that declares a `packed_linear` slot (nmt.layers.Linear, and the model itself for
+    its output projection) multiplies through a `PackedLinear` of its own. For inference only (see above).
+    `fast_dropout`: every `nn.Dropout` of the model becomes a `FastDropout` (and back when False). Call it before
+    adapters are added, so that their own dropout stays torch's.
+    """
+    for module in model.modules():
+        if hasattr(module, "packed_linear"):
+            module.packed_linear = PackedLinear() if packed_linears else None
+    swap = (nn.Dropout, FastDropout) if fast_dropout else (FastDropout, nn.Dropout)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is swap[0]:
+                setattr(parent, name, swap[1](child.p).train(child.training))
+    return model
+
+
+# --- The packed linear -------------------------------------------------------------------------------------------
+# `PackedLinear()(x, weight, bias)` is `F.linear`, except when nothing needs gradients and everything is float32 on
+# a CPU with oneDNN: then the weight is reordered once into oneDNN's blocked layout (kept on the module it serves,
+# refreshed when the weight changes) and multiplied there. On the small row counts of a decoding step this is up to
+# twice as fast as MKL's sgemm on the plain weight, which is most of a CPU decoding step.
+
+
+def _usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (AVAILABLE and weight.numel() >= MIN_WEIGHT and x.device.type == "cpu"
+            and x.dtype == weight.dtype == torch.float32
+            and not torch.is_grad_enabled() and not weight.is_inference() and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling())
+
+
+class PackedLinear:
+    """F.linear for one module's weight, through oneDNN's packed layout where `_usable`. The packed copy lives here,
+    on the module (not in a global table), with the key it was packed from: (version, data pointer, shape)."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.pack: torch.Tensor | None = None
+
+    def packed(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight (N, K) in oneDNN's layout, packed on first use and again whenever it changed (in place or moved)."""
+        key = (compat.tensor_version(weight), weight.data_ptr(), weight.shape)
+        if self.pack is None or self.key != key:
+            with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable outside inference mode too
+                self.pack = compat.mkldnn_pack_linear_weight(weight.detach())
+            self.key = key
+        return self.pack
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 relu: bool = False) -> torch.Tensor:
+        """F.linear(x, weight, bias) (..., K) -> (..., N), then ReLU if `relu` (fused into the product on oneDNN)."""
+        if not _usable(x, weight):
+            y = F.linear(x, weight, bias)
+            return F.relu(y) if relu else y
+        return compat.mkldnn_packed_linear(x, self.packed(weight), bias, relu)
+
+
+# --- The fast CPU dropout ----------------------------------------------------------------------------------------
+# Torch's CPU dropout draws one random number per element, serially: on the feed-forward activations it took longer
+# than the matmul before it (8% of a training step in all). Here each 64-bit draw gives four 16-bit uniforms, so p is
+# rounded to a multiple of 2^-16 (0.1 -> 0.100006) and the scale 1/(1-p) with it.
+
+
+class _CpuDropout(torch.autograd.Function):
+    """Dropout whose keep-mask comes from 64-bit random words, four 16-bit uniforms per draw."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        n, cut = x.numel(), round(p * 65536)  # drop where a uniform 16-bit integer falls below the cut
+        words = torch.randint(INT64.min, INT64.max, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
+        keep = torch.ge(words.view(torch.int16)[:n], cut - 32768, out=x.new_empty(n)).view(x.shape)  # 1. or 0.
+        ctx.scale = 65536 / (65536 - cut)  # 1 / (1 - p) for the p actually used
+        ctx.save_for_backward(keep)
+        return torch.addcmul(x.new_zeros(()), x, keep, value=ctx.scale)  # x * keep / (1 - p) in one pass
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return torch.addcmul(grad.new_zeros(()), grad, keep, value=ctx.scale), None
+
+
+class FastDropout(nn.Dropout):
+    """nn.Dropout, with the faster mask of `_CpuDropout` on the CPU. Elsewhere (GPUs have fused dropout kernels) and
+    under torch.compile it is nn.Dropout itself."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (not self.training or x.device.type != "cpu" or not 0 < self.p < 1 - 2**-17
+                or torch.compiler.is_compiling()):
+            return super().forward(x)
+        return _CpuDropout.apply(x, self.p)

@@ -1,0 +1,130 @@
+"""The opt-in CPU kernels (nmt.kernels): PyTorch's private oneDNN ops the packed linear relies on still exist and
+still compute F.linear; the packed weight follows the weight when it changes; anything but no-grad float32 CPU
+inference goes through F.linear; the fast dropout keeps its rate, scale and seed. And nothing is switched on by
+importing: a plain model is plain PyTorch, only Translator and CPU training opt in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import model_dir, one_thread  # noqa: F401
+
+import nmt.kernels as kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_private_ops_exist_and_compute_f_linear():
+    """Fails loudly when torch renames or changes torch.ops.mkldnn._reorder_linear_weight/_linear_pointwise."""
+    assert kernels.AVAILABLE, "torch.ops.mkldnn._reorder_linear_weight/_linear_pointwise are gone: update nmt/kernels.py"
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*shape, generator=g) for shape in ((2, 3, 256), (300, 256), (300,)))
+    linear = kernels.PackedLinear()
+    with torch.no_grad():
+        assert kernels._usable(x, w)
+        for relu in (False, True):
+            want = F.linear(x, w, b)
+            want = F.relu(want) if relu else want
+            got = linear(x, w, b, relu=relu)
+            assert got.shape == (2, 3, 300) and torch.allclose(got, want, atol=1e-4)
+        assert torch.allclose(linear(x[:, :0], w), F.linear(x[:, :0], w))  # no rows
+        assert torch.allclose(linear(x.transpose(0, 1), w), F.linear(x.transpose(0, 1), w), atol=1e-4)
+
+
+def test_packed_weight_follows_changes():
+    w = torch.nn.Parameter(torch.randn(300, 256))
+    x = torch.randn(4, 256)
+    linear = kernels.PackedLinear()
+    with torch.no_grad():
+        first = linear(x, w)
+        assert linear.packed(w) is linear.packed(w)  # packed once
+        w.mul_(2.0)  # an optimizer step or load_state_dict
+        assert torch.allclose(linear(x, w), 2 * first, atol=1e-4)
+        w.data = torch.randn(300, 256)  # a new storage
+        assert torch.allclose(linear(x, w), F.linear(x, w), atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["grad", "float64", "small", "autocast"])
+def test_other_cases_take_f_linear(case):
+    x, w = torch.randn(4, 256), torch.randn(300, 256)
+    if case == "float64":
+        x, w = x.double(), w.double()
+    if case == "small":
+        w = torch.randn(8, 256)
+    with torch.set_grad_enabled(case == "grad"), torch.autocast("cpu", enabled=case == "autocast"):
+        assert not kernels._usable(x, w)
+
+
+def test_cpu_dropout_rate_scale_gradient_and_seed():
+    """The fast CPU dropout drops p of the elements (to within 5 sigma), scales the rest by 1/(1-p) so the mean
+    is kept, passes the same mask to the gradient, repeats under the same seed and is off in eval mode."""
+    drop, n, p = kernels.FastDropout(0.1).train(), 1_000_000, 0.1
+    x = torch.ones(n, requires_grad=True)
+    torch.manual_seed(0)
+    y = drop(x)
+    dropped = float(y.eq(0).float().mean())
+    assert abs(dropped - p) < 5 * (p * (1 - p) / n) ** 0.5
+    kept = y[y.ne(0)]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / (1 - round(p * 65536) / 65536)))
+    y.backward(torch.full_like(y, 2.0))
+    torch.testing.assert_close(x.grad, 2 * y.detach())
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), y)
+    assert not torch.equal(drop(x), y)  # the next call draws a new mask
+    assert drop(torch.ones(4, 5, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert torch.equal(drop.eval()(x), x)
+
+
+def test_importing_hooks_nothing_and_a_plain_model_is_plain_pytorch():
+    """No optimizer hook after importing the model, its decoding and the kernels (in a fresh interpreter), and a
+    Seq2SeqTransformer built directly drops with nn.Dropout's exact p (the fast dropout's p is 0.100006)."""
+    code = ("import nmt.kernels, nmt.model, nmt.translate\n"
+            "from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks\n"
+            "assert not _global_optimizer_post_hooks and not _global_optimizer_pre_hooks")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    from helpers import tiny_model
+
+    model = tiny_model(dropout=0.1).train()
+    drops = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and all(type(m) is torch.nn.Dropout for m in drops)
+    assert all(m.packed_linear is None for m in model.modules() if hasattr(m, "packed_linear"))
+    y = drops[0](torch.ones(100_000))
+    kept = y[y.ne(0)]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.9))
+
+
+def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
+    """Translator.from_pretrained opts its model into packed linears (and translates as the plain model does);
+    the model a CPU training run builds gets the fast dropout and no packed linears, an opted-out one neither."""
+    from nmt.config import ModelConfig, TrainConfig
+    from nmt.tokenizer import PairTokenizer
+    from nmt.training.setup import build_model
+    from nmt.training.step import default_device
+    from nmt.translate import Translator
+
+    directory = model_dir(tmp_path / "m")
+    translator = Translator.from_pretrained(directory)
+    slots = [m for m in translator.model.modules() if hasattr(m, "packed_linear")]
+    assert len(slots) > 2 and all(isinstance(m.packed_linear, kernels.PackedLinear) for m in slots)
+    plain = Translator(kernels.use_cpu_kernels(Translator.from_pretrained(directory).model), translator.tokenizer)
+    assert all(m.packed_linear is None for m in plain.model.modules() if hasattr(m, "packed_linear"))
+    assert translator.translate(["a b c"]) == plain.translate(["a b c"])
+
+    tok = PairTokenizer.load(directory)
+    cfg = TrainConfig(model=ModelConfig.preset("tiny", src_vocab_size=tok.src_vocab_size,
+                                               tgt_vocab_size=tok.tgt_vocab_size, dropout=0.1))
+    model = build_model(cfg, tok, None)
+    fast = [m for m in model.modules() if type(m) is kernels.FastDropout]
+    assert bool(fast) == (default_device().type == "cpu")
+    assert not any(m.packed_linear for m in model.modules() if hasattr(m, "packed_linear"))
+    kernels.use_cpu_kernels(model)  # off again
+    assert not any(type(m) is kernels.FastDropout for m in model.modules())
