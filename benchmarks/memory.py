@@ -36,7 +36,7 @@ from nmt.compat import release_free_memory
 from nmt.config import ModelConfig
 from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
-from nmt.objective import Seq2SeqLoss
+from nmt.model import Seq2SeqLoss
 from nmt.training.loop import RELEASE_EVERY
 precision, steps, release = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 rss = lambda: next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) // 1024

@@ -35,9 +35,11 @@ from nmt.collate import Collator  # noqa: E402
 from nmt.config import ModelConfig  # noqa: E402
 from nmt.encoding import pair_cost  # noqa: E402
 from nmt.kernels import use_cpu_kernels  # noqa: E402
-from nmt.loss import label_smoothed_nll  # noqa: E402
-from nmt.model import Seq2SeqTransformer  # noqa: E402
-from nmt.objective import Seq2SeqLoss  # noqa: E402
+from nmt.model import (
+    Seq2SeqLoss,  # noqa: E402
+    Seq2SeqTransformer,  # noqa: E402
+    label_smoothed_nll,  # noqa: E402
+)
 
 PAD, BOS, EOS = 0, 2, 3
 

@@ -6,13 +6,16 @@ Shapes: B batch, S source, T target, D model, H heads, Dh head width, N real (un
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.cache import SelfKV
 from nmt.config import ModelConfig
+
+if TYPE_CHECKING:  # annotations only: nmt.model builds on these layers
+    from nmt.model import SelfKV
 
 
 def key_attend(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:

@@ -1,7 +1,10 @@
-"""The encoder-decoder Transformer (batch first). It takes token ids only and derives every mask itself.
+"""The model chapter: the encoder-decoder Transformer (batch first), the cache its incremental decoding keeps, and
+the loss it is trained on. It takes token ids only and derives every mask itself.
 
-`forward(src_ids, tgt_in_ids) -> logits` is all that DDP/DataParallel ever call; search calls
-`encode` and `decode` (with a `DecoderCache` for incremental decoding) on the unwrapped model.
+`forward(src_ids, tgt_in_ids) -> logits` is all that DDP/DataParallel ever call; search calls `encode` and
+`decode` (with a `DecoderCache` for incremental decoding) on the unwrapped model. In reading order: the model
+(`Seq2SeqTransformer`, built from the parts of nmt.layers); the decoder's key/value cache; the label-smoothed
+cross-entropy; and the training objective (`Seq2SeqLoss`), the module `Accelerator.prepare` receives.
 Shapes: B batch, S source, T target, D model, H heads, Dh head width, V vocabulary.
 """
 
@@ -9,18 +12,21 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.cache import DecoderCache
 from nmt.checkpoint import ADAPTER_CONFIG, CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
+from nmt.collate import special_id
 from nmt.config import ModelConfig, to_dict
 from nmt.errors import NmtError
 from nmt.layers import DecoderLayer, EncoderLayer, Packing, key_attend, sinusoids
-from nmt.loss import smoothed_cross_entropy
+
+# --- The model -------------------------------------------------------------------------------------------------------
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -133,10 +139,10 @@ class Seq2SeqTransformer(nn.Module):
 
     def packed_loss(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor,
                     label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """What `nmt.loss.label_smoothed_nll` returns of the logits, (smoothed loss sum, nll sum, number of real
+        """What `label_smoothed_nll` returns of the logits, (smoothed loss sum, nll sum, number of real
         tokens), but only the real (non-pad) positions are projected to the vocabulary: no (B, T, V) tensor.
 
-        `nmt.objective.Seq2SeqLoss` calls it inside its forward, so DDP/FSDP see one forward per micro-batch.
+        `Seq2SeqLoss` calls it inside its forward, so DDP/FSDP see one forward per micro-batch.
         """
         src = Packing(src_ids, self.cfg.pad_id)
         memory = self.encode_packed(src_ids, src)  # (N_src, D)
@@ -280,3 +286,215 @@ def _check_tensors(model: Seq2SeqTransformer, stored: dict, path: Path, source: 
                            f"{source} describes; copy the config.json saved with these weights")
         if dtype not in FLOAT_DTYPES:
             raise NmtError(f"{path}: {key} is stored as {dtype}, not as floating point; re-export the model")
+
+
+# --- The decoder's key/value cache -----------------------------------------------------------------------------------
+# The decoder's key/value cache for incremental decoding (`Seq2SeqTransformer.start_cache`), kept apart from
+# the model: what a search reorders, repeats and prunes as hypotheses go.
+# Shapes: G sentences, R = G * group hypothesis rows, H heads, S source, t steps so far, Dh head width.
+
+class SelfKV:
+    """One decoder layer's self-attention keys and values so far, stored time-major (t, R, H, Dh).
+
+    A reorder of the rows (beams re-ranked, sentences finished) is only noted; the next `extend` copies the
+    old steps in the new row order and appends the new one in a single pass (time-major, the old steps are
+    one contiguous block of the result). Attention reads them as (R, H, t, Dh) views.
+    """
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None  # (t, R, H, Dh)
+        self.v: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None  # reorder still to apply: new row i is old row rows[i]
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[0]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        if self.k is not None:
+            self.rows = rows if self.rows is None else self.rows.index_select(0, rows)
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new positions k, v (R, H, n, Dh); returns all positions, (R, H, t + n, Dh) each."""
+        self.k, self.v = self._append(self.k, k), self._append(self.v, v)
+        self.rows = None
+        return tuple(self)
+
+    def __iter__(self):
+        """K and V as batch-leading (R, H, t, Dh) views (after `extend`)."""
+        if self.k is not None:
+            yield from (self.k.permute(1, 2, 0, 3), self.v.permute(1, 2, 0, 3))
+
+    def _append(self, old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+        new = new.permute(2, 0, 1, 3)  # (n, R, H, Dh)
+        if old is None:
+            return new.contiguous()
+        out = new.new_empty(old.shape[0] + new.shape[0], *new.shape[1:])
+        if self.rows is None:
+            out[: old.shape[0]] = old
+        else:
+            torch.index_select(old, 1, self.rows, out=out[: old.shape[0]])
+        out[old.shape[0]:] = new
+        return out
+
+
+class DecoderCache:
+    """Per-layer keys/values for incremental decoding; every tensor is batch-leading (self-attention K/V are
+    stored time-major, `SelfKV`, and seen batch-leading).
+
+    Cross-attention K/V come from the encoder output once per sentence; self-attention K/V grow by one step
+    per call, one row per hypothesis. A sentence's `group` hypotheses (beam search's K beams) are consecutive
+    rows and share its cross-attention K/V, which are never copied per beam. `select` re-indexes every layer at
+    once when hypotheses are re-ranked, repeated or pruned.
+    """
+
+    def __init__(self, cross_kv: list[tuple], attend: torch.Tensor | None):
+        self.cross_kv = cross_kv  # per layer (G, H, S, Dh) twice
+        self.attend = attend  # (G, 1, 1, S) or None
+        self.self_kv = [SelfKV() for _ in cross_kv]  # R = G * group rows
+        self.group = 1
+
+    @property
+    def length(self) -> int:
+        return self.self_kv[0].length
+
+    def select(self, rows: torch.Tensor, sentences: torch.Tensor | None = None, group: int = 1) -> None:
+        """Keep hypothesis rows `rows` (R',) in that order, `group` per sentence; `sentences` (G',) picks the
+        sentences that go on (None: all of them, in order)."""
+        for kv in self.self_kv:
+            kv.reorder(rows)
+        if sentences is not None:
+            self.cross_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.cross_kv]
+            self.attend = None if self.attend is None else self.attend.index_select(0, sentences)
+        self.group = group
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep rows `index` (K,) of a cache holding one row per sentence, in that order."""
+        self.select(index, index, 1)
+
+
+# --- Label-smoothed cross-entropy ------------------------------------------------------------------------------------
+# Label-smoothed cross-entropy summed over real (non-pad) target tokens.
+#
+# Sums, not means: the training loop divides by the number of target tokens in the whole optimizer
+# step (all processes, all micro-batches), so the gradient does not depend on how a step is split.
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Per-row label-smoothed cross-entropy with a hand-written backward.
+
+    Autograd through log_softmax, gather and mean would keep or build four (N, V) tensors (log-probs,
+    the gather's scattered gradient, the mean's expanded one and their sum); here the log-probs are the only
+    one, and the backward turns them into the gradient in place: softmax - (1 - eps) onehot - eps / V.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, smoothing: float):
+        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V), fp32 also under autocast
+        nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
+        loss = (1.0 - smoothing) * nll - smoothing * lprobs.mean(-1) if smoothing > 0 else nll.clone()
+        ctx.save_for_backward(lprobs, target)
+        ctx.smoothing, ctx.dtype = smoothing, logits.dtype
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_nll):
+        lprobs, target = ctx.saved_tensors  # a second backward fails the version check instead of going wrong
+        eps, g = ctx.smoothing, grad_loss[:, None]  # (N, 1)
+        grad = lprobs.exp_().mul_(g)  # softmax * g, in the log-probs' buffer
+        if eps > 0:
+            grad.sub_(g * (eps / grad.shape[1]))
+        grad.scatter_add_(1, target[:, None], g * -(1.0 - eps))
+        return grad.to(ctx.dtype), None, None
+
+
+def smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
+                           smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (N, V), target (N,) -> (smoothed loss (N,), nll (N,)), both fp32; the nll carries no gradient.
+
+    loss = (1 - eps) * nll + eps * mean over the vocabulary of -log p (the smoothing mass spread uniformly).
+    """
+    return _SmoothedCrossEntropy.apply(logits, target, float(smoothing))
+
+
+def label_smoothed_nll(logits: torch.Tensor, labels: torch.Tensor, pad_id: int,
+                       smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """logits (B, T, V), labels (B, T) -> (smoothed loss sum, nll sum, number of real tokens).
+
+    Only positions whose label is not `pad_id` are scored, so padding costs no softmax. nmt's own model
+    does better: `model.packed_loss(src_ids, tgt_in_ids, labels)` projects only the real positions to the vocabulary.
+    """
+    real = labels.ne(pad_id)  # (B, T)
+    loss, nll = smoothed_cross_entropy(logits[real], labels[real], smoothing)
+    return loss.sum(), nll.sum().detach(), int(real.sum())
+
+
+# --- The training objective ------------------------------------------------------------------------------------------
+# The training objective: a module wrapping any model, returning summed label-smoothed loss sums.
+#
+# `Seq2SeqLoss` is what `Accelerator.prepare` receives for training, so DDP/FSDP wrap one forward that
+# scores a micro-batch: the model's own `packed_loss` when it has one (no (B, T, V) logits), else its logits
+# through `label_smoothed_nll`. Its state dict is the plain model's (no `model.` prefix), so
+# checkpoints and model directories keep the layout of a bare model.
+
+_INNER = re.compile(r"(^|\.)model\.")
+
+
+class LossSums(NamedTuple):
+    """Sums over the real (non-pad) target tokens of a batch."""
+
+    loss: torch.Tensor  # label-smoothed loss sum, scalar, carries the gradient
+    nll: torch.Tensor  # negative log-likelihood sum, scalar, detached
+    tokens: int  # real target tokens scored
+
+
+class Seq2SeqLoss(nn.Module):
+    """`forward(src_ids (B,S), tgt_in_ids (B,T), labels (B,T)) -> LossSums` of any model following the contract
+    `model(src_ids, tgt_in_ids) -> logits (B, T, V)`.
+
+    Args:
+        model: the model; its `packed_loss(src_ids, tgt_in_ids, labels, label_smoothing)` is used when present.
+        label_smoothing: epsilon of the smoothed loss (the nll is always unsmoothed).
+        flat_state_dict: state dicts without the `model.` prefix (off under FSDP, whose sharded checkpoints
+            name parameters by their path from the wrapped root).
+    """
+
+    def __init__(self, model: nn.Module, label_smoothing: float = 0.0, flat_state_dict: bool = True):
+        super().__init__()
+        self.model = model
+        self.label_smoothing = float(label_smoothing)
+        self.pad_id = special_id(model, "pad_id")
+        if flat_state_dict:
+            self.register_state_dict_post_hook(_drop_prefix)
+            self.register_load_state_dict_pre_hook(_add_prefix)
+            self.register_load_state_dict_post_hook(_report_without_prefix)
+
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor) -> LossSums:
+        packed = getattr(self.model, "packed_loss", None)
+        if packed is not None:
+            return LossSums(*packed(src_ids, tgt_in_ids, labels, self.label_smoothing))
+        logits = self.model(src_ids, tgt_in_ids)  # (B, T, V)
+        return LossSums(*label_smoothed_nll(logits, labels, self.pad_id, self.label_smoothing))
+
+
+def _drop_prefix(module, state_dict, prefix, local_metadata) -> None:
+    inner = prefix + "model."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+
+
+def _add_prefix(module, state_dict, prefix, *args) -> None:
+    inner = prefix + "model."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+
+
+def _report_without_prefix(module, incompatible) -> None:
+    """Missing/unexpected keys named as in the flat state dict (safetensors' load_model matches them so)."""
+    for keys in (incompatible.missing_keys, incompatible.unexpected_keys):
+        keys[:] = [_INNER.sub(r"\1", k, count=1) for k in keys]
+
+
+def unwrap_objective(module: nn.Module) -> nn.Module:
+    """The plain model inside a (possibly already unwrapped) `Seq2SeqLoss`; other modules as they are."""
+    return module.model if isinstance(module, Seq2SeqLoss) else module

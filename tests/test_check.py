@@ -15,8 +15,7 @@ from nmt.config import DataConfig, ModelConfig
 from nmt.data import prepare
 from nmt.encoding import pair_lengths
 from nmt.errors import NmtError
-from nmt.loss import label_smoothed_nll
-from nmt.model import Seq2SeqTransformer
+from nmt.model import Seq2SeqTransformer, label_smoothed_nll
 from nmt.synthetic import generate_pairs
 from tests.conftest import tiny_config, write_pairs
 

@@ -14,7 +14,7 @@ import torch
 from helpers import ATOL, PAD, one_thread, run_scattered, scatter_like, src_batch, tgt_in_batch, tiny_model  # noqa: F401
 from torch import nn
 
-from nmt.loss import label_smoothed_nll
+from nmt.model import label_smoothed_nll
 
 V = 24
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

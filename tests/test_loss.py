@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.loss import label_smoothed_nll, smoothed_cross_entropy
+from nmt.model import label_smoothed_nll, smoothed_cross_entropy
 
 PAD, V = 0, 11
 

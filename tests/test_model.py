@@ -319,7 +319,7 @@ def test_loss_from_labels_equals_the_loss_of_the_logits(model, batch, smoothing,
     """packed_loss(src_ids, tgt_in_ids, labels) runs position-wise layers and the output projection on real tokens only; its
     loss, nll, count and every parameter's gradient equal those of label_smoothed_nll over the full (B, T, V)
     logits. Also when labels are padding where tgt_in_ids are not (`shorter_labels`)."""
-    from nmt.loss import label_smoothed_nll
+    from nmt.model import label_smoothed_nll
 
     src_ids, tgt_in_ids = batch
     lengths = tgt_in_ids.ne(PAD).sum(1)

@@ -6,8 +6,7 @@ import torch
 from helpers import PAD, tiny_model
 from safetensors.torch import load_model, save_model
 
-from nmt.loss import label_smoothed_nll
-from nmt.objective import LossSums, Seq2SeqLoss, unwrap_objective
+from nmt.model import LossSums, Seq2SeqLoss, label_smoothed_nll, unwrap_objective
 
 V = 24
 

@@ -86,8 +86,7 @@ def record_epoch_and_validation(cfg, out: str) -> None:
 
     from nmt.batching import TokenBatchSampler
     from nmt.data import prepare
-    from nmt.model import Seq2SeqTransformer
-    from nmt.objective import Seq2SeqLoss
+    from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
     from nmt.training.evaluation import validate
     from nmt.training.state import Run
 

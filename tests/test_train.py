@@ -385,7 +385,7 @@ def test_tracker_that_cannot_log_is_named_before_training(tiny_cfg, name, needle
 def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     """The probe of `nmt check` and training call one `train_step`, with the same objective and optimizer."""
     from nmt.check import preflight
-    from nmt.objective import Seq2SeqLoss
+    from nmt.model import Seq2SeqLoss
     from nmt.training import step
 
     calls, real = [], step.train_step

@@ -22,8 +22,7 @@ from nmt.batching import TokenBatchSampler
 from nmt.collate import Collator
 from nmt.config import ModelConfig, TrainConfig
 from nmt.kernels import use_cpu_kernels
-from nmt.model import Seq2SeqTransformer
-from nmt.objective import Seq2SeqLoss
+from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
 from nmt.tables import column
 from nmt.textfiles import atomic_file
 from nmt.training import step as training_step

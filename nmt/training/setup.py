@@ -22,8 +22,7 @@ from nmt.dropout_epochs import bpe_dropout
 from nmt.encoding import source_lengths
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
-from nmt.model import Seq2SeqTransformer
-from nmt.objective import Seq2SeqLoss
+from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
 from nmt.tables import column
 from nmt.tokenizer import PairTokenizer
 from nmt.training.finetune import check_same_tokenizer

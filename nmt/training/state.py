@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nmt.objective import unwrap_objective
+from nmt.model import unwrap_objective
 
 if TYPE_CHECKING:
     from nmt.config import TrainConfig
