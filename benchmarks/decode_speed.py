@@ -32,11 +32,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmt.config import ModelConfig  # noqa: E402
-from nmt.ensemble import Ensemble  # noqa: E402
+from nmt.decoding import (  # noqa: E402
+    Ensemble,  # noqa: E402
+    SamplingConfig,  # noqa: E402
+    SearchConfig,
+    beam_search,
+    greedy,
+)
 from nmt.kernels import use_cpu_kernels  # noqa: E402
 from nmt.model import Seq2SeqTransformer  # noqa: E402
-from nmt.sampling import SamplingConfig  # noqa: E402
-from nmt.search import SearchConfig, beam_search, greedy  # noqa: E402
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 DIMS = dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024)

@@ -4,7 +4,7 @@
         --config configs/tatoeba-en-de.yaml [--output runs/ensemble] [--seeds 1 2] [key=value ...]
 
 Both runs share one tokenizer (trained on the same data with the same settings), so `nmt translate DIR_A DIR_B`
-can ensemble them: every step averages the models' log-probabilities (`nmt.ensemble`). Prints each model's and
+can ensemble them: every step averages the models' log-probabilities (`nmt.decoding`). Prints each model's and
 the ensemble's test BLEU and chrF (beam 4, sacreBLEU 13a) and decoding time; the test set is read at the end.
 """
 

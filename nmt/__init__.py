@@ -12,8 +12,8 @@ import types
 _HOMES = {  # public name -> the module that defines it
     "DataConfig": "nmt.config", "FinetuneConfig": "nmt.config", "ModelConfig": "nmt.config", "OptimConfig": "nmt.config",
     "TokenizerConfig": "nmt.config", "TrainConfig": "nmt.config", "load_config": "nmt.config",
-    "NmtError": "nmt.errors", "SamplingConfig": "nmt.sampling", "launch": "nmt.launch",
-    "Seq2SeqTransformer": "nmt.model", "SearchConfig": "nmt.search",
+    "NmtError": "nmt.errors", "SamplingConfig": "nmt.decoding", "launch": "nmt.launch",
+    "Seq2SeqTransformer": "nmt.model", "SearchConfig": "nmt.decoding",
     "TrainResult": "nmt.train", "train": "nmt.train", "Translator": "nmt.translate",
 }
 __all__ = sorted(_HOMES)

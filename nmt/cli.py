@@ -95,7 +95,7 @@ def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
 def _add_translate(sub) -> None:
     p = _add_decoding(sub, "translate", "translate stdin or --input to stdout or --output")
     p.add_argument("--input", help="read here instead of stdin")
-    p.add_argument("--nbest", type=Number(int, "nmt.search:SearchConfig.nbest"), default=1,
+    p.add_argument("--nbest", type=Number(int, "nmt.decoding:SearchConfig.nbest"), default=1,
                    help="hypotheses per sentence (tab-separated with scores; at most --beam)")
     p.add_argument("--attention", metavar="PNG", help="also draw the cross-attention alignment of the FIRST "
                    "input sentence into this image (.png/.svg/.pdf); needs MODEL_DIR, also with --ct2")
@@ -185,13 +185,13 @@ DEBUG_HELP = "on an error, print the Python traceback too (normally one line: ex
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling", action="store_true", help="draw each translation from the model instead of beam "
                    "search (--nbest N: N samples per sentence)")
-    p.add_argument("--topk", type=Number(int, "nmt.sampling:SamplingConfig.topk"), default=0,
+    p.add_argument("--topk", type=Number(int, "nmt.decoding:SamplingConfig.topk"), default=0,
                    help="with --sampling: draw among the k most likely tokens (0: all)")
-    p.add_argument("--topp", type=Number(float, "nmt.sampling:SamplingConfig.topp"), default=1.0,
+    p.add_argument("--topp", type=Number(float, "nmt.decoding:SamplingConfig.topp"), default=1.0,
                    help="with --sampling: draw among the most likely tokens whose probabilities sum to p (nucleus)")
-    p.add_argument("--temperature", type=Number(float, "nmt.sampling:SamplingConfig.temperature"), default=1.0,
+    p.add_argument("--temperature", type=Number(float, "nmt.decoding:SamplingConfig.temperature"), default=1.0,
                    help="with --sampling: < 1 sharper, > 1 flatter, 0 greedy")
-    p.add_argument("--seed", type=Number(int, "nmt.sampling:SamplingConfig.seed"), default=0,
+    p.add_argument("--seed", type=Number(int, "nmt.decoding:SamplingConfig.seed"), default=0,
                    help="with --sampling: the same seed and input give the same output")
 
 
@@ -224,9 +224,9 @@ def _add_serve_parser(sub) -> None:
 
 def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     """The search flags of translate, evaluate and backtranslate (nmt.commands.decode.search_kwargs reads them)."""
-    p.add_argument("--beam", type=Number(int, "nmt.search:SearchConfig.beam_size"), default=4,
+    p.add_argument("--beam", type=Number(int, "nmt.decoding:SearchConfig.beam_size"), default=4,
                    help="beam size (1: greedy)")
-    p.add_argument("--alpha", type=Number(float, "nmt.search:SearchConfig.alpha"),
+    p.add_argument("--alpha", type=Number(float, "nmt.decoding:SearchConfig.alpha"),
                    help="length penalty exponent (default: the model's tuned alpha, "
                    "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
     p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")

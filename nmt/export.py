@@ -20,9 +20,8 @@ from nmt.batching import eval_batches
 from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE
 from nmt.collate import pad
 from nmt.config import ModelConfig, from_dict, to_dict
+from nmt.decoding import Hypothesis, SamplingConfig, SearchConfig, length_limits
 from nmt.errors import NmtError
-from nmt.sampling import SamplingConfig
-from nmt.search import Hypothesis, SearchConfig, length_limits
 from nmt.tokenizer import UNK, PairTokenizer
 
 META_FILE = "nmt_ctranslate2.json"
@@ -188,7 +187,7 @@ class CT2Model:
 
     def search(self, src_ids: list[list[int]], search: SearchConfig, batch_tokens: int,
                sampling: SamplingConfig | None = None) -> dict[int, list[Hypothesis]]:
-        """Hypotheses for every input, keyed by position, as `nmt.search.search_encoded` returns them.
+        """Hypotheses for every input, keyed by position, as `nmt.decoding.search_encoded` returns them.
 
         Batches are nmt's (length-sorted, a token budget); each is decoded with the longest length limit of
         its sentences. Greedy output equals nmt's; beam scores are CTranslate2's, logprob / length ** alpha

@@ -156,8 +156,8 @@ class Seq2SeqTransformer(nn.Module):
 
     @torch.no_grad()
     def generate(self, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: int = 128, **kwargs) -> torch.Tensor:
-        """Translations as (B, L) ids ending in eos_id then pad_id. See `nmt.search.generate`."""
-        from nmt.search import generate  # the model's convenience entry into search (search never imports model)
+        """Translations as (B, L) ids ending in eos_id then pad_id. See `nmt.decoding.generate`."""
+        from nmt.decoding import generate  # the model's convenience entry into search (search never imports model)
 
         return generate(self, src_ids, beam_size=beam_size, max_new_tokens=max_new_tokens, **kwargs)
 

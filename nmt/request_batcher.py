@@ -60,7 +60,7 @@ class ServeConfig:
     max_connections: int = _flag(256, "open connections and requests at once; past them HTTP 503", "[1, 1e6]")
     shutdown_timeout: float = _flag(10.0, "on SIGTERM or Ctrl-C: seconds the requests in flight get to finish; the "
                                     "rest get HTTP 503 and the server exits", "[0, 86400]")
-    beam: int = _flag(4, "the beam size of requests that do not give one", "nmt.search:SearchConfig.beam_size")
+    beam: int = _flag(4, "the beam size of requests that do not give one", "nmt.decoding:SearchConfig.beam_size")
     threads: int = _flag(0, "torch threads of the model (0: torch's default)", "[0, 4096]")
     api_key: str | None = field(default=None, repr=False)  # --api-key or $NMT_API_KEY; never shown by GET /info
 

@@ -34,9 +34,9 @@ from starlette.routing import Route
 
 from nmt.compat import uvicorn_protocol_with_header_deadline
 from nmt.config import RANGE, Range
+from nmt.decoding import SearchConfig
 from nmt.errors import NmtError
 from nmt.request_batcher import API_KEY_ENV, Batcher, Job, QueueFull, ServeConfig, Stopping
-from nmt.search import SearchConfig
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def _short(value) -> str:
 
 def decoding_costs(translator, tokens: list[int], options: dict) -> list[int]:
     """Per sentence: beam x the most output tokens search may generate for it (as Translator.translate and
-    nmt.search.length_limits bound them: min(a + b * source length, max_new_tokens), truncated sources)."""
+    nmt.decoding.length_limits bound them: min(a + b * source length, max_new_tokens), truncated sources)."""
     limit = translator.model.cfg.max_positions
     search = SearchConfig(**{k: v for k, v in {**translator.search_defaults, **options}.items()
                              if k in SEARCH_RANGES and k != "max_new_tokens"})

@@ -2,7 +2,7 @@
 
 `Translator.from_pretrained(d).translate([...])` is the Python entry; `translate_stream` keeps
 memory flat on inputs of any size by working through them a chunk at a time.
-`Translator.from_pretrained([d1, d2])` is an ensemble (`nmt.ensemble`): one vocabulary, log-probabilities
+`Translator.from_pretrained([d1, d2])` is an ensemble (`nmt.decoding`): one vocabulary, log-probabilities
 averaged per step. `Translator.from_ctranslate2(d)` decodes a model exported by `nmt export` with CTranslate2
 instead (same methods, except `attention` and `score`, which need the PyTorch model).
 
@@ -25,13 +25,20 @@ from typing import TYPE_CHECKING
 import torch
 
 from nmt.checkpoint import read_languages
-from nmt.ensemble import Ensemble
+from nmt.decoding import (
+    SEEDS,
+    Ensemble,
+    SamplingConfig,
+    Score,
+    SearchConfig,
+    beam_search,
+    score_encoded,
+    search_defaults,
+    search_encoded,
+)
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
-from nmt.sampling import SEEDS, SamplingConfig
-from nmt.score import Score, score_encoded
-from nmt.search import SearchConfig, beam_search, search_defaults, search_encoded
 from nmt.tokenizer import PairTokenizer
 
 if TYPE_CHECKING:

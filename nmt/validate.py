@@ -131,7 +131,7 @@ PATH_CHECKS: dict[str, Callable[[str, Path, TrainConfig], None]] = {
 class Number:
     """An argparse `type` that reads an int or float and refuses values outside an interval with argparse's own
     message and exit code 2. The interval is given ("[1, 1000]") or taken from the dataclass field the flag sets
-    ("nmt.search:SearchConfig.beam_size"), looked up only when a value is parsed (no torch import for --help)."""
+    ("nmt.decoding:SearchConfig.beam_size"), looked up only when a value is parsed (no torch import for --help)."""
 
     def __init__(self, kind: type, allowed: str):
         self.kind, self._allowed = kind, allowed

@@ -170,7 +170,7 @@ def numeric_keys(cls=TrainConfig, prefix=""):
 
 
 def search_keys():
-    from nmt.search import SearchConfig
+    from nmt.decoding import SearchConfig
 
     return [(key, f, kind, c) for key, f, kind, c in numeric_keys(SearchConfig)]
 
@@ -195,7 +195,7 @@ def bad_values(kind):
 @pytest.mark.parametrize("key, f, kind, container", ALL_NUMERIC, ids=[k[0] for k in ALL_NUMERIC])
 def test_every_numeric_key_refuses_values_outside_its_range_by_name(key, f, kind, container):
     from nmt.config import RANGE
-    from nmt.search import SearchConfig
+    from nmt.decoding import SearchConfig
 
     allowed = f.metadata[RANGE]
     for value in bad_values(kind):

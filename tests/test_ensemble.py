@@ -9,11 +9,8 @@ from helpers import EOS, model_dir, one_thread, src_batch, tiny_model  # noqa: F
 
 from nmt import Translator
 from nmt.cli import main
-from nmt.ensemble import Ensemble
+from nmt.decoding import Ensemble, SamplingConfig, SearchConfig, score_encoded, search
 from nmt.errors import NmtError
-from nmt.sampling import SamplingConfig
-from nmt.score import score_encoded
-from nmt.search import SearchConfig, search
 
 V = 20
 

@@ -13,9 +13,8 @@ from helpers import BOS, EOS, PAD, one_thread, src_batch, tiny_model  # noqa: F4
 from nmt import Translator, train
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
+from nmt.decoding import SamplingConfig, SearchConfig, greedy, length_limits
 from nmt.errors import NmtError
-from nmt.sampling import SamplingConfig
-from nmt.search import SearchConfig, greedy, length_limits
 from nmt.tokenizer import SPECIALS
 from tests.conftest import tiny_config
 

@@ -1,5 +1,5 @@
 """The import graph: cheap things stay cheap (`import nmt`, `nmt --help`, `nmt info`, the config), and imports
-point one way, as docs/development.md's layering says (config <- plan <- tokenizer <- data; model <- search <-
+point one way, as docs/development.md's layering says (config <- plan <- tokenizer <- data; model <- decoding <-
 translate; ... <- training <- cli), read from the source of every module."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def cli(*argv: str) -> str:
     ("import nmt.batching", {"numpy"}),
     ("import nmt.tokenizer", {"tokenizers"}),
     ("import nmt.collate", {"torch", "numpy", "tokenizers"}),  # torch: it builds tensors (and torch, numpy)
-    ("import nmt.search", {"torch", "numpy", "tokenizers"}),  # search pads with collate, whose ids are the tokenizer's
+    ("import nmt.decoding", {"torch", "numpy", "tokenizers"}),  # search pads with collate, whose ids are the tokenizer's
     ("import nmt.translate", {"torch", "numpy", "tokenizers"}),  # no Accelerate, datasets, evaluate
     (cli("--help"), set()),
     (cli("train", "--help"), set()),
@@ -83,16 +83,16 @@ LAYERS = [
     {"compat"},  # names a changed private API in an NmtError
     {"batching", "metrics", "textfiles", "launch", "kernels"},
     {"config", "plot"},  # plot: writes with textfiles
-    {"clean", "plan", "check_report", "sampling"},
+    {"clean", "plan", "check_report"},
     {"checkpoint"},  # a model directory's files name its ModelConfig
     {"tokenizer", "validate", "tables"},
     {"readers", "encoding"},
     {"data", "collate"},
     {"dropout_epochs"},
     {"layers"},
-    {"model", "decoder"},
-    {"search", "attention", "ensemble"},
-    {"export", "score", "interop", "adapters"},
+    {"model"},
+    {"decoding", "attention"},
+    {"export", "interop", "adapters"},
     {"translate", "info"},
     {"backtranslate", "request_batcher"},
     {"serve"},
@@ -109,7 +109,7 @@ LAYERS = [
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 UPWARD = {  # the imports that point up on purpose, and why
     ("layers", "model"): "the annotation of a decoder layer's cache (SelfKV), imported under TYPE_CHECKING only",
-    ("model", "search"): "Seq2SeqTransformer.generate, a convenience entry, calls search inside the method",
+    ("model", "decoding"): "Seq2SeqTransformer.generate, a convenience entry, calls search inside the method",
     ("model", "interop"): "Seq2SeqTransformer.from_hf, a convenience entry, calls interop inside the method",
     ("model", "adapters"): "Seq2SeqTransformer.from_pretrained merges a directory's LoRA adapter inside the method",
     **{("checkpoint", dep): "average_run, a command's entry, builds and writes the averaged model inside the function"

@@ -9,11 +9,10 @@ from helpers import model_dir, one_thread, src_batch, tiny_model  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import nmt.search
+import nmt.decoding
 from nmt import Translator
+from nmt.decoding import SamplingConfig, SearchConfig, greedy, search
 from nmt.errors import NmtError
-from nmt.sampling import SamplingConfig
-from nmt.search import SearchConfig, greedy, search
 
 V = 20
 PROPERTY = settings(max_examples=15, deadline=None)
@@ -67,18 +66,18 @@ def test_drawn_tokens_lie_in_the_top_k_and_top_p_sets(case, topk, topp, temperat
     more likely, and the tokens more likely than it hold less than p of the probability."""
     model, src_ids = case
     draws = []
-    real = nmt.search.choose
+    real = nmt.decoding.choose
 
     def spy(lp, cfg, generator):
         chosen = real(lp, cfg, generator)
         draws.append((lp.clone(), chosen))
         return chosen
 
-    nmt.search.choose = spy
+    nmt.decoding.choose = spy
     try:
         greedy(model, src_ids, SEARCH, SamplingConfig(topk=topk, topp=topp, temperature=temperature, seed=seed))
     finally:
-        nmt.search.choose = real
+        nmt.decoding.choose = real
     for lp, chosen in draws:
         mine = lp.gather(1, chosen[:, None])  # (N, 1)
         above = lp > mine  # (N, V) tokens more likely than the drawn one

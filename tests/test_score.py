@@ -9,9 +9,8 @@ from helpers import BOS, EOS, model_dir, one_thread, src_batch, tiny_model  # no
 
 from nmt import Translator
 from nmt.cli import main
+from nmt.decoding import SearchConfig, beam_search, score_encoded
 from nmt.errors import NmtError
-from nmt.score import score_encoded
-from nmt.search import SearchConfig, beam_search
 
 V = 20
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from nmt.search import Hypothesis, SearchConfig, beam_search, greedy, length_limits
+from nmt.decoding import Hypothesis, SearchConfig, beam_search, greedy, length_limits
 
 V = 20
 PROPERTY = settings(max_examples=25, deadline=None)
@@ -221,7 +221,7 @@ def test_generate_returns_the_best_hypotheses_as_eos_then_padding():
 
 def test_search_encoded_stops_between_batches_when_asked():
     """Validation's decoding gives up between batches once a stop signal arrived (torchrun allows 30 s)."""
-    from nmt.search import SearchConfig, search_encoded
+    from nmt.decoding import SearchConfig, search_encoded
     from tests.helpers import tiny_model
 
     model, asked = tiny_model(), []

@@ -227,7 +227,7 @@ def test_tune_alpha_decodes_validation_only_and_the_model_keeps_the_best(tiny_cf
     from nmt.cli import main
     from nmt.info import describe, lines
 
-    train_module = importlib.import_module("nmt.training.evaluation")  # validation decodes through nmt.search
+    train_module = importlib.import_module("nmt.training.evaluation")  # validation decodes through nmt.decoding
     decoded = []
     real = train_module.search_encoded
 

@@ -14,10 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.config import ModelConfig, TokenizerConfig
+from nmt.decoding import SEARCH_FILE, SamplingConfig
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
-from nmt.sampling import SamplingConfig
-from nmt.search import SEARCH_FILE
 from nmt.synthetic import generate_pairs
 from nmt.tokenizer import EOS, train_pair_tokenizer
 from nmt.translate import Translator, fit_length
@@ -138,7 +137,7 @@ def test_outputs_align_one_to_one_with_inputs(short, picks, nbest, long_inputs):
 
 
 def test_a_split_input_joins_its_pieces_in_order_in_every_hypothesis(short):
-    from nmt.search import SearchConfig, search_encoded
+    from nmt.decoding import SearchConfig, search_encoded
 
     text = long_text(0)
     pieces = fit_length(short.tokenizer.encode_src([text])[0], 12, "split")

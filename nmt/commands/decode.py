@@ -20,7 +20,7 @@ def search_kwargs(args: argparse.Namespace) -> dict:
     alpha = {} if args.alpha is None else {"alpha": args.alpha}
     sampling = None
     if args.sampling:
-        from nmt.sampling import SamplingConfig
+        from nmt.decoding import SamplingConfig
 
         sampling = SamplingConfig(topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed)
     return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, sampling=sampling, **alpha)

@@ -1,5 +1,5 @@
 """Validation during training: loss and BLEU/chrF on the validation set, keeping the best model,
-checkpoint averaging and tuning the length penalty. Decodes through `nmt.search`."""
+checkpoint averaging and tuning the length penalty. Decodes through `nmt.decoding`."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from nmt.batching import eval_batches
 from nmt.checkpoint import SEARCH_FILE
 from nmt.collate import Collator
 from nmt.compat import is_fsdp
+from nmt.decoding import SearchConfig, search_encoded
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
-from nmt.search import SearchConfig, search_encoded
 from nmt.tables import column
 from nmt.training.artifacts import log_metrics, plain_weights, save_model_dir
 from nmt.training.state import Run

@@ -1,10 +1,14 @@
-"""Decoding: greedy search, sampling and batched beam search over any model with `encode`/`decode`, an
-`nmt.ensemble.Ensemble` of them included: one loop each, on the stepping interface of `nmt.decoder`.
+"""The decoding chapter: turning a source into translations with any model that has `encode`/`decode`, and
+scoring given translations.
 
-`search(model, src_ids, cfg, sampling)` is the entry: n-best hypotheses per sentence. Models that offer
-`start_cache` (like `Seq2SeqTransformer`) decode incrementally: one new token per step, encoder keys/values
-computed once per sentence (shared by its beams), and rows of finished sentences dropped from the cache so
-work shrinks as sentences end.
+`search(model, src_ids, cfg, sampling)` is the entry: n-best hypotheses per sentence, by greedy search, sampling
+or batched beam search, one loop each. Models that offer `start_cache` (like `Seq2SeqTransformer`) decode
+incrementally: one new token per step, encoder keys/values computed once per sentence (shared by its beams), and
+rows of finished sentences dropped from the cache so work shrinks as sentences end.
+
+In reading order: the searches; the stepping interface every search runs on (`start_decoder`); sampling's
+choice of the next token; ensembles of models decoded as one; and forced decoding (`score`), the log-probability
+a model gives a given translation.
 """
 
 from __future__ import annotations
@@ -14,13 +18,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from torch import nn
 
+from nmt.batching import eval_batches
 from nmt.checkpoint import SEARCH_FILE
 from nmt.collate import pad as pad_rows
 from nmt.config import check_fields, ranged
-from nmt.decoder import start_decoder
 from nmt.errors import NmtError
-from nmt.sampling import SamplingConfig, choose
+
+# --- Search: greedy, sampling and beam -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -258,8 +264,6 @@ def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tok
     With `sampling`, batch number k draws with seed `sampling.seed + k`. `stop` (a function): checked before each
     batch; when it returns True the inputs decoded so far are returned.
     """
-    from nmt.batching import eval_batches
-
     out: dict[int, list[Hypothesis]] = {}
     lengths = [len(s) for s in src_ids]
     for k, batch in enumerate(eval_batches(lengths, batch_tokens, rank, world_size)):
@@ -269,4 +273,215 @@ def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tok
         draw = sampling if sampling is None or sampling.seed is None else replace(sampling, seed=sampling.seed + k)
         for i, hyps in zip(batch.tolist(), search(model, ids, cfg, draw)):
             out[i] = hyps
+    return out
+
+
+# --- The stepping interface ------------------------------------------------------------------------------------------
+# The stepping interface every search runs on: next-token log-probabilities for a set of rows, and rows
+# reordered, repeated or dropped as the search goes.
+#
+# Rows come in groups, one group per sentence (greedy and sampling: 1 row each; beam search: its K beams).
+# What belongs to a sentence (its source, the encoder output, cross-attention K/V) is held once per group;
+# what belongs to a row (the prefix, self-attention K/V) once per row.
+# Models with `start_cache` (like `Seq2SeqTransformer`) decode incrementally; other models with `encode`/
+# `decode` are re-run on the whole prefix each step; a model with its own `start_decoder(src_ids)` (an
+# `Ensemble`, below) returns its own object with `step` and `reorder`.
+
+def start_decoder(model, src_ids: torch.Tensor):
+    """A decoder for the sentences src_ids (B, S): one row each to start with."""
+    if hasattr(model, "start_decoder"):
+        return model.start_decoder(src_ids)
+    return Decoder(model, src_ids)
+
+
+class Decoder:
+    """One model's rows. `step(last)` feeds each row its newest token; `reorder` changes which rows go on."""
+
+    def __init__(self, model, src_ids: torch.Tensor):
+        self.model, self.src_ids = model, src_ids  # (G, S) one source per sentence group
+        self.memory = model.encode(src_ids)  # (G, S, D)
+        self.cache = model.start_cache(self.memory, src_ids) if hasattr(model, "start_cache") else None
+        self.prefix: torch.Tensor | None = None  # (R, t) tokens fed so far (models without a cache)
+        self.group = 1  # rows per sentence
+
+    def step(self, last: torch.Tensor) -> torch.Tensor:
+        """last (R,) newest token of each row -> next-token log-probabilities (R, V) in float32."""
+        if self.cache is not None:
+            logits = self.model.decode(last[:, None], self.memory, self.src_ids, cache=self.cache)[:, -1]
+        else:
+            self.prefix = last[:, None] if self.prefix is None else torch.cat([self.prefix, last[:, None]], 1)
+            memory, src_ids = self.memory, self.src_ids
+            if self.group > 1:
+                memory, src_ids = memory.repeat_interleave(self.group, 0), src_ids.repeat_interleave(self.group, 0)
+            logits = self.model.decode(self.prefix, memory, src_ids)[:, -1]
+        logits = logits.float().contiguous()  # (R, V), this step's own tensor
+        return torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new (R, V) buffer each step
+
+    def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None = None, group: int = 1) -> None:
+        """Continue with rows `rows` (R',) of the current ones, in that order, `group` consecutive rows per
+        sentence; `sentences` (G',) are the sentence groups that go on (None: all, as they are)."""
+        if self.cache is not None:  # with a cache, decode reads only the cache (memory and src_ids stay as they were)
+            self.cache.select(rows, sentences, group)
+        else:
+            self.prefix = None if self.prefix is None else self.prefix.index_select(0, rows)
+            if sentences is not None:
+                self.memory, self.src_ids = self.memory.index_select(0, sentences), self.src_ids.index_select(0, sentences)
+        self.group = group
+
+
+# --- Sampling: which tokens may be drawn -----------------------------------------------------------------------------
+# Sampling instead of searching: which tokens may be drawn (top-k, top-p), how sharply (temperature), and the
+# seeded draw itself. `search` above runs the loop; this part only chooses the next token of each row.
+
+SEEDS = 10**9 + 1  # seeds are 0 .. 1e9 (the range of SamplingConfig.seed)
+
+
+@dataclass
+class SamplingConfig:
+    """Draw each next token from the model's distribution instead of taking the best one.
+
+    Sampled back-translation gives the forward model more varied synthetic sources than beam search
+    (Edunov et al. 2018). With topk 1, or temperature 0, sampling is greedy search.
+    """
+
+    topk: int = ranged(0, "[0, 1e6]")  # draw only among the k most likely tokens (0: no limit)
+    topp: float = ranged(1.0, "(0, 1]")  # ... and among the fewest most likely tokens holding probability >= p
+    temperature: float = ranged(1.0, "[0, 1e3]")  # divides the log-probabilities: < 1 sharper, > 1 flatter, 0 greedy
+    seed: int | None = ranged(0, "[0, 1e9]")  # same seed, inputs and batches: same samples; None: torch's global RNG
+
+    def __post_init__(self) -> None:
+        check_fields(self, noun="sampling setting")
+
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        return None if self.seed is None else torch.Generator(device=device).manual_seed(self.seed)
+
+
+def choose(lp: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """lp (N, V) log-probabilities -> (N,) one token per row, drawn from the tempered top-k / top-p set; the
+    argmax at temperature 0 or top-k 1.
+
+    Top-k and top-p are applied to the model's own distribution (before the temperature), as fairseq does;
+    the most likely token is always kept, so every row can draw. With top-k the draw looks at k tokens a
+    row only; top-p alone sorts the whole vocabulary.
+    """
+    if cfg.temperature == 0 or cfg.topk == 1:
+        return lp.argmax(-1)
+    V = lp.shape[1]
+    k = cfg.topk if 0 < cfg.topk < V else (V if cfg.topp < 1 else 0)
+    if not k:
+        return torch.multinomial(torch.softmax(lp / cfg.temperature, dim=-1), 1, generator=generator).squeeze(1)
+    top, token = lp.topk(k, dim=1)  # (N, k), most likely first
+    if cfg.topp < 1:
+        probs = top.exp()
+        before = probs.cumsum(1) - probs  # (N, k) mass of the tokens ranked above each one
+        top = top.masked_fill(before >= cfg.topp, -torch.inf)
+    pick = torch.multinomial(torch.softmax(top / cfg.temperature, dim=-1), 1, generator=generator)  # (N, 1)
+    return token.gather(1, pick).squeeze(1)
+
+
+# --- Ensembles -------------------------------------------------------------------------------------------------------
+# Ensembles: several models with one vocabulary decoded as one, their log-probabilities averaged per step.
+#
+# `Ensemble([a, b])` goes wherever a model goes in `search` (greedy, beam, sampling) and `score`:
+# each model keeps its own cache on the same fast path, and every step's next-token distribution is the
+# mean of the models' log-probabilities (a product of experts, as OpenNMT-py and Marian ensemble),
+# renormalised. `nmt average` is the weight-space alternative: one model, one model's cost.
+
+class Ensemble(nn.Module):
+    """Models decoded together. They must agree on the target vocabulary and the special token ids."""
+
+    def __init__(self, models: list[nn.Module]):
+        super().__init__()
+        if not models:
+            raise NmtError("an ensemble needs at least one model")
+        self.models = nn.ModuleList(models)
+        first = models[0].cfg
+        for i, m in enumerate(models[1:], 2):
+            for key in ("tgt_vocab_size", "src_vocab_size", "pad_id", "bos_id", "eos_id", "forced_bos_id"):
+                if getattr(m.cfg, key) != getattr(first, key):
+                    raise NmtError(f"ensemble model {i} has model.{key}={getattr(m.cfg, key)} but model 1 has "
+                                   f"{getattr(first, key)}: ensembled models must share one vocabulary")
+
+    @property
+    def cfg(self):
+        """The first model's config, with the shortest max_positions of all (what every model can take)."""
+        return replace(self.models[0].cfg, max_positions=min(m.cfg.max_positions for m in self.models))
+
+    def start_decoder(self, src_ids: torch.Tensor) -> EnsembleDecoder:
+        return EnsembleDecoder([Decoder(m, src_ids) for m in self.models])
+
+    def token_logprobs(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced (B, T, V) log-probabilities, combined as in decoding."""
+        return combine([token_logprobs(m, src_ids, tgt_in_ids) for m in self.models])
+
+
+class EnsembleDecoder:
+    """The models' decoders stepped together (the stepping interface above)."""
+
+    def __init__(self, decoders: list[Decoder]):
+        self.decoders = decoders
+
+    def step(self, last: torch.Tensor) -> torch.Tensor:
+        return combine([d.step(last) for d in self.decoders])
+
+    def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None = None, group: int = 1) -> None:
+        for d in self.decoders:
+            d.reorder(rows, sentences, group)
+
+
+def combine(logprobs: list[torch.Tensor]) -> torch.Tensor:
+    """(..., V) log-probabilities of each model -> their mean, renormalised over V (one model: as it is)."""
+    if len(logprobs) == 1:
+        return logprobs[0]
+    return torch.log_softmax(torch.stack(logprobs).mean(0), dim=-1)
+
+
+def token_logprobs(model, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
+    """src_ids (B, S), tgt_in_ids (B, T) -> teacher-forced next-token log-probabilities (B, T, V), float32."""
+    if hasattr(model, "token_logprobs"):
+        return model.token_logprobs(src_ids, tgt_in_ids)
+    logits = model.decode(tgt_in_ids, model.encode(src_ids), src_ids)
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+# --- Forced decoding -------------------------------------------------------------------------------------------------
+# Forced decoding: the log-probability a model (or an `Ensemble`) gives a given translation, per token.
+#
+# Used for corpus filtering (dual conditional cross-entropy), reranking and analysis. One teacher-forced
+# pass per batch of pairs, batched by length like translation; `Translator.score` and `nmt score` are the
+# front ends.
+
+@dataclass
+class Score:
+    """The log-probability (nats) of one target given its source, `</s>` included."""
+
+    token_logprobs: list[float]  # one per target token, the last for </s>
+
+    @property
+    def total(self) -> float:
+        return sum(self.token_logprobs)
+
+    @property
+    def mean(self) -> float:
+        return self.total / len(self.token_logprobs)
+
+
+@torch.no_grad()
+def score_encoded(model, src_ids: list[list[int]], tgt_ids: list[list[int]], batch_tokens: int,
+                  device=None) -> list[Score]:
+    """Scores of targets `tgt_ids` (ids without specials) given sources `src_ids` (ending in </s>), in input order.
+
+    Pairs are sorted by length into batches of at most `batch_tokens` padded tokens (the longer side counts).
+    """
+    cfg = model.cfg
+    out: list[Score | None] = [None] * len(src_ids)
+    lengths = [max(len(s), len(t) + 1) for s, t in zip(src_ids, tgt_ids)]
+    for batch in eval_batches(lengths, batch_tokens, 0, 1):
+        rows = batch.tolist()
+        src = pad_rows([src_ids[i] for i in rows], cfg.pad_id).to(device)
+        tgt_in = pad_rows([[cfg.bos_id, *tgt_ids[i]] for i in rows], cfg.pad_id).to(device)  # (B, T)
+        labels = pad_rows([[*tgt_ids[i], cfg.eos_id] for i in rows], cfg.pad_id).to(device)  # (B, T)
+        picked = token_logprobs(model, src, tgt_in).gather(2, labels[..., None]).squeeze(2).tolist()  # (B, T)
+        for i, lps in zip(rows, picked):
+            out[i] = Score(lps[: len(tgt_ids[i]) + 1])
     return out
