@@ -28,8 +28,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from nmt.batching import eval_batches, global_batches  # noqa: E402
-from nmt.collate import Collator  # noqa: E402
+from nmt.batching import (  # noqa: E402
+    Collator,  # noqa: E402
+    eval_batches,
+    global_batches,
+)
 from nmt.config import DataConfig, TokenizerConfig  # noqa: E402
 from nmt.data import Corpus, prepare  # noqa: E402
 from nmt.encoding import pair_lengths  # noqa: E402

@@ -30,8 +30,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from nmt.batching import global_batches  # noqa: E402
-from nmt.collate import Collator  # noqa: E402
+from nmt.batching import (
+    Collator,  # noqa: E402
+    global_batches,  # noqa: E402
+)
 from nmt.config import ModelConfig  # noqa: E402
 from nmt.encoding import pair_cost  # noqa: E402
 from nmt.kernels import use_cpu_kernels  # noqa: E402

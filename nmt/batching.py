@@ -1,17 +1,36 @@
-"""Token-budget batches with length bucketing, cut the same way for any number of processes.
+"""The batching chapter: how encoded pairs become the batches a step trains on, cut the same way for any number of
+processes.
 
-Each optimizer step consumes one *global batch* of pairs of similar length whose padded size fits
-`max_tokens * world_size * accum_steps`. The global batch is dealt into world_size * accum_steps
-chunks; process r takes chunk a * world_size + r at micro-step a. So 1 process with accumulation
-and N processes see exactly the same pairs per optimizer step, and every pair once per epoch.
+In reading order: token-budget batches with length bucketing (`TokenBatchSampler`): each optimizer step consumes
+one *global batch* of pairs of similar length whose padded size fits `max_tokens * world_size * accum_steps`,
+dealt into world_size * accum_steps chunks; process r takes chunk a * world_size + r at micro-step a, so 1 process
+with accumulation and N processes see exactly the same pairs per optimizer step, and every pair once per epoch.
+Then the collator: encoded pairs in, batch-leading LongTensors out, never masks (the model derives them from
+`pad_id`). Last, BPE-dropout: the training split re-segmented each epoch (`DropoutEpochs`) and the DataLoader
+dataset that reads the epoch in use. The data layer (datasets) is imported only where an epoch is re-segmented.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+
+from nmt.compat import dataset_fingerprint
+from nmt.config import TrainConfig
+from nmt.tokenizer import BOS, EOS, PAD, DropoutSegmenter, PairTokenizer
+
+if TYPE_CHECKING:  # the data layer loads only where an epoch is re-segmented
+    import datasets
+
+    from nmt.data import Corpus
+
+
+# --- Token-budget batches --------------------------------------------------------------------------------------------
 
 
 def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | None,
@@ -168,3 +187,147 @@ def eval_batches(lengths: Sequence[int], max_tokens: int, rank: int, world_size:
     """Length-sorted batches for evaluation, dealt round robin to processes; each index once."""
     batches = global_batches(np.asarray(lengths, dtype=np.int64), max_tokens, 1, None)
     return batches[rank::world_size]
+
+
+# --- The collator ----------------------------------------------------------------------------------------------------
+# The collator: encoded pairs in, batch-leading LongTensors out. Nothing else.
+#
+# It never builds masks: the model derives them from `pad_id`, so no tensor whose dim 0 is not
+# the batch ever exists to be cut wrongly by a scatter (the nn.DataParallel mask bug).
+
+def pad(rows: list[list[int]], pad_id: int = PAD, multiple_of: int | None = None) -> torch.Tensor:
+    """(B, L) LongTensor right-padded to the longest row (rounded up to `multiple_of`)."""
+    length = max((len(r) for r in rows), default=0)
+    if multiple_of:
+        length = -(-length // multiple_of) * multiple_of
+    out = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+    return out
+
+
+def special_id(model, name: str) -> int:
+    """A model's `pad_id`, `bos_id` or `eos_id`: its attribute, else its `cfg`'s (the contract the training setup
+    checks). Training reads them here and nowhere else: an imported model keeps its own ids (Marian starts with pad)."""
+    value = getattr(model, name, None)
+    return value if value is not None else getattr(model.cfg, name)
+
+
+class Collator:
+    """Turns [{"src_ids", "tgt_ids"}, ...] into {src_ids (B,S), tgt_in_ids (B,T), labels (B,T)}.
+
+    tgt_in_ids = <s> + target, labels = target + </s>: the shift is done here, once.
+    """
+
+    def __init__(self, pad_id: int = PAD, bos_id: int = BOS, eos_id: int = EOS, pad_to_multiple_of: int | None = None):
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.multiple_of = pad_to_multiple_of
+
+    @classmethod
+    def for_model(cls, model, pad_to_multiple_of: int | None = None) -> Collator:
+        """The collator of `model`'s own pad, decoder start and end ids (`special_id`)."""
+        return cls(*(special_id(model, name) for name in ("pad_id", "bos_id", "eos_id")), pad_to_multiple_of)
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        src = [ex["src_ids"] for ex in examples]
+        tgt = [ex["tgt_ids"] for ex in examples]
+        return {
+            "src_ids": pad(src, self.pad_id, self.multiple_of),  # (B, S)
+            "tgt_in_ids": pad([[self.bos_id, *t] for t in tgt], self.pad_id, self.multiple_of),  # (B, T)
+            "labels": pad([[*t, self.eos_id] for t in tgt], self.pad_id, self.multiple_of),  # (B, T)
+        }
+
+    def columns(self, rows: dict[str, list]) -> dict[str, torch.Tensor]:
+        """The batch of `rows` given column-wise, as a Dataset returns them for a list of indices
+        (`ds[indices]`: {"src_ids": [[...], ...], "tgt_ids": [[...], ...]})."""
+        return self([{"src_ids": s, "tgt_ids": t} for s, t in zip(rows["src_ids"], rows["tgt_ids"])])
+
+
+# --- BPE-dropout epochs ----------------------------------------------------------------------------------------------
+# BPE-dropout: the training split re-segmented each epoch (`DropoutEpochs`), and the DataLoader dataset that
+# reads the epoch in use (`EpochView`).
+
+
+class DropoutEpochs:
+    """The training split re-segmented with BPE-dropout (Provilkov et al. 2020) for every epoch.
+
+    Pair i of epoch e is segmented by a generator seeded with (seed, e, i): an epoch's segmentation is the
+    same on every process, in a resumed run and however the batches are cut, and differs between epochs.
+    Each process encodes the epoch it is in by itself (no cache to share, nothing to wait for) and keeps
+    that one; the lengths of the epochs seen are kept for batch planning. A pair whose noisy segmentation
+    would be longer than `max_cost` keeps its deterministic one. Validation and test are never touched.
+    """
+
+    def __init__(self, train: datasets.Dataset, tokenizer: PairTokenizer, p: float, seed: int, max_cost: int):
+        self.train, self.p, self.seed, self.max_cost = train, p, seed, max_cost
+        self.segmenters = DropoutSegmenter(tokenizer.src, p), DropoutSegmenter(tokenizer.tgt, p)
+        self._lengths: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._epoch: tuple[int, datasets.Dataset] | None = None
+
+    def encoded(self, epoch: int) -> datasets.Dataset:
+        """Columns src_ids and tgt_ids of `epoch`'s segmentation (in memory)."""
+        from nmt.encoding import pair_lengths
+        from nmt.tables import column
+
+        if self._epoch is None or self._epoch[0] != epoch:
+            ds = self.train.map(_dropout_batch, batched=True, batch_size=1000, with_indices=True, keep_in_memory=True,
+                                fn_kwargs={"segmenters": self.segmenters, "epoch_seed": f"{self.seed}:{epoch}",
+                                           "max_cost": self.max_cost},
+                                new_fingerprint=f"{dataset_fingerprint(self.train)}-dropout-{self.p}-{self.seed}-{epoch}")
+            self._epoch = epoch, ds.select_columns(["src_ids", "tgt_ids"])
+            self._lengths[epoch] = column(ds, "cost"), pair_lengths(ds)[0]
+        return self._epoch[1]
+
+    def lengths(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) padded cost and (N,) source length of every pair in `epoch`'s segmentation: what the batch
+        sampler plans that epoch with (`TokenBatchSampler.epoch_lengths`)."""
+        if epoch not in self._lengths:
+            self.encoded(epoch)
+        return self._lengths[epoch]
+
+    def view(self, epoch: Callable[[], int]) -> EpochView:
+        """A map-style dataset for a DataLoader, reading the epoch that `epoch()` names at each fetch."""
+        return EpochView(self, epoch)
+
+
+def bpe_dropout(cfg: TrainConfig, corpus: Corpus) -> DropoutEpochs | None:
+    """The training pairs re-segmented each epoch when tokenizer.dropout is set; None when it is off."""
+    if not cfg.tokenizer.dropout:
+        return None
+    return DropoutEpochs(corpus.splits["train"], corpus.tokenizer, cfg.tokenizer.dropout, cfg.seed,
+                         max_cost=min(cfg.data.max_subwords, cfg.model.max_positions))
+
+
+@dataclass
+class EpochView:
+    """DataLoader dataset over `DropoutEpochs`; `epoch` is the batch sampler's (read in the loading process,
+    so the DataLoader must run without worker processes, as nmt.train's does)."""
+
+    epochs: DropoutEpochs
+    epoch: Callable[[], int]
+
+    def __len__(self) -> int:
+        return len(self.epochs.train)
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        return self.epochs.encoded(self.epoch()).__getitems__(indices)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.__getitems__([index])[0]
+
+
+def _dropout_batch(batch: dict, indices: list[int], segmenters: tuple[DropoutSegmenter, DropoutSegmenter],
+                   epoch_seed: str, max_cost: int) -> dict:
+    from nmt.encoding import pair_cost
+
+    src_ids, tgt_ids, cost = [], [], []
+    for i, src, tgt, plain_src, plain_tgt in zip(indices, batch["src"], batch["tgt"], batch["src_ids"], batch["tgt_ids"]):
+        rng = random.Random(f"{epoch_seed}:{i}")  # str seeds hash with SHA-512: the same in every process
+        s, t = segmenters[0].encode(src, rng) + [EOS], segmenters[1].encode(tgt, rng)
+        if pair_cost(s, t) > max_cost:
+            s, t = plain_src, plain_tgt
+        src_ids.append(s)
+        tgt_ids.append(t)
+        cost.append(pair_cost(s, t))
+    return {"src_ids": src_ids, "tgt_ids": tgt_ids, "cost": cost, "src_len": [len(s) for s in src_ids],
+            "tgt_len": [len(t) + 1 for t in tgt_ids]}

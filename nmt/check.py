@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt.batching import TokenBatchSampler, deal
+from nmt.batching import TokenBatchSampler, bpe_dropout, deal
 from nmt.check_report import Report
 from nmt.config import ModelConfig, TrainConfig, read_yaml
 from nmt.data import overlap_line, prepare
-from nmt.dropout_epochs import bpe_dropout
 from nmt.encoding import pair_lengths
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from nmt.batching import eval_batches
+from nmt.batching import pad as pad_rows
 from nmt.checkpoint import SEARCH_FILE
-from nmt.collate import pad as pad_rows
 from nmt.config import check_fields, ranged
 from nmt.errors import NmtError
 

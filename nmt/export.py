@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt.batching import eval_batches
+from nmt.batching import eval_batches, pad
 from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE
-from nmt.collate import pad
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.decoding import Hypothesis, SamplingConfig, SearchConfig, length_limits
 from nmt.errors import NmtError

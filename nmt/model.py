@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nmt.batching import special_id
 from nmt.checkpoint import ADAPTER_CONFIG, CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
-from nmt.collate import special_id
 from nmt.config import ModelConfig, to_dict
 from nmt.errors import NmtError
 from nmt.layers import DecoderLayer, EncoderLayer, Packing, key_attend, sinusoids

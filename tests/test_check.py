@@ -59,7 +59,7 @@ def test_steps_per_epoch_are_the_training_samplers(cfg, world, accum):
 
 
 def test_bpe_dropout_is_planned_as_training_plans_its_first_epoch(cfg):
-    from nmt.dropout_epochs import bpe_dropout
+    from nmt.batching import bpe_dropout
 
     noisy = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, dropout=0.3), max_steps=None,
                                 max_epochs=1)

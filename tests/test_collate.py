@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt.collate import Collator, pad
+from nmt.batching import Collator, pad
 
 PAD, BOS, EOS = 0, 2, 3
 words = st.lists(st.integers(4, 50), max_size=9)  # real tokens never use the special ids

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nmt.batching import DropoutEpochs
 from nmt.config import DataConfig, TokenizerConfig
 from nmt.data import drop_reason, prepare
-from nmt.dropout_epochs import DropoutEpochs
 from nmt.errors import NmtError
 from nmt.textfiles import count_lines
 from nmt.tokenizer import BOS, EOS, PairTokenizer

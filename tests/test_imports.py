@@ -38,9 +38,8 @@ def cli(*argv: str) -> str:
     ("import nmt.info", set()),
     ("import nmt.validate", set()),
     ("import nmt.checkpoint", set()),  # torch and Accelerate load inside the functions that read weights
-    ("import nmt.batching", {"numpy"}),
     ("import nmt.tokenizer", {"tokenizers"}),
-    ("import nmt.collate", {"torch", "numpy", "tokenizers"}),  # torch: it builds tensors (and torch, numpy)
+    ("import nmt.batching", {"torch", "numpy", "tokenizers"}),  # the collator builds tensors; no datasets
     ("import nmt.decoding", {"torch", "numpy", "tokenizers"}),  # search pads with collate, whose ids are the tokenizer's
     ("import nmt.translate", {"torch", "numpy", "tokenizers"}),  # no Accelerate, datasets, evaluate
     (cli("--help"), set()),
@@ -81,14 +80,14 @@ def test_nmt_info_reads_json_and_headers_only(tmp_path):
 LAYERS = [
     {"errors", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
-    {"batching", "metrics", "textfiles", "launch", "kernels"},
+    {"metrics", "textfiles", "launch", "kernels"},
     {"config", "plot"},  # plot: writes with textfiles
     {"clean", "plan", "check_report"},
     {"checkpoint"},  # a model directory's files name its ModelConfig
     {"tokenizer", "validate", "tables"},
     {"readers", "encoding"},
-    {"data", "collate"},
-    {"dropout_epochs"},
+    {"data"},
+    {"batching"},
     {"layers"},
     {"model"},
     {"decoding", "attention"},
@@ -117,7 +116,7 @@ UPWARD = {  # the imports that point up on purpose, and why
 }
 HOMES = {  # third-party library -> the only modules that import it (one home per library)
     "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},
-    "datasets": {"tables", "readers", "encoding", "data", "dropout_epochs"},  # the data layer
+    "datasets": {"tables", "readers", "encoding", "data", "batching"},  # the data layer
     "pandas": {"clean"},  # the dedupe's string hashes
     "accelerate": {"compat", "launch", "checkpoint", *(n for n in LAYER if n.startswith("training."))},
     "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "transformers": {"interop"}, "peft": {"adapters"},

@@ -12,7 +12,7 @@ from helpers import ATOL, PAD, chunks_at, one_thread, src_batch, tgt_in_batch, t
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt.collate import Collator
+from nmt.batching import Collator
 from nmt.model import CONFIG_FILE, WEIGHTS_FILE, Seq2SeqTransformer
 
 V = 24

@@ -13,9 +13,8 @@ import torch
 from accelerate.logging import get_logger
 
 from nmt import checkpoint as ckpt
-from nmt.batching import eval_batches
+from nmt.batching import Collator, eval_batches
 from nmt.checkpoint import SEARCH_FILE
-from nmt.collate import Collator
 from nmt.compat import is_fsdp
 from nmt.decoding import SearchConfig, search_encoded
 from nmt.metrics import corpus_scores

@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from nmt import plan as planlib
-from nmt.batching import TokenBatchSampler
-from nmt.collate import Collator
+from nmt.batching import Collator, TokenBatchSampler
 from nmt.config import ModelConfig, TrainConfig
 from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqLoss, Seq2SeqTransformer

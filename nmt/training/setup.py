@@ -13,12 +13,10 @@ from accelerate.utils import InitProcessGroupKwargs
 from torch.utils.data import DataLoader
 
 from nmt.adapters import apply_finetune
-from nmt.batching import TokenBatchSampler
-from nmt.collate import Collator
+from nmt.batching import Collator, TokenBatchSampler, bpe_dropout
 from nmt.compat import is_fsdp
 from nmt.config import TrainConfig
 from nmt.data import Corpus
-from nmt.dropout_epochs import bpe_dropout
 from nmt.encoding import source_lengths
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
