@@ -266,8 +266,7 @@ class DropoutEpochs:
 
     def encoded(self, epoch: int) -> datasets.Dataset:
         """Columns src_ids and tgt_ids of `epoch`'s segmentation (in memory)."""
-        from nmt.encoding import pair_lengths
-        from nmt.tables import column
+        from nmt.data import column, pair_lengths
 
         if self._epoch is None or self._epoch[0] != epoch:
             ds = self.train.map(_dropout_batch, batched=True, batch_size=1000, with_indices=True, keep_in_memory=True,
@@ -318,7 +317,7 @@ class EpochView:
 
 def _dropout_batch(batch: dict, indices: list[int], segmenters: tuple[DropoutSegmenter, DropoutSegmenter],
                    epoch_seed: str, max_cost: int) -> dict:
-    from nmt.encoding import pair_cost
+    from nmt.data import pair_cost
 
     src_ids, tgt_ids, cost = [], [], []
     for i, src, tgt, plain_src, plain_tgt in zip(indices, batch["src"], batch["tgt"], batch["src_ids"], batch["tgt_ids"]):

@@ -12,8 +12,7 @@ from nmt.batching import TokenBatchSampler
 from nmt.check import activation_bytes, launch_processes, preflight
 from nmt.cli import main
 from nmt.config import DataConfig, ModelConfig
-from nmt.data import prepare
-from nmt.encoding import pair_lengths
+from nmt.data import pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer, label_smoothed_nll
 from nmt.synthetic import generate_pairs

@@ -169,7 +169,7 @@ def test_builtin_corpus_has_three_splits(tmp_path):
 def test_crlf_and_bom_are_handled(tmp_path):
     (tmp_path / "train.en").write_bytes("\ufeffhello world\r\nsecond line\r\n".encode())
     (tmp_path / "train.fr").write_bytes("bonjour monde\r\ndeuxième ligne\r\n".encode())
-    from nmt.readers import read_text_pair
+    from nmt.data import read_text_pair
     rows = list(read_text_pair(str(tmp_path / "train.en"), str(tmp_path / "train.fr")))
     assert rows == [{"src": "hello world", "tgt": "bonjour monde"}, {"src": "second line", "tgt": "deuxième ligne"}]
 
@@ -275,8 +275,7 @@ def test_no_dataset_row_is_formatted_one_by_one(corpus_dir, tmp_path, monkeypatc
     """Preparation, the training sampler's inputs and `nmt check` read columns as Arrow/NumPy, never rows."""
     from nmt.batching import TokenBatchSampler
     from nmt.check import preflight
-    from nmt.encoding import pair_lengths
-    from nmt.tables import column
+    from nmt.data import column, pair_lengths
     from tests.conftest import tiny_config
 
     counter = RowFormatting(monkeypatch)
@@ -299,7 +298,7 @@ WORDS = st.text(alphabet=st.sampled_from(["a", "é", " ", "\t", "\xa0", "\u3000"
 def test_whole_column_drop_codes_equal_the_one_pair_reference(pairs, max_words, max_chars, max_ratio):
     import pyarrow as pa
 
-    from nmt.clean import REASONS, drop_codes
+    from nmt.data import REASONS, drop_codes
 
     cfg = DataConfig(max_words=max_words, max_chars=max_chars, max_ratio=max_ratio, ratio_min_words=1)
     codes = drop_codes(pa.array([s for s, _ in pairs], pa.string()), pa.array([t for _, t in pairs], pa.string()), cfg)
@@ -309,12 +308,12 @@ def test_whole_column_drop_codes_equal_the_one_pair_reference(pairs, max_words, 
 def test_dedupe_is_exact_even_when_every_hash_collides(tmp_path, monkeypatch):
     import numpy as np
 
-    from nmt import clean
+    from nmt import data
 
     pairs = PAIRS[:20] + [PAIRS[3], PAIRS[7], PAIRS[3]]
     write_pairs(tmp_path / "train", pairs, "en", "fr")
     write_pairs(tmp_path / "valid", PAIRS[40:45], "en", "fr")
-    monkeypatch.setattr(clean, "pair_hashes", lambda src, tgt: np.zeros(len(src), np.uint64))
+    monkeypatch.setattr(data, "pair_hashes", lambda src, tgt: np.zeros(len(src), np.uint64))
     corpus = prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "valid")), TOK)
     assert corpus.stats["clean"]["dropped"] == {"duplicate": 3}
     assert list(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"])) == PAIRS[:20]
@@ -385,7 +384,7 @@ def _arrow_file(tmp_path, sizes):
     """A memory-mapped Dataset over an Arrow stream of our own, written in batches of `sizes` rows."""
     import pyarrow as pa
 
-    from nmt.tables import open_arrow
+    from nmt.data import open_arrow
     from nmt.textfiles import write_arrow
 
     bounds, batches = [0], []
@@ -409,23 +408,22 @@ def test_batches_rows_and_columns_are_the_datasets_own(tmp_path_factory, sizes, 
 
     import numpy as np
 
-    from nmt import tables
+    from nmt.data import arrow_batches, rows
 
     ds, _ = _arrow_file(tmp_path_factory.getbasetemp(), sizes)
     n = len(ds)
     picked = data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=n)) if n else []
     for view in (ds, ds.select(picked), pickle.loads(pickle.dumps(ds.select(picked)))):
         expected = [(r["src"], r["tgt"]) for r in view]
-        streamed = [t.to_pydict() for t in tables.arrow_batches(view, batch_size)]
+        streamed = [t.to_pydict() for t in arrow_batches(view, batch_size)]
         assert [p for t in streamed for p in zip(t["src"], t["tgt"])] == expected
         assert all(len(t["src"]) == batch_size for t in streamed[:-1])
         idx = np.array(data.draw(st.lists(st.integers(0, len(view) - 1), max_size=8)) if len(view) else [], np.int64)
-        assert tables.rows(view, idx) == [expected[i] for i in idx]
+        assert rows(view, idx) == [expected[i] for i in idx]
 
 
 def test_a_column_of_a_selection_is_the_datasets_own(tmp_path):
-    from nmt.encoding import pair_lengths
-    from nmt.tables import column
+    from nmt.data import column, pair_lengths
 
     write_pairs(tmp_path / "train", PAIRS, "en", "fr")
     train = read_all(tmp_path, tmp_path / "train").splits["train"]
@@ -469,7 +467,7 @@ def test_the_cleaned_training_split_is_a_file_not_a_selection(tmp_path):
 def test_repeats_count_only_the_rows_among_the_training_pairs():
     import numpy as np
 
-    from nmt.clean import repeats
+    from nmt.data import repeats
 
     values = np.array([5, 7, 5, 5, 9, 7], dtype=np.uint64)
     texts = lambda idx: [int(values[i]) for i in idx]

@@ -82,10 +82,9 @@ LAYERS = [
     {"compat"},  # names a changed private API in an NmtError
     {"metrics", "textfiles", "launch", "kernels"},
     {"config", "plot"},  # plot: writes with textfiles
-    {"clean", "plan", "check_report"},
+    {"plan", "check_report"},
     {"checkpoint"},  # a model directory's files name its ModelConfig
-    {"tokenizer", "validate", "tables"},
-    {"readers", "encoding"},
+    {"tokenizer", "validate"},
     {"data"},
     {"batching"},
     {"layers"},
@@ -116,8 +115,8 @@ UPWARD = {  # the imports that point up on purpose, and why
 }
 HOMES = {  # third-party library -> the only modules that import it (one home per library)
     "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},
-    "datasets": {"tables", "readers", "encoding", "data", "batching"},  # the data layer
-    "pandas": {"clean"},  # the dedupe's string hashes
+    "datasets": {"data", "batching"},  # the data layer
+    "pandas": {"data"},  # the dedupe's string hashes
     "accelerate": {"compat", "launch", "checkpoint", *(n for n in LAYER if n.startswith("training."))},
     "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "transformers": {"interop"}, "peft": {"adapters"},
     "uvicorn": {"serve", "compat"},  # compat: the private protocol class serve extends

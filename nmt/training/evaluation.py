@@ -16,10 +16,10 @@ from nmt import checkpoint as ckpt
 from nmt.batching import Collator, eval_batches
 from nmt.checkpoint import SEARCH_FILE
 from nmt.compat import is_fsdp
+from nmt.data import column
 from nmt.decoding import SearchConfig, search_encoded
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
-from nmt.tables import column
 from nmt.training.artifacts import log_metrics, plain_weights, save_model_dir
 from nmt.training.state import Run
 

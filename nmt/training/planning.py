@@ -20,9 +20,9 @@ import torch
 from nmt import plan as planlib
 from nmt.batching import Collator, TokenBatchSampler
 from nmt.config import ModelConfig, TrainConfig
+from nmt.data import column
 from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
-from nmt.tables import column
 from nmt.textfiles import atomic_file
 from nmt.training import step as training_step
 from nmt.training.step import OneDevice, default_device, make_optim

@@ -16,12 +16,10 @@ from nmt.adapters import apply_finetune
 from nmt.batching import Collator, TokenBatchSampler, bpe_dropout
 from nmt.compat import is_fsdp
 from nmt.config import TrainConfig
-from nmt.data import Corpus
-from nmt.encoding import source_lengths
+from nmt.data import Corpus, column, source_lengths
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
-from nmt.tables import column
 from nmt.tokenizer import PairTokenizer
 from nmt.training.finetune import check_same_tokenizer
 from nmt.training.step import default_device, launched_precision, make_optim, run_precision
