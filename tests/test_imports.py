@@ -90,7 +90,7 @@ LAYERS = [
     {"layers"},
     {"model"},
     {"decoding", "attention"},
-    {"export", "interop", "adapters"},
+    {"interop", "adapters"},
     {"translate", "info"},
     {"backtranslate", "request_batcher"},
     {"serve"},

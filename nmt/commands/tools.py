@@ -38,7 +38,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         out, arch = export_transformers(args.model_dir, args.out, force=args.force)
         print(f"wrote {out} ({arch}); load it with transformers.AutoModelForSeq2SeqLM.from_pretrained('{out}')")
         return 0
-    from nmt.export import export_ctranslate2
+    from nmt.translate import export_ctranslate2
 
     out = export_ctranslate2(args.model_dir, args.out, quantization=args.quantization, force=args.force)
     print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}); translate with: nmt translate --ct2 {out}")
