@@ -16,9 +16,11 @@ Launch settings (processes, precision, GPUs) live in accelerate_configs/, not he
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterator
@@ -729,8 +731,6 @@ def reference_text() -> str:
 
 
 def json_default(value: Any) -> str:
-    import json
-
     return json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
@@ -744,10 +744,6 @@ def table_in(page: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Rewrite the table between the markers of the page named on the command line (atomically)."""
-    import os
-    import sys
-    from pathlib import Path
-
     path = Path((argv if argv is not None else sys.argv[1:])[0])
     page = path.read_text(encoding="utf-8")
     new = page.replace(START + table_in(page) + END, START + reference_markdown() + END)
@@ -756,5 +752,7 @@ def main(argv: list[str] | None = None) -> None:
     os.replace(tmp, path)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # through the module nmt.config: the table names its classes, not __main__'s copies
+    import importlib
+
+    importlib.import_module("nmt.config").main()

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from nmt.batching import eval_batches, pad
-from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE, read_languages
+from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE, read_languages, write_directory
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.decoding import (
     SEEDS,
@@ -49,6 +49,7 @@ from nmt.decoding import (
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
+from nmt.textfiles import refuse_output_dir
 from nmt.tokenizer import UNK, PairTokenizer
 
 # --- Translating with a model directory ------------------------------------------------------------------------------
@@ -508,10 +509,6 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     """`nmt export MODEL_DIR --to ctranslate2 OUT`: the model, its tokenizer and its config into OUT, written as a
     sibling temporary directory and renamed into place (a failed export leaves OUT as it was). An existing non-empty
     OUT is replaced only with `force`, and never when it is (or holds) MODEL_DIR."""
-    from nmt.checkpoint import write_directory
-    from nmt.model import Seq2SeqTransformer
-    from nmt.textfiles import refuse_output_dir
-
     require_ctranslate2()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     refuse_output_dir(out_dir, [model_dir], force, "OUT")
