@@ -21,8 +21,7 @@ from nmt.model import Seq2SeqTransformer
 from nmt.model_dir import SEARCH_FILE
 from nmt.search import SearchConfig, search_encoded
 from nmt.tables import column
-from nmt.training.artifacts import log_metrics, plain_weights, save_model_dir
-from nmt.training.state import Run
+from nmt.training.state import Run, log_metrics, plain_weights, save_model_dir
 
 log = get_logger(__name__)
 

@@ -12,9 +12,8 @@ from nmt.config import SIZE_FIELDS, TrainConfig
 from nmt.errors import NmtError
 from nmt.model_dir import load_model_config
 from nmt.plan import open_keys
-from nmt.tokenizer import JOINT_FILE, SRC_FILE, TGT_FILE, UNK, PairTokenizer
-
-SAMPLE = 2000  # pairs read for the segmentation figures
+from nmt.tokenizer import PairTokenizer
+from nmt.training.state import segmentation
 
 
 def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dict[str, str]]:
@@ -84,13 +83,6 @@ def _kind(tokenizer: PairTokenizer) -> str:
     return "unigram" if type(tokenizer.src.model).__name__ == "Unigram" else "bpe"
 
 
-def copy_tokenizer(source: Path, target: Path) -> None:
-    """The tokenizer file(s) of model directory `source` into `target`, unchanged."""
-    import shutil
-
-    for name in (JOINT_FILE, SRC_FILE, TGT_FILE):
-        if (source / name).is_file():
-            shutil.copyfile(source / name, target / name)
 
 
 def check_same_tokenizer(model, tokenizer: PairTokenizer) -> None:
@@ -107,18 +99,6 @@ def check_same_tokenizer(model, tokenizer: PairTokenizer) -> None:
                        f"ids would mean other subwords; fine-tune with init_from={origin} (keeps its tokenizer)")
 
 
-def segmentation(ds) -> dict:
-    """Subwords per whitespace word and the <unk> share, source and target, over the first SAMPLE pairs of an
-    encoded split: how well a tokenizer fits a corpus (more subwords per word: over-segmented)."""
-    part = ds.select(range(min(len(ds), SAMPLE)))
-    out = {}
-    for side, text, ids in (("src", "src", "src_ids"), ("tgt", "tgt", "tgt_ids")):
-        subwords = [row[:-1] if side == "src" else row for row in part[ids]]  # the source's </s> not counted
-        n = sum(len(x) for x in subwords)
-        words = sum(len(t.split()) for t in part[text])
-        out[side] = {"subwords_per_word": round(n / max(words, 1), 3),
-                     "unk_rate": sum(x.count(UNK) for x in subwords) / max(n, 1)}
-    return out
 
 
 OVER_SEGMENTED = 1.5  # subwords per word over this multiple of the tokenizer's own corpus: a problem in nmt check

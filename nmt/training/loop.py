@@ -17,11 +17,9 @@ from nmt.config import save_yaml
 from nmt.errors import NmtError
 from nmt.plan import TRAIN_SHARE, retime, retime_line
 from nmt.training import step
-from nmt.training.artifacts import log_metrics, save_checkpoint
 from nmt.training.evaluation import bleu_due, evaluate_and_keep_best
-from nmt.training.planning import save_plan
 from nmt.training.progress import Progress, TokenRate
-from nmt.training.state import Run
+from nmt.training.state import Run, log_metrics, save_checkpoint, save_plan
 from nmt.training.step import Optim, StepStats
 
 log = get_logger(__name__)

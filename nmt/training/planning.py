@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,11 +22,9 @@ from nmt.config import ModelConfig, TrainConfig
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
-from nmt.textfiles import atomic_file
 from nmt.training import step as training_step
 from nmt.training.step import OneDevice, default_device, make_optim
 
-PLAN_FILE = "plan.json"
 PROBE_STEPS = 3  # timed steps after one untimed warm-up
 PROBE_BUDGET_S = 30.0  # a probe stops early (after at least one timed step) once it has taken this long
 
@@ -135,28 +131,8 @@ def planned(cfg: TrainConfig, corpus, *, processes: int = 1, device: str | None 
     return dataclasses.replace(cfg, model=model), plan
 
 
-def save_plan(plan: planlib.Plan, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out / PLAN_FILE) as f:
-        f.write(json.dumps(plan.to_dict(), indent=2))
 
 
-def load_plan(out: Path) -> planlib.Plan | None:
-    """The saved plan of the run in `out`; for a run saved before plans recorded their choices, its resolved
-    config.yaml stands in (every value it holds is taken as chosen then)."""
-    path = out / PLAN_FILE
-    if path.is_file():
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if "chosen" in data:
-            return planlib.Plan.from_dict(data)
-    saved = out / "config.yaml"
-    if not saved.is_file():
-        return None
-    from nmt.config import load_config
-
-    old = load_config(saved)
-    keys = planlib.KEYS
-    return planlib.Plan(chosen={k: planlib.get(old, k) for k in keys}, reasons={k: "as the run was started" for k in keys})
 
 
 def tokenizer_for_data(cfg: TrainConfig, previous: planlib.Plan | None) -> TrainConfig:

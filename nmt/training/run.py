@@ -23,12 +23,10 @@ from nmt.launch import main_process_first
 from nmt.model_dir import CONFIG_FILE, SUMMARY_FILE
 from nmt.plan import Plan
 from nmt.textfiles import atomic_file
-from nmt.training.artifacts import publish_final, start_run
 from nmt.training.evaluation import try_average, tune_alpha
 from nmt.training.finetune import pretrained
 from nmt.training.loop import Loop, StopSignals
-from nmt.training.planning import load_plan, planned, save_plan, tokenizer_for_data
-from nmt.training.resume import claim_output_dir, release_output_dir, resume, resumed_tokenizer
+from nmt.training.planning import planned, tokenizer_for_data
 from nmt.training.setup import (
     build_model,
     check_trackers,
@@ -36,7 +34,18 @@ from nmt.training.setup import (
     make_loader,
     prepare_objective,
 )
-from nmt.training.state import Run, TrainResult
+from nmt.training.state import (
+    Run,
+    TrainResult,
+    claim_output_dir,
+    load_plan,
+    publish_final,
+    release_output_dir,
+    resume,
+    resumed_tokenizer,
+    save_plan,
+    start_run,
+)
 from nmt.validate import check_run
 
 
