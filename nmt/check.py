@@ -28,7 +28,7 @@ from nmt.tables import arrow_batches, column
 from nmt.tokenizer import unknown_rate
 from nmt.training import planning
 from nmt.training.finetune import pretrained, tokenizer_fit
-from nmt.training.step import default_device, run_precision
+from nmt.training.loop import default_device, run_precision
 from nmt.validate import check_run
 
 MIN_VALID_PAIRS = 100  # fewer validation pairs make BLEU differences between checkpoints noise

@@ -12,7 +12,7 @@ from nmt import Translator, train
 from nmt.checkpoint import list_checkpoints
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
-from nmt.training.step import inverse_sqrt, linear_decay
+from nmt.training.loop import inverse_sqrt, linear_decay
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -277,7 +277,7 @@ def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog, monkeyp
     tokens/s); each validation prints one compact line; checkpoints of the tied embeddings print no warning."""
     import re
 
-    monkeypatch.setattr("nmt.training.progress.stderr_is_terminal", lambda: True)
+    monkeypatch.setattr("nmt.training.loop.stderr_is_terminal", lambda: True)
     tiny_cfg.max_steps, tiny_cfg.eval_every, tiny_cfg.save_every = 4, 2, 2
     with caplog.at_level("WARNING"):
         train(tiny_cfg)
@@ -322,7 +322,7 @@ def test_progress_total_comes_from_the_time_budget(tiny_cfg, capsys):
 
 
 def test_budget_total_projects_the_steps_left_in_the_budget():
-    from nmt.training.progress import budget_total
+    from nmt.training.loop import budget_total
 
     assert budget_total(100_000, 0, 0, 0.0, 25) == 100_000  # no step done: no rate yet
     assert budget_total(100_000, 10, 10, 60.0, None) == 100_000  # no budget
@@ -386,16 +386,16 @@ def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     """The probe of `nmt check` and training call one `train_step`, with the same objective and optimizer."""
     from nmt.check import preflight
     from nmt.objective import Seq2SeqLoss
-    from nmt.training import step
+    from nmt.training import loop
 
-    calls, real = [], step.train_step
+    calls, real = [], loop.train_step
 
     def spy(accelerator, objective, optim, window, stop=False):
         base = accelerator.unwrap_model(objective) if hasattr(accelerator, "unwrap_model") else objective
         calls.append((type(accelerator).__name__, type(base), optim.optimizer.defaults, optim.clip_norm))
         return real(accelerator, objective, optim, window, stop)
 
-    monkeypatch.setattr(step, "train_step", spy)
+    monkeypatch.setattr(loop, "train_step", spy)
     tiny_cfg.max_steps = 1
     preflight(tiny_cfg, probe_steps=1)
     train(tiny_cfg)

@@ -22,8 +22,8 @@ from nmt.config import ModelConfig, TrainConfig
 from nmt.model import Seq2SeqTransformer
 from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
-from nmt.training import step as training_step
-from nmt.training.step import OneDevice, default_device, make_optim
+from nmt.training import loop as training_loop
+from nmt.training.loop import OneDevice, default_device, make_optim
 
 PROBE_STEPS = 3  # timed steps after one untimed warm-up
 PROBE_BUDGET_S = 30.0  # a probe stops early (after at least one timed step) once it has taken this long
@@ -63,7 +63,7 @@ def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[
             window = next(batches, None)  # collated inside the timing, as the training loop's loader does
             if window is None:
                 break
-            training_step.train_step(one, objective, optim, window)  # through the module: a test spies on it
+            training_loop.train_step(one, objective, optim, window)  # through the module: a test spies on it
             _sync(device)
             if i > 0:  # step 0 warms up allocator and kernels
                 timed.append((time.perf_counter() - start, window))

@@ -26,7 +26,7 @@ from nmt.objective import Seq2SeqLoss
 from nmt.tables import column
 from nmt.tokenizer import PairTokenizer
 from nmt.training.finetune import check_same_tokenizer
-from nmt.training.step import default_device, launched_precision, make_optim, run_precision
+from nmt.training.loop import default_device, launched_precision, make_optim, run_precision
 
 log = get_logger(__name__)
 
