@@ -26,9 +26,9 @@ from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.tables import arrow_batches, column
 from nmt.tokenizer import unknown_rate
-from nmt.training import planning
-from nmt.training.finetune import pretrained, tokenizer_fit
+from nmt.training import run as training_run
 from nmt.training.loop import default_device, run_precision
+from nmt.training.run import pretrained, tokenizer_fit
 from nmt.validate import check_run
 
 MIN_VALID_PAIRS = 100  # fewer validation pairs make BLEU differences between checkpoints noise
@@ -56,7 +56,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     cfg, tokenizer, inherited = pretrained(cfg)  # init_from: the model directory's tokenizer and sizes
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer, max_positions=cfg.model.max_positions)
     precision = run_precision(cfg, default_device(device).type)  # what training will use
-    cfg, plan = planning.planned(cfg, corpus, processes=num_processes, device=device, precision=precision,
+    cfg, plan = training_run.planned(cfg, corpus, processes=num_processes, device=device, precision=precision,
                                  inherited=inherited, timed=probe_steps > 0)  # the resolution training makes
     epoch = _epoch_zero(cfg, corpus, num_processes)
     model = _build(cfg.model, cfg.seed)
@@ -182,7 +182,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Ep
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     chunks = (plan.micro_batches(i % len(plan)) for i in range(steps + 1))
-    timed = planning.time_steps(model, cfg, planning.batches(cfg, epoch.train, chunks, device, model),
+    timed = training_run.time_steps(model, cfg, training_run.batches(cfg, epoch.train, chunks, device, model),
                                 steps, device, precision)
     per_token = [s / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window) for s, window in timed]
     epoch_work = sum(_padded(chunk, epoch.src_len, epoch.tgt_len) for step in range(len(plan))

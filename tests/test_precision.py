@@ -9,7 +9,7 @@ from helpers import one_thread  # noqa: F401  (module-wide: tiny models on share
 
 from nmt.check import preflight
 from nmt.compat import reset_accelerate_state
-from nmt.training import loop, setup
+from nmt.training import loop, run
 from nmt.training.loop import OneDevice, run_precision
 from tests.conftest import tiny_config
 
@@ -43,11 +43,11 @@ def test_the_accelerator_trains_in_the_chosen_precision(cfg, unlaunched, monkeyp
     monkeypatch.setattr(loop, "native_bf16", lambda device_type: True)
     reset_accelerate_state()
     try:
-        timed = setup.make_accelerator(dataclasses.replace(cfg, max_minutes=25.0))
+        timed = run.make_accelerator(dataclasses.replace(cfg, max_minutes=25.0))
         assert timed.mixed_precision == "bf16"
         assert "mixed precision bf16, chosen for the time budget" in capsys.readouterr().out
         reset_accelerate_state()
-        assert setup.make_accelerator(cfg).mixed_precision == "no"
+        assert run.make_accelerator(cfg).mixed_precision == "no"
         assert "mixed precision" not in capsys.readouterr().out
     finally:
         reset_accelerate_state()

@@ -452,12 +452,12 @@ def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it
     assert plan["seconds_per_token"] > 0 and plan["retimed"]["at_step"] == 6  # re-timed on its own steps
     assert plan["retimed"]["seconds_per_step"] > 0
     reset_accelerate_state()
-    import nmt.training.planning as planning
+    import nmt.training.run as training_run
 
     def no_timing(*args, **kwargs):
         raise AssertionError("a resume timed steps again instead of reading plan.json")
 
-    monkeypatch.setattr(planning, "speed_probe", no_timing)
+    monkeypatch.setattr(training_run, "speed_probe", no_timing)
     cfg.resume, cfg.max_steps = "latest", 14
     train(cfg)  # the same run: the checkpoint's config matches the saved plan's choices
     again = json.loads((run / "plan.json").read_text())
