@@ -213,7 +213,7 @@ def _add_backtranslate_parser(sub) -> None:
 
 
 def _add_serve_parser(sub) -> None:
-    from nmt.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
+    from nmt.tools.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
 
     p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
     p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")

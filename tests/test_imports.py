@@ -37,7 +37,7 @@ def cli(*argv: str) -> str:
     ("import nmt.config", set()),
     ("import nmt.config_reference", set()),  # YAML is read inside read_yaml/parse_override/save_yaml
     ("import nmt.model_dir", set()),
-    ("import nmt.info", set()),
+    ("import nmt.tools.info", set()),
     ("import nmt.validate", set()),
     ("import nmt.checkpoint", set()),
     ("import nmt.batching", {"numpy"}),
@@ -84,8 +84,8 @@ LAYERS = [
     {"errors", "loss", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
     {"strict", "ranges", "batching", "metrics", "textfiles", "launch", "fastlinear", "cache"},
-    {"config", "sampling", "plot"},  # plot: writes with textfiles
-    {"model_dir", "clean", "plan", "config_reference", "check_report"},
+    {"config", "sampling", "tools.plot"},  # plot: writes with textfiles
+    {"model_dir", "clean", "plan", "config_reference"},
     {"checkpoint"},  # a checkpoint's and a model directory's fingerprints name model_dir's files
     {"tokenizer", "validate", "tables"},
     {"readers", "encoding"},
@@ -95,15 +95,15 @@ LAYERS = [
     {"model", "objective", "decoder"},
     {"search", "attention", "ensemble"},
     {"export", "score", "interop", "adapters"},
-    {"translate", "average", "info"},
-    {"backtranslate", "request_batcher"},
-    {"serve"},
+    {"translate", "average", "tools.info"},
+    {"tools.backtranslate", "tools.request_batcher"},
+    {"tools.serve"},
     {"training.verify"},
     {"training.state"},
     {"training.evaluation"},
     {"training.loop"},
     {"training.run"},
-    {"train", "check"},
+    {"train", "tools.check"},
     {"commands.common"},
     {"commands.train", "commands.decode", "commands.tools"},
     {"cli"},
@@ -119,8 +119,9 @@ HOMES = {  # third-party library -> the only modules that import it (one home pe
     "datasets": {"tables", "readers", "encoding", "data", "dropout_epochs"},  # the data layer
     "pandas": {"clean"},  # the dedupe's string hashes
     "accelerate": {"compat", "launch", *(n for n in LAYER if n.startswith("training."))},
-    "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "transformers": {"interop"}, "peft": {"adapters"},
-    "uvicorn": {"serve", "compat"},  # compat: the private protocol class serve extends
+    "matplotlib": {"tools.plot", "attention"}, "starlette": {"tools.serve"}, "transformers": {"interop"},
+    "peft": {"adapters"},
+    "uvicorn": {"tools.serve", "compat"},  # compat: the private protocol class serve extends
 }
 
 
@@ -140,7 +141,7 @@ def imports_of(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            package = node.module in ("nmt", "nmt.training")  # from nmt import checkpoint: the module itself
+            package = node.module in ("nmt", "nmt.training", "nmt.tools")  # from nmt import checkpoint: the module itself
             found |= {f"{node.module}.{a.name}" for a in node.names} if package else {node.module}
     return {name[4:] if name.startswith("nmt.") else name for name in found}
 

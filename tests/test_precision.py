@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
 
-from nmt.check import preflight
 from nmt.compat import reset_accelerate_state
+from nmt.tools.check import preflight
 from nmt.training import loop, run
 from nmt.training.loop import OneDevice, run_precision
 from tests.conftest import tiny_config

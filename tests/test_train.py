@@ -201,7 +201,7 @@ def test_checkpoint_average_is_kept_when_not_worse(tiny_cfg):
 
 def test_sizes_left_to_the_corpus_are_chosen_recorded_and_kept_on_resume(corpus_dir, tmp_path, capsys, monkeypatch):
     from nmt.config import ModelConfig, TokenizerConfig, read_yaml
-    from nmt.info import describe
+    from nmt.tools.info import describe
     from tests.conftest import tiny_config
 
     cfg = tiny_config(corpus_dir, tmp_path, tokenizer=TokenizerConfig(), model=ModelConfig(), max_steps=4,
@@ -225,7 +225,7 @@ def test_tune_alpha_decodes_validation_only_and_the_model_keeps_the_best(tiny_cf
     import importlib
 
     from nmt.cli import main
-    from nmt.info import describe, lines
+    from nmt.tools.info import describe, lines
 
     train_module = importlib.import_module("nmt.training.evaluation")  # validation decodes through nmt.search
     decoded = []
@@ -384,8 +384,8 @@ def test_tracker_that_cannot_log_is_named_before_training(tiny_cfg, name, needle
 
 def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     """The probe of `nmt check` and training call one `train_step`, with the same objective and optimizer."""
-    from nmt.check import preflight
     from nmt.objective import Seq2SeqLoss
+    from nmt.tools.check import preflight
     from nmt.training import loop
 
     calls, real = [], loop.train_step

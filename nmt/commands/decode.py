@@ -176,7 +176,7 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.backtranslate import backtranslate, output_paths
+    from nmt.tools.backtranslate import backtranslate, output_paths
     from nmt.translate import Translator
 
     no_extra(extra)

@@ -10,7 +10,7 @@ from nmt.errors import NmtError
 
 
 def cmd_plot(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.plot import plot_runs
+    from nmt.tools.plot import plot_runs
 
     no_extra(extra)
     print(f"wrote {plot_runs(args.run_dirs, args.output)}")
@@ -20,7 +20,7 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_info(args: argparse.Namespace, extra: list[str]) -> int:
     import json
 
-    from nmt.info import describe, lines
+    from nmt.tools.info import describe, lines
 
     no_extra(extra)
     info = describe(args.model_dir)
@@ -74,13 +74,13 @@ def cmd_merge_adapter(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     no_extra(extra)
     try:
-        from nmt.serve import serve
+        from nmt.tools.serve import serve
     except ModuleNotFoundError as e:
         if e.name not in ("starlette", "uvicorn"):
             raise
         raise NmtError(f"nmt serve needs {e.name}: pip install 'nmt[serve]' (starlette and uvicorn)") from None
-    from nmt.info import describe
-    from nmt.request_batcher import API_KEY_ENV, ServeConfig
+    from nmt.tools.info import describe
+    from nmt.tools.request_batcher import API_KEY_ENV, ServeConfig
     from nmt.translate import Translator
 
     values = {k: getattr(args, k) for k in vars(ServeConfig())}

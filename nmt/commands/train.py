@@ -59,7 +59,7 @@ def cmd_check(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _preflight(cfg, args: argparse.Namespace) -> int:
     """`nmt check` and `nmt train --dry-run`: print the report; exit 1 when it names a problem, else 0."""
-    from nmt.check import launch_processes, preflight
+    from nmt.tools.check import launch_processes, preflight
 
     if not is_main():
         return 0  # under `accelerate launch` the main process checks for all
