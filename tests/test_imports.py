@@ -104,8 +104,6 @@ LAYERS = [
     {"training.loop"},
     {"training.run"},
     {"train", "tools.check"},
-    {"commands.common"},
-    {"commands.train", "commands.decode", "commands.tools"},
     {"cli"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
