@@ -4,7 +4,7 @@
 training sampler for the launch's process count, times a few real AdamW steps of the configured model,
 and returns a `Report` of numbers plus the problems found, each naming the setting to change (at the end of this
 module: its numbers, and the few lines it prints for the terminal).
-No Accelerate here: the probe runs training's own `train_step` on one device (`OneDevice`), as one process
+No Accelerator here: the probe runs training's own `train_step` on one device (`OneDevice`), as one process
 of the launch would.
 """
 

@@ -143,7 +143,7 @@ class TrainResult:
         return "\n".join(lines)
 
 
-# --- which run: the output_dir, its lock, and the checkpoint a run resumes from ------------------------------------
+# --- which run: the output_dir a run claims (a fresh run, a resume, or --overwrite) ------------------------------
 
 
 def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
