@@ -13,7 +13,7 @@ Systems, each trained for the same wall-clock minutes:
   tuned     the hand-tuned configs/tatoeba-en-de.yaml (--tuned-config)
   baseline  benchmarks/hf_baseline.py's MarianMTModel recipe (needs the bench extra)
 An nmt system named with "-fp32" (budget-fp32, tuned-fp32) trains in fp32 whatever the hardware: the others take
-the precision a run takes by default (nmt.training.step.run_precision: bf16 under a time budget where the device
+the precision a run takes by default (nmt.training.loop.run_precision: bf16 under a time budget where the device
 multiplies bf16 in hardware).
 key=value overrides apply to the fixed and tuned systems (a tiny setting for a smoke test), never to budget.
 Choices are made on validation (nmt: best validation BLEU, greedy; baseline: best validation loss); the test set

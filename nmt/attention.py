@@ -3,7 +3,7 @@
 `scaled_dot_product_attention` returns no weights, so they are recomputed from the model's own modules:
 one teacher-forced decoder pass over the chosen translation, with a forward pre-hook on a decoder
 layer's cross-attention that captures its query input; keys come from that layer's `cross_kv`.
-Drawing uses matplotlib's Agg canvas only (no pyplot, no display), as `nmt.plot` does.
+Drawing uses matplotlib's Agg canvas only (no pyplot, no display), as `nmt.tools.plot` does.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def plot_alignment(src_tokens: list[str], tgt_tokens: list[str], weights: torch.
     if title:
         fig.suptitle("\n".join(textwrap.wrap(title, width=max(40, int(fig.get_figwidth() * 9)))), fontsize=11)
     fig.tight_layout()
-    from nmt.plot import save_figure
+    from nmt.tools.plot import save_figure
 
     return save_figure(fig, out, dpi)
 

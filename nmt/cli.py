@@ -1,26 +1,32 @@
 """The `nmt` command: the parser of train, check, translate, evaluate, score, backtranslate, export, import, plot,
-average, merge-adapter, serve and info, and the dispatch to their handlers (nmt.commands). User errors print one
-line and exit with code 2.
+average, merge-adapter, serve and info, `main` (the dispatch; user errors print one line and exit with code 2),
+then the handlers, by family: training (`nmt train`, `nmt check`: config overrides from flags, then training or
+the pre-flight report), decoding (translate, evaluate, score, backtranslate: the commands that run a model over
+text) and the commands around a trained model (export, import, plot, average, merge-adapter, serve, info).
 
+Each handler imports its heavy modules inside the function, so that `nmt --help` stays cheap.
 `accelerate launch run.py ...` is `nmt train ...` on as many processes as the profile says.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import stat
 import sys
 import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 
-from nmt.commands.common import is_main
-from nmt.commands.decode import cmd_backtranslate, cmd_evaluate, cmd_score, cmd_translate
-from nmt.commands.tools import cmd_average, cmd_export, cmd_import, cmd_info, cmd_merge_adapter, cmd_plot, cmd_serve
-from nmt.commands.train import cmd_check, cmd_train, overrides_from_flags
-from nmt.validate import Number, error_line
+from nmt.errors import NmtError
+from nmt.validate import Number, error_line, utf8_lines
 
 __all__ = ["build_parser", "main", "main_entry", "overrides_from_flags"]
 POSITIVE = Number(int, "[1, 1e9]")  # token budgets, counts of checkpoints
+DEBUG_HELP = "on an error, print the Python traceback too (normally one line: exit 2 for bad input, 1 otherwise)"
+CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (nmt.config.reference_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,9 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
     for p in sub.choices.values():  # also after the command (nmt train ... --debug); SUPPRESS keeps the global one
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
-
-
-CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (nmt.config.reference_text)
 
 
 class _ConfigKeysHelp(argparse.RawDescriptionHelpFormatter):
@@ -78,6 +81,15 @@ def _add_check(sub) -> None:
     p.set_defaults(fn=cmd_check)
 
 
+def _add_check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-processes", type=Number(int, "[1, 100000]"),
+                   help="plan batches for this many processes (default: num_processes "
+                   "of --profile, else WORLD_SIZE or ACCELERATE_NUM_PROCESSES from the environment, else 1)")
+    p.add_argument("--profile", help="an accelerate config file (accelerate_configs/*.yaml) to read num_processes from")
+    p.add_argument("--probe-steps", type=Number(int, "[0, 1e6]"), default=3,
+                   help="timed training steps after one warm-up (0: no timing)")
+
+
 def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
     """The arguments `nmt translate` and `nmt evaluate` share: the model, the search, the device, --output."""
     p = sub.add_parser(name, help=help_)
@@ -90,6 +102,30 @@ def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
     p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
     _add_sampling_args(p)
     return p
+
+
+def _add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """The search flags of translate, evaluate and backtranslate (search_kwargs reads them)."""
+    p.add_argument("--beam", type=Number(int, "nmt.decoding:SearchConfig.beam_size"), default=4,
+                   help="beam size (1: greedy)")
+    p.add_argument("--alpha", type=Number(float, "nmt.decoding:SearchConfig.alpha"),
+                   help="length penalty exponent (default: the model's tuned alpha, "
+                   "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sampling", action="store_true", help="draw each translation from the model instead of beam "
+                   "search (--nbest N: N samples per sentence)")
+    p.add_argument("--topk", type=Number(int, "nmt.decoding:SamplingConfig.topk"), default=0,
+                   help="with --sampling: draw among the k most likely tokens (0: all)")
+    p.add_argument("--topp", type=Number(float, "nmt.decoding:SamplingConfig.topp"), default=1.0,
+                   help="with --sampling: draw among the most likely tokens whose probabilities sum to p (nucleus)")
+    p.add_argument("--temperature", type=Number(float, "nmt.decoding:SamplingConfig.temperature"), default=1.0,
+                   help="with --sampling: < 1 sharper, > 1 flatter, 0 greedy")
+    p.add_argument("--seed", type=Number(int, "nmt.decoding:SamplingConfig.seed"), default=0,
+                   help="with --sampling: the same seed and input give the same output")
 
 
 def _add_translate(sub) -> None:
@@ -122,6 +158,23 @@ def _add_score(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--output", help="write here instead of stdout")
     p.set_defaults(fn=cmd_score)
+
+
+def _add_backtranslate_parser(sub) -> None:
+    p = sub.add_parser("backtranslate", help="translate monolingual text into a synthetic parallel corpus "
+                       "(source: the translations, target: the text) for training the reverse direction")
+    p.add_argument("model_dir", help="a model trained in the reverse direction (the text's language -> the other)")
+    p.add_argument("--input", required=True, help="monolingual text, one sentence per line")
+    p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.<src> (translations) and "
+                   "PREFIX.<tgt> (the input lines): a data.train prefix")
+    p.add_argument("--tag", nargs="?", const="<bt>", help="prepend this token to every synthetic source (tagged "
+                   "back-translation; --tag alone: <bt>); keep it whole with tokenizer.reserved in the forward config")
+    p.add_argument("--src-lang", help="suffix of the translations' file (default: the model's target language)")
+    p.add_argument("--tgt-lang", help="suffix of the input's copy (default: the model's source language)")
+    p.add_argument("--chunk-size", type=POSITIVE, default=2000, help="lines read, translated and written at a time")
+    _add_decoding_args(p)
+    _add_sampling_args(p)  # sampled back-translation (Edunov et al. 2018): --sampling --topk 10
+    p.set_defaults(fn=cmd_backtranslate, ct2=None)
 
 
 def _add_export(sub) -> None:
@@ -172,48 +225,8 @@ def _add_merge_adapter(sub) -> None:
     p.set_defaults(fn=cmd_merge_adapter)
 
 
-def _add_info(sub) -> None:
-    p = sub.add_parser("info", help="architecture, size, vocabulary, training data and scores of a model directory")
-    p.add_argument("model_dir", help="a model directory (output_dir/model or output_dir/best)")
-    p.add_argument("--json", action="store_true", help="print everything as JSON")
-    p.set_defaults(fn=cmd_info)
-
-
-DEBUG_HELP = "on an error, print the Python traceback too (normally one line: exit 2 for bad input, 1 otherwise)"
-
-
-def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sampling", action="store_true", help="draw each translation from the model instead of beam "
-                   "search (--nbest N: N samples per sentence)")
-    p.add_argument("--topk", type=Number(int, "nmt.decoding:SamplingConfig.topk"), default=0,
-                   help="with --sampling: draw among the k most likely tokens (0: all)")
-    p.add_argument("--topp", type=Number(float, "nmt.decoding:SamplingConfig.topp"), default=1.0,
-                   help="with --sampling: draw among the most likely tokens whose probabilities sum to p (nucleus)")
-    p.add_argument("--temperature", type=Number(float, "nmt.decoding:SamplingConfig.temperature"), default=1.0,
-                   help="with --sampling: < 1 sharper, > 1 flatter, 0 greedy")
-    p.add_argument("--seed", type=Number(int, "nmt.decoding:SamplingConfig.seed"), default=0,
-                   help="with --sampling: the same seed and input give the same output")
-
-
-def _add_backtranslate_parser(sub) -> None:
-    p = sub.add_parser("backtranslate", help="translate monolingual text into a synthetic parallel corpus "
-                       "(source: the translations, target: the text) for training the reverse direction")
-    p.add_argument("model_dir", help="a model trained in the reverse direction (the text's language -> the other)")
-    p.add_argument("--input", required=True, help="monolingual text, one sentence per line")
-    p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.<src> (translations) and "
-                   "PREFIX.<tgt> (the input lines): a data.train prefix")
-    p.add_argument("--tag", nargs="?", const="<bt>", help="prepend this token to every synthetic source (tagged "
-                   "back-translation; --tag alone: <bt>); keep it whole with tokenizer.reserved in the forward config")
-    p.add_argument("--src-lang", help="suffix of the translations' file (default: the model's target language)")
-    p.add_argument("--tgt-lang", help="suffix of the input's copy (default: the model's source language)")
-    p.add_argument("--chunk-size", type=POSITIVE, default=2000, help="lines read, translated and written at a time")
-    _add_decoding_args(p)
-    _add_sampling_args(p)  # sampled back-translation (Edunov et al. 2018): --sampling --topk 10
-    p.set_defaults(fn=cmd_backtranslate, ct2=None)
-
-
 def _add_serve_parser(sub) -> None:
-    from nmt.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
+    from nmt.tools.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
 
     p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
     p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
@@ -222,24 +235,14 @@ def _add_serve_parser(sub) -> None:
     p.set_defaults(fn=cmd_serve, ct2=None)
 
 
-def _add_decoding_args(p: argparse.ArgumentParser) -> None:
-    """The search flags of translate, evaluate and backtranslate (nmt.commands.decode.search_kwargs reads them)."""
-    p.add_argument("--beam", type=Number(int, "nmt.decoding:SearchConfig.beam_size"), default=4,
-                   help="beam size (1: greedy)")
-    p.add_argument("--alpha", type=Number(float, "nmt.decoding:SearchConfig.alpha"),
-                   help="length penalty exponent (default: the model's tuned alpha, "
-                   "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
-    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+def _add_info(sub) -> None:
+    p = sub.add_parser("info", help="architecture, size, vocabulary, training data and scores of a model directory")
+    p.add_argument("model_dir", help="a model directory (output_dir/model or output_dir/best)")
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.set_defaults(fn=cmd_info)
 
 
-def _add_check_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-processes", type=Number(int, "[1, 100000]"),
-                   help="plan batches for this many processes (default: num_processes "
-                   "of --profile, else WORLD_SIZE or ACCELERATE_NUM_PROCESSES from the environment, else 1)")
-    p.add_argument("--profile", help="an accelerate config file (accelerate_configs/*.yaml) to read num_processes from")
-    p.add_argument("--probe-steps", type=Number(int, "[0, 1e6]"), default=3,
-                   help="timed training steps after one warm-up (0: no timing)")
+# --- running a command --------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,6 +275,380 @@ def _report(err: Exception, args: argparse.Namespace) -> int:
 def main_entry() -> None:
     """The console script `nmt`."""
     sys.exit(main())
+
+
+# --- training: nmt train, nmt check ------------------------------------------------------------------------------
+
+
+def overrides_from_flags(extra: list[str]) -> list[str]:
+    """`--model.d_model 256`, `--max-steps=10` or `model.d_model=256` -> ["model.d_model=256", ...]."""
+    out, i = [], 0
+    while i < len(extra):
+        token = extra[i]
+        if token.startswith("--"):
+            key = token[2:]
+            if "=" not in key:
+                if i + 1 >= len(extra):
+                    raise NmtError(f"flag {token} needs a value, e.g. {token} 100")
+                key, i = f"{key}={extra[i + 1]}", i + 1
+            name, _, value = key.partition("=")
+            out.append(f"{name.replace('-', '_')}={value}")
+        elif "=" in token:
+            out.append(token)
+        else:
+            raise NmtError(f"unexpected argument {token!r}; config overrides look like --model.d_model 256 or key=value")
+        i += 1
+    return out
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.config import load_config
+
+    overrides = overrides_from_flags(extra)
+    if args.resume:
+        overrides.append(f"resume={args.resume}")
+    if args.init_from:
+        overrides.append(f"init_from={args.init_from}")
+    overrides += [f"{key}=true" for key in ("overwrite", "resume_with_changes", "allow_data_change") if getattr(args, key)]
+    cfg = load_config(args.config, overrides)
+    if args.dry_run:
+        return _preflight(cfg, args)
+    from nmt.train import train
+
+    result = train(cfg)
+    if is_main():
+        print(result.summary())
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.config import load_config
+
+    overrides = overrides_from_flags(extra) + ([f"init_from={args.init_from}"] if args.init_from else [])
+    return _preflight(load_config(args.config, overrides), args)
+
+
+def _preflight(cfg, args: argparse.Namespace) -> int:
+    """`nmt check` and `nmt train --dry-run`: print the report; exit 1 when it names a problem, else 0."""
+    from nmt.tools.check import launch_processes, preflight
+
+    if not is_main():
+        return 0  # under `accelerate launch` the main process checks for all
+    n, source = launch_processes(args.num_processes, args.profile)
+    print(f"nmt check: {args.config or 'default config'} for {n} process{'es' if n > 1 else ''} (from {source})",
+          flush=True)
+    report = preflight(cfg, n, args.probe_steps)
+    print("\n".join(report.lines()))
+    return 1 if report.problems else 0
+
+
+# --- decoding: nmt translate, evaluate, score, backtranslate -------------------------------------------------------
+
+
+def search_kwargs(args: argparse.Namespace) -> dict:
+    """--alpha only when given: otherwise the model directory's tuned alpha (search.json), else 0.6.
+    --sampling (with --topk/--topp/--temperature/--seed) draws translations instead of beam search."""
+    alpha = {} if args.alpha is None else {"alpha": args.alpha}
+    sampling = None
+    if args.sampling:
+        from nmt.decoding import SamplingConfig
+
+        sampling = SamplingConfig(topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed)
+    return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, sampling=sampling, **alpha)
+
+
+def _translator(args: argparse.Namespace):
+    """The PyTorch model of MODEL_DIR (several: an ensemble), or with --ct2 DIR the CTranslate2 export."""
+    from nmt.translate import Translator
+
+    if args.ct2:
+        return Translator.from_ctranslate2(args.ct2, device=args.device)
+    if not args.model_dir:
+        raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")
+    dirs = args.model_dir
+    return Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
+
+
+@dataclass
+class _Seen:
+    """What came in: the first input sentence (for --attention), how many lines, and which could not be translated."""
+
+    first: str | None = None
+    lines: int = 0
+    failed: list[int] = field(default_factory=list)
+
+    def see(self, line: str) -> None:
+        if self.first is None:
+            self.first = line.rstrip("\r\n")
+        self.lines += 1
+
+
+def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.textfiles import refuse_overwrite
+
+    no_extra(extra)
+    if args.attention and not args.model_dir:
+        raise NmtError("--attention needs MODEL_DIR (the PyTorch model): CTranslate2 does not expose the weights")
+    source = ("--input", args.input) if args.input else ("stdin", stdin_fd())
+    refuse_overwrite([("--output", args.output), ("--attention", args.attention)], [source, *model_inputs(args)])
+    translator = _translator(args)
+    seen = _Seen()
+    _translate_stream(translator, seen, args)
+    if args.attention:
+        _draw_first(translator, seen, args)
+    if seen.failed:
+        print(f"nmt translate: error: {len(seen.failed)} of {seen.lines} input lines could not be translated (line "
+              f"{numbers(seen.failed)}); their output lines are empty", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _translate_stream(translator, seen: _Seen, args: argparse.Namespace) -> None:
+    """--input (or stdin) to --output (or stdout, written all or nothing); a terminal or pipe is answered line by
+    line."""
+    from nmt.textfiles import atomic_file
+
+    # bytes, decoded line by line: a line that is not UTF-8 is named by its number
+    source = open(args.input, "rb") if args.input else getattr(sys.stdin, "buffer", sys.stdin)
+    interactive = not _is_regular_file(source)  # a terminal or a pipe (or FIFO): answer line by line
+    try:
+        with atomic_file(args.output) if args.output else nullcontext(sys.stdout) as sink:
+            for line in _translations(translator, source, interactive, seen, args):
+                sink.write(line + "\n")
+                if interactive:
+                    sink.flush()
+    finally:
+        if args.input:
+            source.close()
+
+
+def _translations(translator, source, interactive: bool, seen: _Seen, args: argparse.Namespace):
+    """The output lines: files batch by length; a terminal or pipe is translated as its lines arrive."""
+    from nmt.translate import arrived_lines
+
+    kwargs = dict(nbest=args.nbest, tgt_lang=args.tgt_lang, **search_kwargs(args))
+    if interactive:
+        def groups():
+            for group in arrived_lines(source, args.input or "stdin"):
+                seen.see(group[0])
+                seen.lines += len(group) - 1
+                yield group
+        return translator.translate_batches(groups(), seen.failed, **kwargs)
+
+    def lines():
+        for line in utf8_lines(source, args.input or "stdin"):
+            seen.see(line)
+            yield line
+    return translator.translate_stream(lines(), failed=seen.failed, **kwargs)
+
+
+def _is_regular_file(stream) -> bool:
+    """True for a file (or anything without a descriptor, e.g. a StringIO); False for a terminal, pipe or socket."""
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError):
+        return True
+
+
+def _draw_first(translator, seen: _Seen, args: argparse.Namespace) -> None:
+    """--attention: the cross-attention of the first input sentence, drawn with the (first) PyTorch model."""
+    from nmt.attention import plot_alignment
+    from nmt.translate import Translator
+
+    if seen.first is None:
+        raise NmtError("--attention: the input is empty; there is no first sentence to draw")
+    if translator.backend != "torch" or len(args.model_dir) != 1:
+        translator = Translator.from_pretrained(args.model_dir[0], args.device)
+    text, alpha = seen.first, {} if args.alpha is None else {"alpha": args.alpha}
+    src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam,
+                                             tgt_lang=args.tgt_lang, **alpha)
+    translation = translator.tokenizer.decode_tgt([[translator.tokenizer.tgt.token_to_id(t) for t in tgt]])[0]
+    out = plot_alignment(src, tgt, weights, args.attention, title=f"{text}  \u2192  {translation}")
+    print(f"wrote {out} (cross-attention of the first sentence)", file=sys.stderr)
+
+
+def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.metrics import corpus_scores
+    from nmt.textfiles import atomic_file, refuse_overwrite
+
+    no_extra(extra)
+    refuse_overwrite([("--output", args.output)], [("--src", args.src), ("--ref", args.ref), *model_inputs(args)])
+    src, ref = read_lines(args.src), read_lines(args.ref)
+    if len(src) != len(ref):
+        raise NmtError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+    hyps = _translator(args).translate(src, tgt_lang=args.tgt_lang, **search_kwargs(args))
+    if args.output:
+        with atomic_file(args.output) as sink:
+            sink.write("".join(h + "\n" for h in hyps))
+    scores = corpus_scores(hyps, ref)
+    print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
+    print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
+    return 0
+
+
+def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
+    """Per line: the sum and mean log-probability (nats) of the target given the source, tab-separated
+    (--per-token: then each token's, space-separated)."""
+    from nmt.textfiles import atomic_file, refuse_overwrite
+    from nmt.translate import Translator
+
+    no_extra(extra)
+    refuse_overwrite([("--output", args.output)], [("--src", args.src), ("--tgt", args.tgt), *model_inputs(args)])
+    src, tgt = read_lines(args.src), read_lines(args.tgt)
+    if len(src) != len(tgt):
+        raise NmtError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
+    dirs = args.model_dir
+    translator = Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
+    with atomic_file(args.output) if args.output else nullcontext(sys.stdout) as sink:
+        for s in translator.score(src, tgt, batch_tokens=args.batch_tokens, tgt_lang=args.tgt_lang):
+            tokens = "\t" + " ".join(f"{x:.4f}" for x in s.token_logprobs) if args.per_token else ""
+            sink.write(f"{s.total:.4f}\t{s.mean:.4f}{tokens}\n")
+    return 0
+
+
+def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.tools.backtranslate import backtranslate, output_paths
+    from nmt.translate import Translator
+
+    no_extra(extra)
+    if args.tag is not None and (not args.tag or any(c.isspace() for c in args.tag)):
+        raise NmtError(f"--tag must be one token without spaces, e.g. <bt>; got {args.tag!r}")
+    src_path, tgt_path = output_paths(args.output, args.model_dir, args.src_lang, args.tgt_lang, args.input)
+    translator = Translator.from_pretrained(args.model_dir, device=args.device)
+    # a multilingual model translates into the language of the synthetic sources: their file's suffix
+    into = src_path.suffix[1:] if len(translator.target_languages) > 1 else None
+    result = backtranslate(translator, args.input, src_path, tgt_path, tag=args.tag,
+                           chunk_size=args.chunk_size, tgt_lang=into, **search_kwargs(args))
+    print(result.summary())
+    if result.failed:
+        print(f"nmt backtranslate: error: input line(s) {numbers(result.failed)} could not be translated and were "
+              "left out", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --- around a trained model: nmt export, import, plot, average, merge-adapter, serve, info -------------------------
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    no_extra(extra)
+    if args.to == "transformers":
+        from nmt.interop import export_transformers
+
+        if args.quantization:
+            raise NmtError("--quantization is for --to ctranslate2; a transformers export is float32")
+        out, arch = export_transformers(args.model_dir, args.out, force=args.force)
+        print(f"wrote {out} ({arch}); load it with transformers.AutoModelForSeq2SeqLM.from_pretrained('{out}')")
+        return 0
+    from nmt.translate import export_ctranslate2
+
+    out = export_ctranslate2(args.model_dir, args.out, quantization=args.quantization, force=args.force)
+    print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}); translate with: nmt translate --ct2 {out}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.interop import import_hf
+
+    no_extra(extra)
+    out = import_hf(args.hf_dir, args.out, src_lang=args.src_lang, tgt_lang=args.tgt_lang, force=args.force)
+    print(f"wrote {out}; translate with: nmt translate {out}, fine-tune with: nmt train --init-from {out} ...")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.tools.plot import plot_runs
+
+    no_extra(extra)
+    print(f"wrote {plot_runs(args.run_dirs, args.output)}")
+    return 0
+
+
+def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.checkpoint import average_run
+
+    no_extra(extra)
+    print(f"averaged model written to {average_run(args.run_dir, args.last, args.output, force=args.force)}")
+    return 0
+
+
+def cmd_merge_adapter(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.adapters import merge_adapter_dir
+
+    no_extra(extra)
+    out = merge_adapter_dir(args.model_dir, args.out, force=args.force)
+    print(f"wrote {out} (the adapter merged into the weights); translate with: nmt translate {out}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    no_extra(extra)
+    try:
+        from nmt.tools.serve import serve
+    except ModuleNotFoundError as e:
+        if e.name not in ("starlette", "uvicorn"):
+            raise
+        raise NmtError(f"nmt serve needs {e.name}: pip install 'nmt[serve]' (starlette and uvicorn)") from None
+    from nmt.tools.info import describe
+    from nmt.tools.request_batcher import API_KEY_ENV, ServeConfig
+    from nmt.translate import Translator
+
+    values = {k: getattr(args, k) for k in vars(ServeConfig())}
+    if values["api_key"] is None:  # an empty variable is no key; an empty --api-key is an error
+        values["api_key"] = os.environ.get(API_KEY_ENV) or None
+    cfg = ServeConfig(**values)
+    serve(Translator.from_pretrained(args.model_dir, device=args.device), cfg, describe(args.model_dir))
+    return 0
+
+
+def cmd_info(args: argparse.Namespace, extra: list[str]) -> int:
+    from nmt.tools.info import describe, lines
+
+    no_extra(extra)
+    info = describe(args.model_dir)
+    print(json.dumps(info, indent=2) if args.json else "\n".join(lines(info)))
+    return 0
+
+
+# --- what the handlers share: extra arguments, the main process, reading line files -------------------------------
+
+
+def no_extra(extra: list[str]) -> None:
+    if extra:
+        raise NmtError(f"unexpected arguments: {' '.join(extra)}")
+
+
+def is_main() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def stdin_fd() -> int | None:
+    """The descriptor of stdin, when it has one (a file redirected with < is an input an output must not name)."""
+    try:
+        return sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a descriptor (a notebook, a test)
+        return None
+
+
+def model_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The model directories a command reads (MODEL_DIR, several for an ensemble; --ct2 DIR), for
+    `nmt.textfiles.refuse_overwrite`: no output may name a file in them."""
+    dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
+    ct2 = getattr(args, "ct2", None)
+    return [("MODEL_DIR", d) for d in dirs if d] + ([("--ct2", ct2)] if ct2 else [])
+
+
+def read_lines(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            return [line.rstrip("\r\n") for line in utf8_lines(f, path)]  # names the first line that is not UTF-8
+    except FileNotFoundError:
+        raise NmtError(f"file not found: {path}") from None
+
+
+def numbers(lines: list[int]) -> str:
+    """Line numbers for a message: the first 20, then "..."."""
+    return ", ".join(map(str, lines[:20])) + (", ..." if len(lines) > 20 else "")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""`nmt.train`: the public entry to training. `train(cfg)` and `TrainResult` live in `nmt.training.run`
-and `nmt.training.state`; the jobs of a run in the other modules of `nmt.training`."""
+"""`nmt.train`: the public entry to training. `train(cfg)` lives in `nmt.training.run`, `TrainResult` and
+`TrainState` in `nmt.training.state`; the loop in `nmt.training.loop`, validation in `nmt.training.evaluation`."""
 
 from nmt.training.run import train
 from nmt.training.state import TrainResult, TrainState

@@ -74,7 +74,7 @@ def test_chunks_failed_lines_and_decoding_options(model_dir, mono, tmp_path, mon
 
 
 def test_decoding_keywords_reach_translate_as_they_are(mono, tmp_path):
-    from nmt.backtranslate import backtranslate
+    from nmt.tools.backtranslate import backtranslate
 
     class Recorder:
         def translate_stream(self, lines, chunk_size, failed, **decode):

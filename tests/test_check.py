@@ -9,13 +9,13 @@ import torch
 from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
 
 from nmt.batching import TokenBatchSampler
-from nmt.check import activation_bytes, launch_processes, preflight
 from nmt.cli import main
 from nmt.config import DataConfig, ModelConfig
 from nmt.data import pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer, label_smoothed_nll
 from nmt.synthetic import generate_pairs
+from nmt.tools.check import activation_bytes, launch_processes, preflight
 from tests.conftest import tiny_config, write_pairs
 
 ROOT = Path(__file__).parent.parent

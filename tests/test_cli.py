@@ -137,13 +137,13 @@ def test_translate_beam_0_is_refused_with_exit_2(tmp_path):
 
 
 def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatch, capsys, tmp_path):
-    import nmt.info
+    import nmt.tools.info
     from nmt.cli import main
 
     def broken(model_dir):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(nmt.info, "describe", broken)
+    monkeypatch.setattr(nmt.tools.info, "describe", broken)
     assert main(["info", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.splitlines() == ["nmt info: error: RuntimeError: boom (unexpected: run again with --debug for the "

@@ -274,8 +274,8 @@ class RowFormatting:
 def test_no_dataset_row_is_formatted_one_by_one(corpus_dir, tmp_path, monkeypatch):
     """Preparation, the training sampler's inputs and `nmt check` read columns as Arrow/NumPy, never rows."""
     from nmt.batching import TokenBatchSampler
-    from nmt.check import preflight
     from nmt.data import column, pair_lengths
+    from nmt.tools.check import preflight
     from tests.conftest import tiny_config
 
     counter = RowFormatting(monkeypatch)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from nmt import Seq2SeqTransformer, train
-from nmt.check import preflight
 from nmt.config import ModelConfig, OptimConfig, TokenizerConfig
 from nmt.errors import NmtError
 from nmt.synthetic import generate_pairs
+from nmt.tools.check import preflight
 from tests.conftest import tiny_config, write_pairs
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")

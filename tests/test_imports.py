@@ -35,7 +35,7 @@ def cli(*argv: str) -> str:
     ("import nmt\nnmt.__all__, dir(nmt)", set()),
     ("import nmt.errors", set()),
     ("import nmt.config", set()),  # YAML is read inside read_yaml/parse_override/save_yaml
-    ("import nmt.info", set()),
+    ("import nmt.tools.info", set()),
     ("import nmt.validate", set()),
     ("import nmt.checkpoint", set()),  # torch and Accelerate load inside the functions that read weights
     ("import nmt.tokenizer", {"tokenizers"}),
@@ -81,8 +81,8 @@ LAYERS = [
     {"errors", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
     {"metrics", "textfiles", "launch", "kernels"},
-    {"config", "plot"},  # plot: writes with textfiles
-    {"plan", "check_report"},
+    {"config", "tools.plot"},  # plot: writes with textfiles
+    {"plan"},
     {"checkpoint"},  # a model directory's files name its ModelConfig
     {"tokenizer", "validate"},
     {"data"},
@@ -91,17 +91,14 @@ LAYERS = [
     {"model"},
     {"decoding", "attention"},
     {"interop", "adapters"},
-    {"translate", "info"},
-    {"backtranslate", "request_batcher"},
-    {"serve"},
-    {"training.step", "training.state", "training.progress", "training.finetune"},
-    {"training.artifacts", "training.planning", "training.resume"},
+    {"translate", "tools.info"},
+    {"tools.backtranslate", "tools.request_batcher"},
+    {"tools.serve"},
+    {"training.state"},
     {"training.evaluation"},
-    {"training.loop", "training.setup"},
+    {"training.loop"},
     {"training.run"},
-    {"train", "check"},
-    {"commands.common"},
-    {"commands.train", "commands.decode", "commands.tools"},
+    {"train", "tools.check"},
     {"cli"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
@@ -118,8 +115,9 @@ HOMES = {  # third-party library -> the only modules that import it (one home pe
     "datasets": {"data", "batching"},  # the data layer
     "pandas": {"data"},  # the dedupe's string hashes
     "accelerate": {"compat", "launch", "checkpoint", *(n for n in LAYER if n.startswith("training."))},
-    "matplotlib": {"plot", "attention"}, "starlette": {"serve"}, "transformers": {"interop"}, "peft": {"adapters"},
-    "uvicorn": {"serve", "compat"},  # compat: the private protocol class serve extends
+    "matplotlib": {"tools.plot", "attention"}, "starlette": {"tools.serve"}, "transformers": {"interop"},
+    "peft": {"adapters"},
+    "uvicorn": {"tools.serve", "compat"},  # compat: the private protocol class serve extends
 }
 
 
@@ -139,7 +137,7 @@ def imports_of(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            package = node.module in ("nmt", "nmt.training")  # from nmt import checkpoint: the module itself
+            package = node.module in ("nmt", "nmt.training", "nmt.tools")  # from nmt import checkpoint: the module itself
             found |= {f"{node.module}.{a.name}" for a in node.names} if package else {node.module}
     return {name[4:] if name.startswith("nmt.") else name for name in found}
 

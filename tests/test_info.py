@@ -14,8 +14,8 @@ from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
-from nmt.info import command_line, describe, lines
 from nmt.tokenizer import PairTokenizer, train_tokenizer
+from nmt.tools.info import command_line, describe, lines
 from tests.conftest import tiny_config
 
 
@@ -167,7 +167,7 @@ def test_the_safetensors_header_is_read_as_the_library_reads_it(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from nmt.info import safetensors_header, weights_summary
+    from nmt.tools.info import safetensors_header, weights_summary
 
     save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16), "c": torch.zeros(2, 2, 2)},
               str(tmp_path / "w.safetensors"), metadata={"format": "pt"})

@@ -12,7 +12,7 @@ from nmt import train
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
-from nmt.plot import DPI, FIGSIZE, make_figure, plot_runs, read_metrics, run_labels
+from nmt.tools.plot import DPI, FIGSIZE, make_figure, plot_runs, read_metrics, run_labels
 from tests.conftest import tiny_config
 
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
 
-from nmt.check import preflight
 from nmt.compat import reset_accelerate_state
-from nmt.training import setup, step
-from nmt.training.step import OneDevice, run_precision
+from nmt.tools.check import preflight
+from nmt.training import loop, run
+from nmt.training.loop import OneDevice, run_precision
 from tests.conftest import tiny_config
 
 
@@ -27,7 +27,7 @@ def unlaunched(monkeypatch):
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("minutes", [None, 25.0])
 def test_bf16_only_for_a_time_budget_on_hardware_that_has_it(cfg, unlaunched, monkeypatch, native, minutes):
-    monkeypatch.setattr(step, "native_bf16", lambda device_type: native)
+    monkeypatch.setattr(loop, "native_bf16", lambda device_type: native)
     expected = "bf16" if native and minutes else "no"
     assert run_precision(dataclasses.replace(cfg, max_minutes=minutes), "cpu") == expected
 
@@ -35,19 +35,19 @@ def test_bf16_only_for_a_time_budget_on_hardware_that_has_it(cfg, unlaunched, mo
 @pytest.mark.parametrize("launched", ["no", "FP16", "bf16"])
 def test_the_launchers_choice_wins(cfg, monkeypatch, launched):
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launched)
-    monkeypatch.setattr(step, "native_bf16", lambda device_type: True)
+    monkeypatch.setattr(loop, "native_bf16", lambda device_type: True)
     assert run_precision(dataclasses.replace(cfg, max_minutes=25.0), "cpu") == launched.lower()
 
 
 def test_the_accelerator_trains_in_the_chosen_precision(cfg, unlaunched, monkeypatch, capsys):
-    monkeypatch.setattr(step, "native_bf16", lambda device_type: True)
+    monkeypatch.setattr(loop, "native_bf16", lambda device_type: True)
     reset_accelerate_state()
     try:
-        timed = setup.make_accelerator(dataclasses.replace(cfg, max_minutes=25.0))
+        timed = run.make_accelerator(dataclasses.replace(cfg, max_minutes=25.0))
         assert timed.mixed_precision == "bf16"
         assert "mixed precision bf16, chosen for the time budget" in capsys.readouterr().out
         reset_accelerate_state()
-        assert setup.make_accelerator(cfg).mixed_precision == "no"
+        assert run.make_accelerator(cfg).mixed_precision == "no"
         assert "mixed precision" not in capsys.readouterr().out
     finally:
         reset_accelerate_state()
@@ -65,15 +65,15 @@ def test_one_device_steps_run_the_forward_under_autocast(precision, dtype):
 
 
 def test_check_probes_in_the_precision_training_will_use(cfg, unlaunched, monkeypatch):
-    monkeypatch.setattr(step, "native_bf16", lambda device_type: True)
+    monkeypatch.setattr(loop, "native_bf16", lambda device_type: True)
     seen = []
-    real = step.train_step
+    real = loop.train_step
 
     def spy(accelerator, *args, **kwargs):
         seen.append(accelerator.mixed_precision)
         return real(accelerator, *args, **kwargs)
 
-    monkeypatch.setattr(step, "train_step", spy)
+    monkeypatch.setattr(loop, "train_step", spy)
     report = preflight(dataclasses.replace(cfg, max_minutes=5.0), probe_steps=1, device="cpu")
     assert report.precision == "bf16" and set(seen) == {"bf16"}
     assert " s/step on cpu in bf16 " in next(line for line in report.lines() if line.startswith("time"))

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from nmt.errors import NmtError
-from nmt.request_batcher import Batcher, Job, QueueFull, ServeConfig, Stopping
+from nmt.tools.request_batcher import Batcher, Job, QueueFull, ServeConfig, Stopping
 
 
 def job(texts: list[str], options: dict | None = None, tokens: int = 1, cost: int = 1) -> Job:

@@ -15,7 +15,7 @@ from nmt.checkpoint import COMPLETE, list_checkpoints, tokenizer_sha256
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
-from nmt.training.resume import lock_file
+from nmt.training.state import lock_file
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -185,7 +185,7 @@ def test_one_run_per_folder_and_a_killed_run_gives_the_folder_back(corpus_dir, t
 def claim_and_report(cfg, reports: str) -> None:  # top level: launched processes import it by name
     from accelerate import Accelerator
 
-    from nmt.training.resume import claim_output_dir
+    from nmt.training.state import claim_output_dir
 
     accelerator = Accelerator(cpu=True)
     try:

@@ -12,7 +12,7 @@ from nmt import Translator, train
 from nmt.checkpoint import list_checkpoints
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
-from nmt.training.step import inverse_sqrt, linear_decay
+from nmt.training.loop import inverse_sqrt, linear_decay
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -201,7 +201,7 @@ def test_checkpoint_average_is_kept_when_not_worse(tiny_cfg):
 
 def test_sizes_left_to_the_corpus_are_chosen_recorded_and_kept_on_resume(corpus_dir, tmp_path, capsys, monkeypatch):
     from nmt.config import ModelConfig, TokenizerConfig, read_yaml
-    from nmt.info import describe
+    from nmt.tools.info import describe
     from tests.conftest import tiny_config
 
     cfg = tiny_config(corpus_dir, tmp_path, tokenizer=TokenizerConfig(), model=ModelConfig(), max_steps=4,
@@ -225,7 +225,7 @@ def test_tune_alpha_decodes_validation_only_and_the_model_keeps_the_best(tiny_cf
     import importlib
 
     from nmt.cli import main
-    from nmt.info import describe, lines
+    from nmt.tools.info import describe, lines
 
     train_module = importlib.import_module("nmt.training.evaluation")  # validation decodes through nmt.decoding
     decoded = []
@@ -277,7 +277,7 @@ def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog, monkeyp
     tokens/s); each validation prints one compact line; checkpoints of the tied embeddings print no warning."""
     import re
 
-    monkeypatch.setattr("nmt.training.progress.stderr_is_terminal", lambda: True)
+    monkeypatch.setattr("nmt.training.loop.stderr_is_terminal", lambda: True)
     tiny_cfg.max_steps, tiny_cfg.eval_every, tiny_cfg.save_every = 4, 2, 2
     with caplog.at_level("WARNING"):
         train(tiny_cfg)
@@ -322,7 +322,7 @@ def test_progress_total_comes_from_the_time_budget(tiny_cfg, capsys):
 
 
 def test_budget_total_projects_the_steps_left_in_the_budget():
-    from nmt.training.progress import budget_total
+    from nmt.training.loop import budget_total
 
     assert budget_total(100_000, 0, 0, 0.0, 25) == 100_000  # no step done: no rate yet
     assert budget_total(100_000, 10, 10, 60.0, None) == 100_000  # no budget
@@ -384,18 +384,18 @@ def test_tracker_that_cannot_log_is_named_before_training(tiny_cfg, name, needle
 
 def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     """The probe of `nmt check` and training call one `train_step`, with the same objective and optimizer."""
-    from nmt.check import preflight
     from nmt.model import Seq2SeqLoss
-    from nmt.training import step
+    from nmt.tools.check import preflight
+    from nmt.training import loop
 
-    calls, real = [], step.train_step
+    calls, real = [], loop.train_step
 
     def spy(accelerator, objective, optim, window, stop=False):
         base = accelerator.unwrap_model(objective) if hasattr(accelerator, "unwrap_model") else objective
         calls.append((type(accelerator).__name__, type(base), optim.optimizer.defaults, optim.clip_norm))
         return real(accelerator, objective, optim, window, stop)
 
-    monkeypatch.setattr(step, "train_step", spy)
+    monkeypatch.setattr(loop, "train_step", spy)
     tiny_cfg.max_steps = 1
     preflight(tiny_cfg, probe_steps=1)
     train(tiny_cfg)
@@ -452,12 +452,12 @@ def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it
     assert plan["seconds_per_token"] > 0 and plan["retimed"]["at_step"] == 6  # re-timed on its own steps
     assert plan["retimed"]["seconds_per_step"] > 0
     reset_accelerate_state()
-    import nmt.training.planning as planning
+    import nmt.training.run as training_run
 
     def no_timing(*args, **kwargs):
         raise AssertionError("a resume timed steps again instead of reading plan.json")
 
-    monkeypatch.setattr(planning, "speed_probe", no_timing)
+    monkeypatch.setattr(training_run, "speed_probe", no_timing)
     cfg.resume, cfg.max_steps = "latest", 14
     train(cfg)  # the same run: the checkpoint's config matches the saved plan's choices
     again = json.loads((run / "plan.json").read_text())

@@ -1,5 +1,6 @@
-"""Training, split by job: `step` (one optimizer step), `loop`, `evaluation`, `artifacts` (run directory,
-checkpoints, model directories), `setup` (accelerator, data, model, resume) and `run` (`train`).
+"""Training, one chapter per part of a run: `run` (`train(cfg)` from start to finish, and the jobs before the
+first step), `loop` (the loop and the optimizer step it takes), `evaluation` (validation, the kept model),
+`state` (what a run carries, which run it continues, and what it writes) and `verify` (is a checkpoint whole).
 
-Import the modules themselves; this package imports nothing, so `nmt.check` can use `step` cheaply.
+Import the modules themselves; this package imports nothing.
 """

@@ -20,8 +20,7 @@ from nmt.data import column
 from nmt.decoding import SearchConfig, search_encoded
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
-from nmt.training.artifacts import log_metrics, plain_weights, save_model_dir
-from nmt.training.state import Run
+from nmt.training.state import Run, log_metrics, plain_weights, save_model_dir
 
 log = get_logger(__name__)
 

@@ -1,30 +1,40 @@
-"""The training loop: steps until done, with accumulation windows, stop signals, a time budget, early
-stopping, the progress line, and when to log, validate and checkpoint."""
+"""The training loop: steps until done, and the one optimizer step it takes.
+
+- `Loop`: steps with accumulation windows, stop signals, a time budget and early stopping, and when to log,
+  validate and checkpoint (`StopSignals` around it, `step_limit` for where it ends).
+- One optimizer step (`train_step`), shared by training and `nmt check`'s timed probe, and the optimizer and
+  schedule it steps. It runs on an `Accelerator`, or on `OneDevice`: the same calls without Accelerate, for the
+  probe; the mixed precision a run trains in (`run_precision`).
+- The main process's progress report (`Progress`): a live tqdm line on a terminal, one plain line every
+  `log_every` steps otherwise (SLURM logs, nohup, a pipe), with the total and ETA taken from the time budget when
+  there is one.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import math
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
+import torch
 from accelerate.logging import get_logger
 
 from nmt import checkpoint as ckpt
-from nmt.compat import release_free_memory
-from nmt.config import save_yaml
+from nmt.compat import mkldnn_bf16_supported, release_free_memory
+from nmt.config import TrainConfig, save_yaml
 from nmt.errors import NmtError
 from nmt.plan import TRAIN_SHARE, retime, retime_line
-from nmt.training import step
-from nmt.training.artifacts import log_metrics, save_checkpoint
 from nmt.training.evaluation import bleu_due, evaluate_and_keep_best
-from nmt.training.planning import save_plan
-from nmt.training.progress import Progress, TokenRate
-from nmt.training.state import Run
-from nmt.training.step import Optim, StepStats
+from nmt.training.state import Run, log_metrics, save_checkpoint, save_plan
 
 log = get_logger(__name__)
+plain_log = logging.getLogger(__name__)  # for what runs without Accelerate too (nmt check's probe): no process check
 RELEASE_EVERY = 50  # steps between two hand-backs of the C heap's free pages
 
 
@@ -63,52 +73,6 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-class Meter:
-    """Averages of training statistics between two log lines, and throughput."""
-
-    def __init__(self):
-        self.start, self.loss, self.nll, self.tokens, self.steps = time.perf_counter(), 0.0, 0.0, 0, 0
-
-    def add(self, stats: StepStats) -> None:
-        self.loss += stats.loss * stats.tokens
-        self.nll += stats.nll * stats.tokens
-        self.tokens += stats.tokens
-        self.steps += 1
-
-    def flush(self) -> dict:
-        elapsed = time.perf_counter() - self.start
-        n = max(self.tokens, 1)
-        out = {"loss": self.loss / n, "nll": self.nll / n, "ppl": math.exp(min(self.nll / n, 50)),
-               "tokens_per_s": self.tokens / max(elapsed, 1e-9), "steps_per_s": self.steps / max(elapsed, 1e-9)}
-        self.__init__()
-        return out
-
-
-def micro_batches(loader):
-    """Endless micro-batches; each pass over the loader finishes an epoch (the sampler advances it)."""
-    while True:
-        yield from loader
-
-
-def step_limit(run: Run, sampler) -> tuple[int | None, str | None]:
-    """The step the run ends at and why, from max_steps, max_epochs and a linear schedule's end (the least of
-    those set); (None, None): only the time budget, early stopping or a signal ends it."""
-    cfg, chosen = run.cfg, run.plan.chosen if run.plan else {}
-
-    def by(key: str) -> str:
-        return "chosen by the plan" if key in chosen else "set in the config"
-
-    limits = []
-    if cfg.max_steps:
-        limits.append((cfg.max_steps, f"max_steps {cfg.max_steps:,}, {by('max_steps')}"))
-    if cfg.max_epochs:
-        # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
-        limits.append((cfg.max_epochs * sampler.steps_per_epoch(0), f"max_epochs {cfg.max_epochs}, {by('max_epochs')}"))
-    if cfg.optim.schedule == "linear" and cfg.optim.decay_steps:
-        limits.append((cfg.optim.decay_steps, f"the linear schedule's end at optim.decay_steps {cfg.optim.decay_steps:,}"))
-    return min(limits) if limits else (None, None)
 
 
 class Loop:
@@ -177,7 +141,7 @@ class Loop:
         if run.plan.steps and run.plan.minutes:
             planned_s = 60 * run.plan.minutes * TRAIN_SHARE / run.plan.steps
         run.cfg, run.plan = retime(run.cfg, run.plan, run.state.step, *box[0])
-        step.set_schedule(self.optim, run.cfg)
+        set_schedule(self.optim, run.cfg)
         self.total, self.limit = step_limit(run, self.sampler)
         bar.total = self.expected
         if run.is_main:
@@ -191,7 +155,7 @@ class Loop:
         window = [to_device(next(batches), run.accelerator.device) for _ in range(cfg.accum_steps)]
         out_of_time = self.out_of_time()
         stop = bool(signals.received) or out_of_time
-        stats = step.train_step(run.accelerator, run.objective, self.optim, window, stop=stop)  # as nmt check times it
+        stats = train_step(run.accelerator, run.objective, self.optim, window, stop=stop)  # as nmt check times it
         state.step += 1
         state.tokens_seen += stats.tokens
         state.sampler = self.sampler.state_dict()
@@ -229,6 +193,56 @@ class Loop:
             save_checkpoint(run)
         if state.step % RELEASE_EVERY == 0:
             release_free_memory()  # resident memory stays flat over the steps (see compat.release_free_memory)
+
+
+def step_limit(run: Run, sampler) -> tuple[int | None, str | None]:
+    """The step the run ends at and why, from max_steps, max_epochs and a linear schedule's end (the least of
+    those set); (None, None): only the time budget, early stopping or a signal ends it."""
+    cfg, chosen = run.cfg, run.plan.chosen if run.plan else {}
+
+    def by(key: str) -> str:
+        return "chosen by the plan" if key in chosen else "set in the config"
+
+    limits = []
+    if cfg.max_steps:
+        limits.append((cfg.max_steps, f"max_steps {cfg.max_steps:,}, {by('max_steps')}"))
+    if cfg.max_epochs:
+        # epoch 0's steps: under BPE-dropout epochs differ by a few steps, and a resumed run must count the same total
+        limits.append((cfg.max_epochs * sampler.steps_per_epoch(0), f"max_epochs {cfg.max_epochs}, {by('max_epochs')}"))
+    if cfg.optim.schedule == "linear" and cfg.optim.decay_steps:
+        limits.append((cfg.optim.decay_steps, f"the linear schedule's end at optim.decay_steps {cfg.optim.decay_steps:,}"))
+    return min(limits) if limits else (None, None)
+
+
+def micro_batches(loader):
+    """Endless micro-batches; each pass over the loader finishes an epoch (the sampler advances it)."""
+    while True:
+        yield from loader
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+class Meter:
+    """Averages of training statistics between two log lines, and throughput."""
+
+    def __init__(self):
+        self.start, self.loss, self.nll, self.tokens, self.steps = time.perf_counter(), 0.0, 0.0, 0, 0
+
+    def add(self, stats: StepStats) -> None:
+        self.loss += stats.loss * stats.tokens
+        self.nll += stats.nll * stats.tokens
+        self.tokens += stats.tokens
+        self.steps += 1
+
+    def flush(self) -> dict:
+        elapsed = time.perf_counter() - self.start
+        n = max(self.tokens, 1)
+        out = {"loss": self.loss / n, "nll": self.nll / n, "ppl": math.exp(min(self.nll / n, 50)),
+               "tokens_per_s": self.tokens / max(elapsed, 1e-9), "steps_per_s": self.steps / max(elapsed, 1e-9)}
+        self.__init__()
+        return out
 
 
 class Session:
@@ -282,5 +296,287 @@ def note_finite(run: Run, finite: bool) -> None:
                        "instead of fp16")
 
 
-def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+# --- one optimizer step -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepStats:
+    """What one optimizer step reports; loss and nll are per real target token over all processes."""
+
+    loss: float
+    nll: float
+    tokens: int  # real target tokens of the step, all processes
+    grad_norm: float | None
+    finite: bool  # False: the loss or gradient was not finite and no update was made
+    stop: bool  # some process asked to stop after this step
+
+
+def train_step(accelerator, objective, optim: Optim, window: list[dict], stop: bool = False) -> StepStats:
+    """One optimizer step of `objective` (a `Seq2SeqLoss`, prepared or not) over this process's micro-batches.
+
+    Each micro-batch's summed loss is divided by the target tokens of the whole step on all processes;
+    DDP's mean over processes and accelerate's division by accum_steps are undone by the factor, so
+    the gradient equals the one-process, no-accumulation gradient of the same global batch.
+    A step whose gradient is not finite makes no update (under fp16 the loss scaler skips it and
+    lowers its scale). `stop` (this process wants to stop) is shared with all processes.
+    """
+    objective.train()
+    warn_if_bf16_is_slow(accelerator.device.type, str(accelerator.mixed_precision),
+                         getattr(accelerator, "is_main_process", True))
+    pad_id = _pad_id(accelerator, objective)
+    local = sum(int(b["labels"].ne(pad_id).sum()) for b in window)
+    n_tokens = int(accelerator.reduce(torch.tensor(local, device=accelerator.device), "sum"))
+    scale = accelerator.num_processes * len(window) / max(n_tokens, 1)
+    loss_sum = nll_sum = 0.0
+    grad_norm, finite = None, True
+    for batch in window:
+        with accelerator.accumulate(objective):
+            sums = objective(batch["src_ids"], batch["tgt_in_ids"], batch["labels"])
+            accelerator.backward(sums.loss * scale)
+            loss_sum, nll_sum = loss_sum + float(sums.loss.detach()), nll_sum + float(sums.nll)
+            if accelerator.sync_gradients:
+                grad_norm, finite = _update(accelerator, objective, optim)
+    totals = accelerator.reduce(torch.tensor([loss_sum, nll_sum, float(stop)], device=accelerator.device), "sum")
+    return StepStats(loss=float(totals[0]) / max(n_tokens, 1), nll=float(totals[1]) / max(n_tokens, 1),
+                     tokens=n_tokens, grad_norm=None if grad_norm is None else float(grad_norm), finite=finite,
+                     stop=bool(totals[2] > 0))
+
+
+def _update(accelerator, objective, optim: Optim) -> tuple[torch.Tensor | None, bool]:
+    """Clip, step and zero the gradients; (gradient norm, whether the update was made)."""
+    grad_norm = accelerator.clip_grad_norm_(objective.parameters(), optim.clip_norm or math.inf)
+    finite = grad_norm is None or math.isfinite(float(grad_norm))  # the same on every process
+    if finite or accelerator.scaler is not None:
+        optim.optimizer.step()
+        optim.scheduler.step()
+        finite = finite and not getattr(optim.optimizer, "step_was_skipped", False)
+    optim.optimizer.zero_grad(set_to_none=True)
+    return grad_norm, finite
+
+
+def _pad_id(accelerator, objective) -> int:
+    unwrap = getattr(accelerator, "unwrap_model", None)
+    return (unwrap(objective) if unwrap else objective).pad_id
+
+
+# --- the optimizer and its schedule -------------------------------------------------------------------------------
+
+
+@dataclass
+class Optim:
+    """The optimizer, its schedule and the clipping threshold a step applies."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    clip_norm: float | None = None
+
+
+def make_optim(model: torch.nn.Module, cfg: TrainConfig) -> Optim:
+    """AdamW with the config's warmup and schedule and clipping, as training steps it."""
+    optimizer = make_optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_of(cfg))
+    return Optim(optimizer, scheduler, cfg.optim.clip_norm)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over the parameters that train (frozen ones, `finetune`, are left out: no update, no weight decay);
+    the fused kernel where this torch has one for the device."""
+    o = cfg.optim
+    kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(params, **kwargs)
+
+
+def schedule_of(cfg: TrainConfig):
+    """The config's lr factor per step; `linear` needs optim.decay_steps (the plan or the run fills it)."""
+    o = cfg.optim
+    if o.schedule == "linear":
+        if o.decay_steps is None:
+            raise ValueError("optim.schedule linear needs optim.decay_steps")
+        return linear_decay(o.warmup_steps, o.decay_steps)
+    return inverse_sqrt(o.warmup_steps)
+
+
+def inverse_sqrt(warmup: int):
+    """lr factor: linear warmup to 1 over `warmup` steps, then sqrt(warmup / step)."""
+    warmup = max(warmup, 1)
+    return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
+
+
+def linear_decay(warmup: int, decay_steps: int):
+    """lr factor: linear warmup to 1 over `warmup` steps, then linearly down to 0 at step `decay_steps` (the
+    budgeted-training schedule: Li et al. 2020 find it best when the number of steps is known in advance)."""
+    warmup = max(min(warmup, decay_steps - 1), 1)
+    span = max(decay_steps - warmup, 1)
+    return lambda step: max(0.0, min((step + 1) / warmup, (decay_steps - step) / span))
+
+
+def set_schedule(optim: Optim, cfg: TrainConfig) -> None:
+    """Step the lr by `cfg`'s schedule from now on (a re-planned warmup or end); the step count stays."""
+    scheduler = getattr(optim.scheduler, "scheduler", optim.scheduler)  # under Accelerate: the wrapped LambdaLR
+    scheduler.lr_lambdas = [schedule_of(cfg)]
+
+
+# --- the device and precision of a step ------------------------------------------------------------------------
+
+
+def default_device(device: str | None = None) -> torch.device:
+    """`device`, by default the first GPU, else the CPU: where the plan's timing and `nmt check`'s probe run."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def run_precision(cfg: TrainConfig, device_type: str) -> str:
+    """The mixed precision a run trains in: the launcher's when it chose one (`accelerate launch`, a profile,
+    ACCELERATE_MIXED_PRECISION); else, under a time budget (max_minutes), bf16 where the device multiplies it in
+    hardware: more steps in the same minutes (1.55x on a 2-core AVX512-BF16 CPU, benchmarks/train_speed.py),
+    which validated better (docs/results.md); else fp32 ("no")."""
+    launched = launched_precision()
+    if launched is not None:
+        return launched
+    return "bf16" if cfg.max_minutes is not None and native_bf16(device_type) else "no"
+
+
+def launched_precision() -> str | None:
+    """The mixed precision the launcher chose (`accelerate launch`, a profile, ACCELERATE_MIXED_PRECISION); None:
+    none chosen, nmt chooses (`run_precision`)."""
+    return os.environ.get("ACCELERATE_MIXED_PRECISION", "").lower() or None
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether `device_type` multiplies bf16 in hardware: a GPU that supports it, or a CPU with oneDNN's bf16
+    kernels (AVX512-BF16 or AMX)."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return device_type == "cpu" and mkldnn_bf16_supported()
+
+
+class OneDevice:
+    """The part of `Accelerator` that `train_step` uses, for one process on one device without Accelerate
+    (no gradient scaler; bf16/fp16 as autocast around each micro-batch): what `nmt check` and the plan time."""
+
+    num_processes, scaler = 1, None
+
+    def __init__(self, device: torch.device, accum_steps: int = 1, mixed_precision: str = "no"):
+        self.device, self.accum_steps, self.micro = torch.device(device), accum_steps, 0
+        self.mixed_precision = mixed_precision
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.micro % self.accum_steps == 0
+
+    @contextlib.contextmanager
+    def accumulate(self, model):
+        self.micro += 1
+        with autocast(self.device, self.mixed_precision):
+            yield
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        return tensor
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.accum_steps).backward()  # as Accelerator.backward under accumulation
+
+    def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """What Accelerate wraps a prepared model's forward in, for `OneDevice` steps (the plan's and check's timing)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+@functools.cache
+def warn_if_bf16_is_slow(device_type: str, mixed_precision: str, main: bool = True) -> None:
+    """Once per process: bf16 autocast on a CPU without bf16 matmul kernels (oneDNN's need AVX512 or AMX;
+    otherwise torch multiplies bf16 in a plain loop, 1-2 GFLOP/s against ~30 in fp32 on one AVX2 core)."""
+    if main and device_type == "cpu" and mixed_precision == "bf16" and not mkldnn_bf16_supported():
+        plain_log.warning("mixed_precision bf16 on a CPU without bf16 matmul units (no AVX512/AMX): training runs "
+                    "~15x slower than in fp32; use an fp32 profile (accelerate_configs/cpu.yaml)")
+
+
+# --- the progress report ----------------------------------------------------------------------------------------
+
+
+class Progress:
+    """Steps done of the run's (budget-aware) total, elapsed and ETA, and the loop's latest figures.
+
+    On a terminal: one live tqdm line, `train: 40%|...| 200/500 [01:10<01:45, 2.9step/s, epoch=3, loss=3.412,
+    lr=1.2e-03, tok/s=14210]`. Elsewhere: `train: step 200/500 (40%) [01:10<01:45] epoch=3 loss=3.412
+    lr=1.2e-03 tok/s=14210`, every `every` steps and at the last one, so log files stay readable.
+    Other processes than the main one are silent.
+    """
+
+    def __init__(self, accelerator, total: int, initial: int, max_minutes: float | None, every: int,
+                 live: bool | None = None):
+        self.total, self.initial, self.max_minutes, self.every = total, initial, max_minutes, every
+        self.started = time.monotonic()
+        self.main = accelerator.is_main_process
+        self.live = stderr_is_terminal() if live is None else live
+        self.bar = None
+        if self.live:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, disable=not self.main, desc="train", unit="step",
+                            dynamic_ncols=True, file=sys.stderr)
+
+    def update(self, step: int, postfix: dict) -> None:
+        """Step `step` is done; `postfix` holds its figures (epoch, loss, lr, tok/s)."""
+        elapsed = time.monotonic() - self.started
+        expected = budget_total(self.total, step, step - self.initial, elapsed, self.max_minutes)
+        if self.bar is not None:
+            self.bar.total = expected
+            # refresh=False: the line is redrawn by update() at most every 0.1 s, not on every step
+            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(1)
+        elif self.main and (step % self.every == 0 or step >= expected):
+            print(self.line(step, expected, elapsed, postfix), file=sys.stderr, flush=True)
+
+    def line(self, step: int, expected: int, elapsed: float, postfix: dict) -> str:
+        from tqdm import tqdm
+
+        done = step - self.initial
+        eta = (expected - step) * elapsed / done if done > 0 else float("nan")
+        if self.max_minutes is not None:
+            eta = min(eta, max(60 * self.max_minutes - elapsed, 0.0)) if done > 0 else 60 * self.max_minutes
+        shown = tqdm.format_interval(eta) if eta == eta else "?"
+        figures = " ".join(f"{k}={v}" for k, v in postfix.items())
+        return (f"train: step {step}/{expected} ({step / max(expected, 1):.0%}) "
+                f"[{tqdm.format_interval(elapsed)}<{shown}] {figures}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class TokenRate:
+    """Target tokens per second of the training steps themselves (validation and checkpoints not counted),
+    smoothed exponentially as tqdm smooths its own rate."""
+
+    def __init__(self, smoothing: float = 0.3):
+        self.smoothing, self.value = smoothing, None
+
+    def update(self, tokens: int, seconds: float) -> str:
+        now = tokens / max(seconds, 1e-9)
+        self.value = now if self.value is None else self.smoothing * now + (1 - self.smoothing) * self.value
+        return f"{self.value:.0f}"
+
+
+def budget_total(total: int, step: int, done: int, elapsed_s: float, max_minutes: float | None) -> int:
+    """The step count the run will reach: `total`, or fewer when the time budget ends it first.
+
+    `done` steps of this session took `elapsed_s` seconds (validation and checkpoints included: they spend the
+    budget too); the steps left in the budget are projected at that rate. Before a step is done the rate is
+    unknown and `total` stands.
+    """
+    if max_minutes is None or done < 1 or elapsed_s <= 0:
+        return total
+    left_s = max(60 * max_minutes - elapsed_s, 0.0)
+    return min(total, step + int(left_s * done / elapsed_s))
+
+
+def stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()

@@ -1,43 +1,86 @@
-"""`train(cfg)`: a run from start to finish, calling the jobs of the other modules in order.
+"""`train(cfg)`: a run from start to finish, and the jobs it calls, in the order it calls them.
+
+`train` checks the config, makes the Accelerator, claims the output_dir (`nmt.training.state`), takes what a
+model directory fixes (`init_from`: fine-tuning and continued training), prepares the data, resolves the config
+once (`planned`: `nmt.plan.resolve` with the one timing probe, printed and handed to the run), builds the model,
+its data loader, objective and optimizer, resumes from a checkpoint, runs the `Loop` (`nmt.training.loop`) and
+finishes: the final model directory, scored on the test set. `nmt check` calls the same functions
+(`pretrained`, `planned`, `time_steps`), so the check shows the plan that training follows.
 
 State lives in Accelerate (`save_state` of the objective, optimizer, scheduler and RNG) plus our JSON
 `TrainState`. The same code runs on 1 process, N processes or N nodes.
+
+Fine-tuning from a model directory (`init_from`): its architecture, tokenizer and weights are used as they are
+(the tokenizer is never retrained: a new corpus is encoded with it), while the optimizer, schedule and step
+count start fresh.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
+import inspect
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
+import accelerate.utils
+import numpy as np
 import torch
-from accelerate.utils import set_seed
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.state import PartialState
+from accelerate.utils import InitProcessGroupKwargs, LoggerType, broadcast_object_list, set_seed
+from torch.utils.data import DataLoader
 
 from nmt import checkpoint as ckpt
-from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE
-from nmt.compat import accelerate_state_exists, reset_accelerate_state
-from nmt.config import TrainConfig
-from nmt.data import prepare
+from nmt import plan as planlib
+from nmt.adapters import apply_finetune
+from nmt.batching import Collator, TokenBatchSampler, bpe_dropout
+from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE, load_model_config
+from nmt.compat import accelerate_state_exists, is_fsdp, reset_accelerate_state
+from nmt.config import SIZE_FIELDS, ModelConfig, TrainConfig
+from nmt.data import Corpus, column, prepare, source_lengths
+from nmt.errors import NmtError
+from nmt.kernels import use_cpu_kernels
 from nmt.launch import main_process_first
-from nmt.plan import Plan
+from nmt.metrics import corpus_scores
+from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
+from nmt.plan import Plan, open_keys
 from nmt.textfiles import atomic_file
-from nmt.training.artifacts import publish_final, start_run
+from nmt.tokenizer import PairTokenizer
+from nmt.training import loop as training_loop
 from nmt.training.evaluation import try_average, tune_alpha
-from nmt.training.finetune import pretrained
-from nmt.training.loop import Loop, StopSignals
-from nmt.training.planning import load_plan, planned, save_plan, tokenizer_for_data
-from nmt.training.resume import claim_output_dir, release_output_dir, resume, resumed_tokenizer
-from nmt.training.setup import (
-    build_model,
-    check_trackers,
-    make_accelerator,
-    make_loader,
-    prepare_objective,
+from nmt.training.loop import (
+    Loop,
+    OneDevice,
+    StopSignals,
+    default_device,
+    launched_precision,
+    make_optim,
+    run_precision,
 )
-from nmt.training.state import Run, TrainResult
+from nmt.training.state import (
+    Run,
+    TrainResult,
+    claim_output_dir,
+    load_plan,
+    publish_final,
+    release_output_dir,
+    resume,
+    resumed_tokenizer,
+    save_plan,
+    segmentation,
+    start_run,
+)
+from nmt.translate import Translator
 from nmt.validate import check_run
+
+PROBE_STEPS = 3  # timed steps after one untimed warm-up
+PROBE_BUDGET_S = 30.0  # a probe stops early (after at least one timed step) once it has taken this long
+OVER_SEGMENTED = 1.5  # subwords per word over this multiple of the tokenizer's own corpus: a problem in nmt check
+MAX_UNK = 0.01
 
 
 def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult:
@@ -47,8 +90,6 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
     In a single process (a notebook, a script) Accelerate's process-wide state is cleared again at the
     end, so train() can be called again with other settings, or followed by notebook_launcher.
     """
-    from accelerate.state import PartialState
-
     fresh = not accelerate_state_exists()
     try:
         return _train(cfg, model)
@@ -93,6 +134,122 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     return finish(run)
 
 
+# --- before the data: the accelerator, and what a model directory fixes (init_from) ---------------------------------
+
+
+def check_trackers(names: list) -> None:
+    """Every `log_with` name must be a tracker accelerate knows and whose package is installed: accelerate
+    itself drops an unavailable one with a debug message, and the run would log nowhere without a word."""
+    known = {t.value for t in LoggerType} - {"all"}
+    for name in (n for n in names if isinstance(n, str)):  # tracker objects (GeneralTracker) pass as they are
+        if name not in known:
+            raise NmtError(f"log_with: unknown tracker '{name}'; accelerate knows {', '.join(sorted(known))}")
+        if not getattr(accelerate.utils, f"is_{name}_available")():
+            raise NmtError(f"log_with: tracker '{name}' is not installed; pip install {name} "
+                           "(or remove it: metrics.jsonl is always written)")
+
+
+def make_accelerator(cfg: TrainConfig) -> Accelerator:
+    """The run's Accelerator; its mixed precision the launcher's, else chosen for the budget (`run_precision`)."""
+    device_type = default_device().type
+    precision = run_precision(cfg, device_type)
+    accelerator = Accelerator(
+        # without a GPU, processes started by torchrun (accelerate launch) must still join one gloo group
+        cpu=device_type == "cpu",
+        mixed_precision=precision,
+        gradient_accumulation_steps=cfg.accum_steps,
+        log_with=cfg.log_with or None,
+        project_dir=cfg.output_dir,
+        # batches are sharded by our own sampler, so one scheduler step per optimizer step
+        dataloader_config=DataLoaderConfiguration(split_batches=True),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(minutes=cfg.dist_timeout_minutes))],
+    )
+    if precision == "bf16" and launched_precision() is None and accelerator.is_main_process:
+        print(f"nmt: mixed precision bf16, chosen for the time budget: this {device_type.upper()} multiplies bf16 "
+              "in hardware (ACCELERATE_MIXED_PRECISION=no trains in fp32)", flush=True)
+    return accelerator
+
+
+def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dict[str, str]]:
+    """`cfg` with the model and tokenizer settings of `cfg.init_from`, its tokenizer (None without init_from), and
+    the keys `cfg` left open that the model directory fixed, with that reason (for the plan's printout).
+
+    Mismatches are errors naming the key: another language pair, a joint config for a separate-vocabulary model
+    (or the reverse), a vocabulary size or model size the directory does not have. `model.dropout` may differ.
+    """
+    if not cfg.init_from:
+        return cfg, None, {}
+    directory = Path(cfg.init_from)
+    if not directory.is_dir():
+        raise NmtError(f"init_from {directory}: not a folder; give a trained model directory (output_dir/model)")
+    model_cfg = load_model_config(directory)
+    tokenizer = PairTokenizer.load(directory)
+    tokenizer.check_fits(model_cfg.src_vocab_size, model_cfg.tgt_vocab_size, directory)
+    trained = _training_config(directory)
+    _check_languages(cfg, trained, directory)
+    _check_tokenizer(cfg, tokenizer, trained, directory)
+    _check_sizes(cfg, model_cfg, directory)
+    if cfg.model.dropout is not None:
+        model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
+    tok_cfg = dataclasses.replace(cfg.tokenizer, vocab_size=(trained.get("tokenizer") or {}).get("vocab_size")
+                                  or tokenizer.tgt_vocab_size, kind=_kind(tokenizer))
+    out = dataclasses.replace(cfg, model=model_cfg, tokenizer=tok_cfg)
+    fixed = set(open_keys(cfg)) - set(open_keys(out))
+    return out, tokenizer, {k: f"the model directory's (init_from {directory})" for k in fixed}
+
+
+def _training_config(directory: Path) -> dict:
+    path = directory / "training.json"
+    try:
+        return json.loads(path.read_text())["config"] if path.is_file() else {}
+    except (ValueError, KeyError, TypeError):
+        raise NmtError(f"{path}: unreadable; is {directory} a model directory written by nmt?") from None
+
+
+def _check_languages(cfg: TrainConfig, trained: dict, directory: Path) -> None:
+    data = trained.get("data") or {}
+    was, now = (data.get("src_lang"), data.get("tgt_lang")), (cfg.data.src_lang, cfg.data.tgt_lang)
+    if None not in was and was != now:
+        raise NmtError(f"init_from {directory}: it translates {was[0]}->{was[1]}, this config {now[0]}->{now[1]} "
+                       "(data.src_lang / data.tgt_lang); fine-tune a model of the same language pair")
+
+
+def _check_tokenizer(cfg: TrainConfig, tokenizer: PairTokenizer, trained: dict, directory: Path) -> None:
+    if cfg.tokenizer.joint != tokenizer.joint:
+        kind = "one joint vocabulary" if tokenizer.joint else "separate source and target vocabularies"
+        raise NmtError(f"init_from {directory}: the model has {kind}; set tokenizer.joint: "
+                       f"{str(tokenizer.joint).lower()} (the tokenizer comes from the model, it is not retrained)")
+    given, had = cfg.tokenizer.vocab_size, (trained.get("tokenizer") or {}).get("vocab_size")
+    if given is not None and given not in (had, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size):
+        raise NmtError(f"init_from {directory}: tokenizer.vocab_size {given} is not the model's "
+                       f"({had or tokenizer.tgt_vocab_size}); leave it null")
+
+
+def _check_sizes(cfg: TrainConfig, model_cfg, directory: Path) -> None:
+    for name in SIZE_FIELDS:
+        given = getattr(cfg.model, name)
+        if name != "dropout" and given is not None and given != getattr(model_cfg, name):
+            raise NmtError(f"init_from {directory}: model.{name} is {getattr(model_cfg, name)} there, {given} in "
+                           "this config; the architecture comes from the model directory (leave model sizes null)")
+
+
+def _kind(tokenizer: PairTokenizer) -> str:
+    return "unigram" if type(tokenizer.src.model).__name__ == "Unigram" else "bpe"
+
+
+def tokenizer_for_data(cfg: TrainConfig, previous: planlib.Plan | None) -> TrainConfig:
+    """`cfg` with the tokenizer settings a resumed run was started with, so data preparation reuses its
+    tokenizer rather than training one of another size."""
+    if previous is None:
+        return cfg
+    keep = {k: previous.chosen[k] for k in ("tokenizer.vocab_size",) if k in previous.chosen
+            and planlib.get(cfg, k) is None}
+    return planlib.put(cfg, keep)
+
+
+# --- the resolution of a run, and the one timing probe ------------------------------------------------------------
+
+
 def resolved(accelerator, cfg: TrainConfig, corpus, inherited: dict[str, str], previous: Plan | None,
              started: float) -> tuple[TrainConfig, Plan]:
     """`cfg` resolved once for the run (`nmt.plan.resolve`): planned and timed on the main process, shared with
@@ -105,14 +262,214 @@ def resolved(accelerator, cfg: TrainConfig, corpus, inherited: dict[str, str], p
                           minutes_left=left)
         box = [plan.to_dict()]
     if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
         broadcast_object_list(box)
     cfg, plan = planned(cfg, corpus, processes=accelerator.num_processes, inherited=inherited,
                         previous=Plan.from_dict(box[0]), timed=False)
     if accelerator.is_main_process:
         print("nmt: " + "\n".join(plan.lines()), flush=True)
     return cfg, plan
+
+
+def planned(cfg: TrainConfig, corpus, *, processes: int = 1, device: str | None = None, precision: str = "no",
+            inherited: dict[str, str] | None = None, previous: planlib.Plan | None = None,
+            minutes_left: float | None = None, timed: bool = True) -> tuple[TrainConfig, planlib.Plan]:
+    """`cfg` resolved for `corpus` (`nmt.plan.resolve`) with the speed timed here when a time budget needs it."""
+    # a resumed run's plan is kept as it was: nothing is timed again
+    speed = speed_probe(cfg, corpus, device, precision) if timed and cfg.max_minutes and previous is None else None
+    cfg, plan = planlib.resolve(cfg, facts(cfg, corpus, processes), speed=speed, processes=processes,
+                                minutes_left=minutes_left, previous=previous, inherited=inherited)
+    tok = corpus.tokenizer  # the vocabulary sizes are the tokenizer's: facts, not choices
+    model = dataclasses.replace(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                                share_embeddings=cfg.model.share_embeddings and tok.joint)
+    return dataclasses.replace(cfg, model=model), plan
+
+
+def facts(cfg: TrainConfig, corpus, processes: int = 1) -> planlib.Facts:
+    """The plan's facts of the prepared corpus; steps per epoch are the training sampler's own."""
+    cost = column(corpus.splits["train"], "cost")
+    spe = functools.cache(lambda max_tokens: TokenBatchSampler(
+        cost, max_tokens, world_size=processes, accum_steps=cfg.accum_steps, seed=cfg.seed,
+        epoch_rows=corpus.epoch_rows).steps_per_epoch(0))
+    epoch = cost if corpus.epoch_rows is None else cost[corpus.epoch_rows(0)]
+    return planlib.Facts(train_pairs=corpus.stats["sizing_pairs"], epoch_cost=int(epoch.sum(dtype=np.int64)),
+                         longest_cost=int(cost.max()), epoch_steps=spe)
+
+
+def speed_probe(cfg: TrainConfig, corpus, device: str | None, precision: str) -> planlib.Speed:
+    """Seconds per cost token (a batch's pairs x its costliest pair) of training a shape, one process in mixed
+    `precision`: the median of PROBE_STEPS timed steps on real batches of the plan's smaller batch size."""
+    device = default_device(device)
+    tok, train = corpus.tokenizer, corpus.splits["train"]
+    cost = column(train, "cost")
+    plan = TokenBatchSampler(cost, planlib.BATCHES[-1], seed=cfg.seed).plan(0)
+
+    def speed(dims: planlib.Dims) -> float:
+        model_cfg = ModelConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, dropout=0.1,
+                                **{k: getattr(dims, k) for k in planlib.DIM_KEYS},
+                                share_embeddings=cfg.model.share_embeddings and tok.joint)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(cfg.seed)
+            model = use_cpu_kernels(Seq2SeqTransformer(model_cfg), fast_dropout=device.type == "cpu")  # as trained
+        chunks = ([plan.batches[i % len(plan)]] for i in range(PROBE_STEPS + 1))
+        timed = time_steps(model, cfg, batches(cfg, train, chunks, device, model), PROBE_STEPS, device,
+                           precision)
+        return float(np.median([s / w[0]["src_ids"].shape[0] / _cost(w[0]) for s, w in timed]))
+
+    return speed
+
+
+def _cost(batch: dict) -> int:
+    """A collated batch's costliest pair: its padded source or decoder length."""
+    return max(batch["src_ids"].shape[1], batch["tgt_in_ids"].shape[1])
+
+
+def batches(cfg: TrainConfig, train, chunks: Iterable[list[np.ndarray]], device: torch.device,
+            model: torch.nn.Module) -> Iterable[list[dict]]:
+    """The collated micro-batch windows of `chunks` (index arrays into the split `train`), on `device`."""
+    columns = train.select_columns(["src_ids", "tgt_ids"])
+    collate = Collator.for_model(model, cfg.pad_to_multiple_of)
+    for window in chunks:
+        yield [{k: v.to(device) for k, v in collate.columns(columns[c.tolist()]).items()} for c in window]
+
+
+def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[dict]], steps: int,
+               device: torch.device, precision: str = "no", budget_s: float = PROBE_BUDGET_S) -> list[tuple[float, list]]:
+    """(seconds, window) of `steps` optimizer steps taken exactly as training takes them (the batch collated,
+    then `train_step`: the objective's loss, AdamW as training builds it, clipping, the schedule), after one
+    untimed warm-up step; stops early once `budget_s` has passed. The caller's random state is left as it was."""
+    objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
+    # the schedule's shape does not change a step's time (and a linear one may have no horizon yet)
+    steady = dataclasses.replace(cfg, optim=dataclasses.replace(
+        cfg.optim, lr=cfg.optim.lr or 1e-3, warmup_steps=cfg.optim.warmup_steps or 1, schedule="inverse_sqrt"))
+    optim, one = make_optim(objective, steady), OneDevice(device, cfg.accum_steps, precision)
+    timed, started = [], time.perf_counter()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(cfg.seed)
+        batches = iter(windows)
+        for i in range(steps + 1):
+            _sync(device)
+            start = time.perf_counter()
+            window = next(batches, None)  # collated inside the timing, as the training loop's loader does
+            if window is None:
+                break
+            training_loop.train_step(one, objective, optim, window)  # through the module: a test spies on it
+            _sync(device)
+            if i > 0:  # step 0 warms up allocator and kernels
+                timed.append((time.perf_counter() - start, window))
+                if len(timed) >= steps or time.perf_counter() - started > budget_s:
+                    break
+    return timed
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --- the model, its data loader, objective and optimizer ------------------------------------------------------------
+
+
+def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Module | None) -> torch.nn.Module:
+    """nmt's model as `cfg.model` says, or the user's own (checked against the contract); compiled if asked."""
+    if model is not None:
+        check_same_tokenizer(model, tokenizer)
+    elif cfg.init_from:  # fine-tuning: the directory's weights (its sizes are cfg.model's, see finetune.pretrained)
+        model = Seq2SeqTransformer.from_pretrained(cfg.init_from, cfg=cfg.model)
+    else:
+        model = Seq2SeqTransformer(cfg.model)
+    if isinstance(model, Seq2SeqTransformer) and default_device().type == "cpu":  # before LoRA's own dropout
+        use_cpu_kernels(model, fast_dropout=True)  # the CPU's faster dropout mask (nmt.kernels)
+    if cfg.finetune.freeze or cfg.finetune.lora_r:
+        apply_finetune(model, cfg.finetune)  # parts frozen, or LoRA layers that alone train
+    check_contract(model, tokenizer)
+    if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
+        model.compile()
+    return model
+
+
+def check_same_tokenizer(model, tokenizer: PairTokenizer) -> None:
+    """`train(cfg, model=M)` where M was loaded from a model directory: its tokenizer must be the run's."""
+    origin = getattr(model, "pretrained_from", None)
+    if origin is None or not Path(origin).is_dir():
+        return
+    try:
+        theirs = PairTokenizer.load(origin)
+    except NmtError:
+        return  # weights saved without a tokenizer: nothing to compare
+    if (theirs.src.to_str(), theirs.tgt.to_str()) != (tokenizer.src.to_str(), tokenizer.tgt.to_str()):
+        raise NmtError(f"model was loaded from {origin}, but this run trained another tokenizer on its data, so the "
+                       f"ids would mean other subwords; fine-tune with init_from={origin} (keeps its tokenizer)")
+
+
+def check_contract(model: torch.nn.Module, tokenizer: PairTokenizer) -> None:
+    """A clear error when a user's model does not follow forward(src_ids, tgt_in_ids) -> (B, T, V)."""
+    if not isinstance(model, torch.nn.Module):
+        raise NmtError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    name = type(model).__name__
+    params = [p for p in inspect.signature(model.forward).parameters.values()
+              if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) != 2:
+        raise NmtError(f"{name}.forward must take exactly (src_ids, tgt_in_ids) and derive masks itself; "
+                       f"it requires {[p.name for p in params]}")
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model(torch.tensor([[5, 6, 3]], device=device), torch.tensor([[2, 5]], device=device))
+    if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != (1, 2):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise NmtError(f"{name}.forward(src_ids (1,3), tgt_in_ids (1,2)) returned {shape}; expected logits (1, 2, V)")
+    if out.shape[2] != tokenizer.tgt_vocab_size:
+        raise NmtError(f"{name} predicts {out.shape[2]} classes but the target vocabulary has "
+                       f"{tokenizer.tgt_vocab_size} tokens; build it with tgt_vocab_size={tokenizer.tgt_vocab_size}")
+    for attr in ("pad_id", "bos_id", "eos_id"):
+        if not hasattr(getattr(model, "cfg", None), attr) and not hasattr(model, attr):
+            raise NmtError(f"{name} needs an attribute {attr} (or cfg.{attr}); nmt's tokenizers use pad 0, bos 2, eos 3")
+
+
+def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, model: torch.nn.Module):
+    """The training DataLoader and its TokenBatchSampler (this process's share of every optimizer step)."""
+    train = corpus.splits["train"]
+    dropout = bpe_dropout(cfg, corpus)
+    sampler = TokenBatchSampler(column(train, "cost"), cfg.max_tokens, rank=accelerator.process_index,
+                                world_size=accelerator.num_processes, accum_steps=cfg.accum_steps, seed=cfg.seed,
+                                ties=source_lengths(train),  # source lengths: less padding
+                                epoch_lengths=dropout.lengths if dropout else None, epoch_rows=corpus.epoch_rows)
+    plain = train.select_columns(["src_ids", "tgt_ids"])
+    # no worker processes: the BPE-dropout view reads sampler.epoch when a batch is fetched
+    loader = DataLoader(dropout.view(lambda: sampler.epoch) if dropout else plain, batch_sampler=sampler,
+                        collate_fn=Collator.for_model(model, cfg.pad_to_multiple_of),
+                        # its own generator: each new iterator draws a seed, and drawing it from the global
+                        # RNG would shift dropout after a resume (which starts a fresh iterator mid-epoch)
+                        generator=torch.Generator())
+    return loader, sampler
+
+
+def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> tuple:
+    """The model's `Seq2SeqLoss`, its optimizer and schedule, through `Accelerator.prepare`."""
+    objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=not is_fsdp(accelerator))
+    optim = make_optim(objective, cfg)
+    objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
+    register_search_methods(accelerator, accelerator.unwrap_model(objective).model)
+    return objective, optim
+
+
+def register_search_methods(accelerator: Accelerator, base: torch.nn.Module) -> None:
+    """Under FSDP2 a module's sharded weights are gathered only inside forward(); search calls encode/decode/
+    start_cache and each decoder layer's cross_kv, so FSDP is told to gather around those methods too (a no-op
+    on a module that is not an FSDP unit: the model's own weights are the objective's, and validation under
+    FSDP decodes a gathered copy)."""
+    if not is_fsdp(accelerator):
+        return
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    for name in ("encode", "decode", "start_cache"):
+        if hasattr(base, name):
+            register_fsdp_forward_method(base, name)
+    for module in base.modules():
+        if hasattr(module, "cross_kv"):  # a decoder layer: called outside forward when a cache starts
+            register_fsdp_forward_method(module, "cross_kv")
+
+
+# --- the end of a run ---------------------------------------------------------------------------------------------
 
 
 def finish(run: Run) -> TrainResult:
@@ -142,9 +499,6 @@ def score_test(run: Run, model_dir: Path) -> dict:
     test = run.corpus.splits.get("test")
     scores = {}
     if run.is_main and test is not None and len(test) and (model_dir / CONFIG_FILE).is_file():  # nmt's model: searchable
-        from nmt.metrics import corpus_scores
-        from nmt.translate import Translator
-
         translator = Translator.from_pretrained(model_dir, device=run.accelerator.device)
         blocks = run.corpus.stats.get("eval_pairs", {}).get("test")
         if not blocks:
@@ -153,7 +507,6 @@ def score_test(run: Run, model_dir: Path) -> dict:
                       "pairs": len(hyps)}
         else:
             scores = _score_pairs(translator, test, blocks)
-        
     run.accelerator.wait_for_everyone()
     return scores
 
@@ -161,8 +514,6 @@ def score_test(run: Run, model_dir: Path) -> dict:
 def _score_pairs(translator, test, blocks: list[list]) -> dict:
     """Test BLEU/chrF per language pair of a multilingual run (its sources start with their tags, which the
     translator adds itself from tgt_lang), and their means."""
-    from nmt.metrics import corpus_scores
-
     scores, start, sources, refs = {}, 0, list(test["src"]), list(test["tgt"])
     for pair, n in blocks:
         if n:
@@ -185,3 +536,24 @@ def commands(cfg: TrainConfig, model_dir: Path) -> list[str]:
         src, ref = f"{test}.{cfg.data.src_lang}", f"{test}.{cfg.data.tgt_lang}"
     return [f"translate: nmt translate {model_dir} --input FILE --output FILE",
             f"evaluate:  nmt evaluate {model_dir} --src {src} --ref {ref}"]
+
+
+# --- how well a model directory's tokenizer fits a new corpus (nmt check) -----------------------------------------
+
+
+def tokenizer_fit(directory: str, train) -> dict:
+    """How model directory `directory`'s tokenizer segments `train` (an encoded split) against its own training
+    data (`segmentation` in its training.json, when recorded), and the problems that shows."""
+    path = Path(directory) / "training.json"
+    old = json.loads(path.read_text()).get("segmentation") if path.is_file() else None
+    new, problems = segmentation(train), []
+    for side, name in (("src", "source"), ("tgt", "target")):
+        ratio = new[side]["subwords_per_word"] / old[side]["subwords_per_word"] if old else 1.0
+        if ratio > OVER_SEGMENTED:
+            problems.append(f"init_from {directory}: its tokenizer cuts the new {name} into {ratio:.1f}x as many "
+                            "subwords per word as its own training data (over-segmented: a new domain or script); "
+                            "expect slower, weaker fine-tuning, or train a model with its own tokenizer")
+        if new[side]["unk_rate"] > MAX_UNK:
+            problems.append(f"init_from {directory}: {new[side]['unk_rate']:.1%} of the new {name} subwords are "
+                            "<unk> under its tokenizer (characters it never saw)")
+    return {"dir": str(directory), "new": new, "old": old, "problems": problems}

@@ -2,7 +2,7 @@
 
 POST /translate {"sentences": [...], "beam": 4, ...} -> {"translations": [...], "batch": {...}}
 GET /health, GET /info (the model's architecture and metrics, and the server's limits), GET /stats (batch sizes).
-Concurrent requests are batched by `nmt.request_batcher.Batcher`; the one home of starlette and uvicorn.
+Concurrent requests are batched by `nmt.tools.request_batcher.Batcher`; the one home of starlette and uvicorn.
 
 Every request a client gets wrong is answered 4xx with {"error": "..."}; what a request may cost is bounded
 before it is queued (its decoding cost: sentences x beam x length limit), and what a client holds is bounded in
@@ -36,7 +36,7 @@ from nmt.compat import uvicorn_protocol_with_header_deadline
 from nmt.config import RANGE, Range
 from nmt.decoding import SearchConfig
 from nmt.errors import NmtError
-from nmt.request_batcher import API_KEY_ENV, Batcher, Job, QueueFull, ServeConfig, Stopping
+from nmt.tools.request_batcher import API_KEY_ENV, Batcher, Job, QueueFull, ServeConfig, Stopping
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,9 @@ Requests wait in a bounded queue (bounded in requests and in decoding cost). One
 a time; whenever it is free, it takes the oldest request and every queued request with the same decoding options
 that fits one call's budget, and translates them together, so concurrent clients share batches. Requests whose
 clients gave up are left out before each call.
+
+A module apart from `serve` (starlette, uvicorn, torch): `ServeConfig` makes `nmt serve`'s flags, which `nmt --help`
+builds without loading torch and without the serve extra installed.
 """
 
 from __future__ import annotations
