@@ -105,11 +105,10 @@ def test_importing_hooks_nothing_and_a_plain_model_is_plain_pytorch():
 def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     """Translator.from_pretrained opts its model into packed linears (and translates as the plain model does);
     the model a CPU training run builds gets the fast dropout and no packed linears, an opted-out one neither."""
-    from nmt.training.setup import build_model
-    from nmt.training.step import default_device
-
     from nmt.config import ModelConfig, TrainConfig
     from nmt.tokenizer import PairTokenizer
+    from nmt.training.loop import default_device
+    from nmt.training.run import build_model
     from nmt.translate import Translator
 
     directory = model_dir(tmp_path / "m")
