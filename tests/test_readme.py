@@ -528,7 +528,7 @@ def check_python_script(argv: list[str]) -> None:
 def check_curl(text: str) -> None:
     """A request to an endpoint nmt serve routes."""
     path = re.search(r"localhost:\d+(/\w+)", text)[1]
-    assert f'"{path}"' in (ROOT / "nmt" / "serve.py").read_text(encoding="utf-8"), path
+    assert f'"{path}"' in (ROOT / "nmt" / "tools" / "serve.py").read_text(encoding="utf-8"), path
 
 
 EXECUTED = {"docs/configuration.md"}  # pages whose Python only builds configs: cheap enough to run, from the checkout
