@@ -11,9 +11,11 @@ the slope after the first epoch (MiB per 1,000 steps, least squares) — flat me
 Arguments after `--` are added to the command as a user's own settings, e.g. `-- --model.size tiny` for more
 steps in the same minutes.
 
-`--heap STEPS` measures instead what `nmt.compat.release_free_memory` (called by the training loop every
-`RELEASE_EVERY` steps) buys: the training step alone (the model, its loss, AdamW; bf16 autocast or fp32) on
-random batches of varied shapes, each setting in a fresh process, with and without the release, RSS every 100 steps.
+`--heap STEPS` measures instead what training's two memory settings buy, each in a fresh process: the release of
+the C heap's free pages (`nmt.compat.release_free_memory`, every `RELEASE_EVERY` steps) and the bounded oneDNN
+primitive caches (`nmt.compat.bound_onednn_primitive_caches`), on the training step alone (the model, its loss,
+AdamW; bf16 autocast or fp32) on random batches of varied shapes: neither, the release alone, both; RSS every
+100 steps.
 
     python benchmarks/memory.py --heap 1000
 """
@@ -32,13 +34,14 @@ from pathlib import Path
 
 HEAP_STEP = """
 import random, sys, time, torch
-from nmt.compat import release_free_memory
+from nmt.compat import bound_onednn_primitive_caches, release_free_memory
 from nmt.config import ModelConfig
 from nmt.kernels import use_cpu_kernels
-from nmt.model import Seq2SeqTransformer
-from nmt.model import Seq2SeqLoss
+from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
 from nmt.training.loop import RELEASE_EVERY
-precision, steps, release = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+precision, steps, release, bounded = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
+if bounded:
+    bound_onednn_primitive_caches()
 rss = lambda: next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) // 1024
 torch.manual_seed(0)
 random.seed(0)
@@ -127,17 +130,18 @@ def summary(samples: list[tuple[float, int, int, float]]) -> dict:
 
 
 def heap(steps: int, precisions: list[str]) -> None:
-    """The training step alone, with and without the release of the C heap's free pages: RSS over the steps."""
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    """The training step alone with neither memory setting, the heap's release alone, and both: RSS over the steps."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    settings = {"neither": (0, 0), "heap release": (1, 0), "release + bounded caches": (1, 1)}
     for precision in precisions:
-        for release in (False, True):
-            out = subprocess.run([sys.executable, "-c", HEAP_STEP, precision, str(steps), str(int(release))],
+        for label, (release, bounded) in settings.items():
+            out = subprocess.run([sys.executable, "-c", HEAP_STEP, precision, str(steps), str(release), str(bounded)],
                                  env=env, capture_output=True, text=True, check=True).stdout.split("\n")
             samples = [tuple(map(float, line.split())) for line in out if line.strip()]
             shown = " ".join(f"{int(rss)}" for _, rss, _ in samples)
             name = "fp32" if precision == "no" else precision
-            print(f"{name:<5} release {'on ' if release else 'off'}: RSS MiB every 100 steps {shown}; "
-                  f"{samples[-1][2]:.0f} s", flush=True)
+            print(f"{name:<5} {label:<25} RSS MiB every 100 steps {shown}; {samples[-1][2]:.0f} s", flush=True)
 
 
 def main() -> None:
@@ -149,8 +153,8 @@ def main() -> None:
     parser.add_argument("--precision", nargs="+", default=["no", "bf16"], choices=["no", "bf16"],
                         help="accelerate's mixed precision of each run (no = fp32)")
     parser.add_argument("--every", type=float, default=2.0, help="seconds between two samples")
-    parser.add_argument("--heap", type=int, metavar="STEPS", help="measure the training step alone, with and without "
-                        "the release of the C heap's free pages, for STEPS steps (no --data needed)")
+    parser.add_argument("--heap", type=int, metavar="STEPS", help="measure the training step alone with and without "
+                        "training's memory settings, for STEPS steps (no --data needed)")
     parser.add_argument("extra", nargs="*", help="after --: settings added to the command")
     args = parser.parse_args()
     if args.heap:

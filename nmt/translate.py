@@ -32,6 +32,7 @@ import torch
 
 from nmt.batching import eval_batches, pad
 from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE, read_languages, write_directory
+from nmt.compat import bound_onednn_primitive_caches
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.decoding import (
     SEEDS,
@@ -108,6 +109,7 @@ class Translator:
         if isinstance(directory, (list, tuple)):
             return cls._ensemble([Path(d) for d in directory], device)
         directory = Path(directory)
+        bound_onednn_primitive_caches()  # before the first packed linear (nmt.compat)
         model = use_cpu_kernels(Seq2SeqTransformer.from_pretrained(directory), packed_linears=True)  # fixed weights
         tokenizer = PairTokenizer.load(directory)
         tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)

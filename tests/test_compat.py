@@ -156,3 +156,37 @@ print(before, rss())
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     before, after = map(int, out.split())
     assert before > 200 and after < before - 150, out
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"), reason="glibc")
+def test_bounded_onednn_caches_keep_few_primitives_of_many_shapes(monkeypatch):
+    """bf16 linears of 300 row counts: with oneDNN's and ideep's default caches their compiled primitives stay
+    resident; bounded, a small fraction of them. A capacity the user set is kept."""
+    script = """
+import sys, torch
+from nmt.compat import bound_onednn_primitive_caches, release_free_memory
+if sys.argv[1] == "bounded":
+    bound_onednn_primitive_caches()
+def rss():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) // 1024
+linear = torch.nn.Linear(192, 768)
+with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    linear(torch.randn(4, 192))
+    before = rss()
+    for rows in range(8, 308):
+        linear(torch.randn(rows, 192))
+release_free_memory()
+print(rss() - before)
+"""
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
+    grown = {kind: int(subprocess.run([sys.executable, "-c", script, kind], capture_output=True, text=True,
+                                      check=True).stdout) for kind in ("default", "bounded")}
+    if grown["default"] < 64:
+        pytest.skip(f"oneDNN keeps little per bf16 primitive on this CPU ({grown})")
+    assert grown["bounded"] < grown["default"] / 2, grown
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
+    compat.bound_onednn_primitive_caches()
+    assert compat.os.environ["LRU_CACHE_CAPACITY"] == "512" and compat.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
+    with pytest.raises(ValueError, match="at least one"):
+        compat.bound_onednn_primitive_caches(0)

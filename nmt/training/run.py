@@ -39,7 +39,7 @@ from nmt import plan as planlib
 from nmt.adapters import apply_finetune
 from nmt.batching import Collator, TokenBatchSampler, bpe_dropout
 from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE, load_model_config
-from nmt.compat import accelerate_state_exists, is_fsdp, reset_accelerate_state
+from nmt.compat import accelerate_state_exists, bound_onednn_primitive_caches, is_fsdp, reset_accelerate_state
 from nmt.config import SIZE_FIELDS, ModelConfig, TrainConfig
 from nmt.data import Corpus, column, prepare, source_lengths
 from nmt.errors import NmtError
@@ -101,6 +101,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
 
 def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     started = time.monotonic()  # the time budget counts from here: data preparation and planning spend it too
+    bound_onednn_primitive_caches()  # before the first bf16 matmul (nmt.compat)
     check_run(cfg)  # every range and path key, before any work
     check_trackers(cfg.log_with)
     accelerator = make_accelerator(cfg)
