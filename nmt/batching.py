@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from nmt.compat import dataset_fingerprint
 from nmt.config import TrainConfig
 from nmt.tokenizer import BOS, EOS, PAD, DropoutSegmenter, PairTokenizer
 
-if TYPE_CHECKING:  # the data layer loads only where an epoch is re-segmented
+if TYPE_CHECKING:  # the data layer loads only where an epoch is re-segmented, torch at the first batch
     import datasets
+    import torch
 
     from nmt.data import Corpus
 
@@ -197,6 +197,8 @@ def eval_batches(lengths: Sequence[int], max_tokens: int, rank: int, world_size:
 
 def pad(rows: list[list[int]], pad_id: int = PAD, multiple_of: int | None = None) -> torch.Tensor:
     """(B, L) LongTensor right-padded to the longest row (rounded up to `multiple_of`)."""
+    import torch  # here, not at the top: data preparation and the epoch plan use this module without a model
+
     length = max((len(r) for r in rows), default=0)
     if multiple_of:
         length = -(-length // multiple_of) * multiple_of

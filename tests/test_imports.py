@@ -39,7 +39,7 @@ def cli(*argv: str) -> str:
     ("import nmt.validate", set()),
     ("import nmt.checkpoint", set()),  # torch and Accelerate load inside the functions that read weights
     ("import nmt.tokenizer", {"tokenizers"}),
-    ("import nmt.batching", {"torch", "numpy", "tokenizers"}),  # the collator builds tensors; no datasets
+    ("import nmt.batching", {"numpy", "tokenizers"}),  # torch when the collator builds its first batch
     ("import nmt.decoding", {"torch", "numpy", "tokenizers"}),  # search pads with collate, whose ids are the tokenizer's
     ("import nmt.translate", {"torch", "numpy", "tokenizers"}),  # no Accelerate, datasets, evaluate
     (cli("--help"), set()),
