@@ -14,8 +14,8 @@ steps in the same minutes.
 `--heap STEPS` measures instead what training's two memory settings buy, each in a fresh process: the release of
 the C heap's free pages (`nmt.compat.release_free_memory`, every `RELEASE_EVERY` steps) and the bounded oneDNN
 primitive caches (`nmt.compat.bound_onednn_primitive_caches`), on the training step alone (the model, its loss,
-AdamW; bf16 autocast or fp32) on random batches of varied shapes: neither, the release alone, both; RSS every
-100 steps.
+AdamW; bf16 autocast or fp32) on random batches of varied shapes: neither, each alone, both (what training
+does); RSS every 100 steps.
 
     python benchmarks/memory.py --heap 1000
 """
@@ -130,10 +130,10 @@ def summary(samples: list[tuple[float, int, int, float]]) -> dict:
 
 
 def heap(steps: int, precisions: list[str]) -> None:
-    """The training step alone with neither memory setting, the heap's release alone, and both: RSS over the steps."""
+    """The training step alone with neither memory setting, each alone and both: RSS over the steps."""
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    settings = {"neither": (0, 0), "heap release": (1, 0), "release + bounded caches": (1, 1)}
+    settings = {"neither": (0, 0), "heap release": (1, 0), "bounded caches": (0, 1), "both (training)": (1, 1)}
     for precision in precisions:
         for label, (release, bounded) in settings.items():
             out = subprocess.run([sys.executable, "-c", HEAP_STEP, precision, str(steps), str(release), str(bounded)],
