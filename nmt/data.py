@@ -914,8 +914,7 @@ def _holds_tokenizer(work: Path, tokenizer: PairTokenizer) -> bool:
     """Cache entry `work` trained `tokenizer`: given again (a resumed run's own), it reuses that entry's files."""
     if not (work / "tokenizer").is_dir():
         return False
-    cached = PairTokenizer.load(work / "tokenizer")
-    return (cached.src.to_str(), cached.tgt.to_str()) == (tokenizer.src.to_str(), tokenizer.tgt.to_str())
+    return PairTokenizer.load(work / "tokenizer").same_as(tokenizer)
 
 
 def _content_key(raw: dict[str, datasets.Dataset], cfg: DataConfig, tok_cfg: TokenizerConfig,

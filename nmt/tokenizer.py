@@ -138,6 +138,10 @@ class PairTokenizer:
     def tgt_vocab_size(self) -> int:
         return self.tgt.get_vocab_size()
 
+    def same_as(self, other: PairTokenizer) -> bool:
+        """Whether `other` gives every text the same ids (the same vocabularies, merges and pipeline)."""
+        return (self.src.to_str(), self.tgt.to_str()) == (other.src.to_str(), other.tgt.to_str())
+
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source ids, each ending in </s>."""
         if self.src_specials:

@@ -122,9 +122,8 @@ class Translator:
         if len(directories) == 1:
             return cls.from_pretrained(directories[0], device)
         members = [cls.from_pretrained(d) for d in directories]
-        first = _tokenizer_text(members[0].tokenizer)
         for d, m in zip(directories[1:], members[1:]):
-            if _tokenizer_text(m.tokenizer) != first:
+            if not m.tokenizer.same_as(members[0].tokenizer):
                 raise NmtError(f"{d}: its tokenizer differs from {directories[0]}'s; an ensemble needs models "
                                "trained with one tokenizer (nmt average combines checkpoints of one run instead)")
         model = Ensemble([m.model for m in members])
@@ -350,10 +349,6 @@ def fit_length(ids: list[int], limit: int, how: str) -> list[list[int]]:
         raise NmtError(f"long_inputs must be 'truncate' or 'split', got {how!r}")
     log.warning("a source sentence of %d subwords was truncated to model.max_positions=%d", len(ids), limit)
     return [body[: limit - 1] + eos]
-
-
-def _tokenizer_text(tokenizer: PairTokenizer) -> tuple[str, str]:
-    return tokenizer.src.to_str(), tokenizer.tgt.to_str()
 
 
 def _exactly(hyps: list, n: int) -> list:

@@ -397,7 +397,7 @@ def check_same_tokenizer(model, tokenizer: PairTokenizer) -> None:
         theirs = PairTokenizer.load(origin)
     except NmtError:
         return  # weights saved without a tokenizer: nothing to compare
-    if (theirs.src.to_str(), theirs.tgt.to_str()) != (tokenizer.src.to_str(), tokenizer.tgt.to_str()):
+    if not theirs.same_as(tokenizer):
         raise NmtError(f"model was loaded from {origin}, but this run trained another tokenizer on its data, so the "
                        f"ids would mean other subwords; fine-tune with init_from={origin} (keeps its tokenizer)")
 

@@ -317,7 +317,7 @@ def check_same_data(path: Path, run: Run) -> None:
                     "it" + ("; validation scores before and after this step are not comparable, and best/ keeps "
                             "the best on either" if "valid" in changed else ""), main_process_only=True)
     own = saved_tokenizer(path)
-    if own is not None and _serialized(own) != _serialized(run.corpus.tokenizer):
+    if own is not None and not own.same_as(run.corpus.tokenizer):
         raise NmtError(f"--resume: {path} was trained with another tokenizer than this run has (one trained again on "
                        "changed data, or from changed tokenizer.* settings), so its ids would mean other subwords; "
                        "resume with the run's data and settings, or start a new run in another --output_dir")
@@ -341,10 +341,6 @@ def resumed_tokenizer(found: list[Path]) -> PairTokenizer | None:
     again: on changed data (--allow-data-change) a new one of the same size would fit the model's shapes while
     its ids meant other subwords."""
     return next((tok for path in found if (tok := saved_tokenizer(path)) is not None), None)
-
-
-def _serialized(tokenizer: PairTokenizer) -> tuple[str, str]:
-    return tokenizer.src.to_str(), tokenizer.tgt.to_str()
 
 
 def pick_checkpoint(run: Run, found: list[Path]) -> Path:
