@@ -406,8 +406,7 @@ def export_transformers(model_dir: str | Path, out: str | Path, force: bool = Fa
     model_dir, out = Path(model_dir), Path(out)
     refuse_output_dir(out, [model_dir], force, "OUT")
     model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
-    tokenizer = PairTokenizer.load(model_dir)
-    tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, model_dir)
+    tokenizer = PairTokenizer.load_for(model_dir, model.cfg)
     hf_tok = hf_tokenizer_from_nmt(tokenizer, model.cfg)
     hf = hf_model_from_nmt(model)
     def write(partial: Path) -> None:

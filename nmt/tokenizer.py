@@ -189,6 +189,13 @@ class PairTokenizer:
             return cls(_load_file(directory / SRC_FILE), _load_file(directory / TGT_FILE))
         raise NmtError(f"{directory}: no {JOINT_FILE} (or {SRC_FILE} + {TGT_FILE}); is this an nmt model directory?")
 
+    @classmethod
+    def load_for(cls, directory: str | Path, model_cfg) -> PairTokenizer:
+        """The tokenizer of model directory `directory`, checked to fit the model `model_cfg` configures."""
+        tokenizer = cls.load(directory)
+        tokenizer.check_fits(model_cfg.src_vocab_size, model_cfg.tgt_vocab_size, directory)
+        return tokenizer
+
     def check_fits(self, src_vocab_size: int, tgt_vocab_size: int, directory: str | Path) -> None:
         """Raises a named error when a model's vocabulary sizes are not this tokenizer's, or when model directory
         `directory` records another tokenizer than the file(s) it holds (`nmt.checkpoint.check_fingerprint`)."""

@@ -111,8 +111,7 @@ class Translator:
         directory = Path(directory)
         bound_onednn_primitive_caches()  # before the first packed linear (nmt.compat)
         model = use_cpu_kernels(Seq2SeqTransformer.from_pretrained(directory), packed_linears=True)  # fixed weights
-        tokenizer = PairTokenizer.load(directory)
-        tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
+        tokenizer = PairTokenizer.load_for(directory, model.cfg)
         return cls(model, tokenizer, device, search_defaults(directory), read_languages(directory))
 
     @classmethod
@@ -510,8 +509,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     refuse_output_dir(out_dir, [model_dir], force, "OUT")
     model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
-    tokenizer = PairTokenizer.load(model_dir)
-    tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, model_dir)
+    tokenizer = PairTokenizer.load_for(model_dir, model.cfg)
     def write(partial: Path) -> None:
         save_ctranslate2(model, vocabulary(tokenizer, "src"), vocabulary(tokenizer, "tgt"), partial, quantization,
                          {"exported_from": str(model_dir.resolve())})

@@ -184,8 +184,7 @@ def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dic
     if not directory.is_dir():
         raise NmtError(f"init_from {directory}: not a folder; give a trained model directory (output_dir/model)")
     model_cfg = load_model_config(directory)
-    tokenizer = PairTokenizer.load(directory)
-    tokenizer.check_fits(model_cfg.src_vocab_size, model_cfg.tgt_vocab_size, directory)
+    tokenizer = PairTokenizer.load_for(directory, model_cfg)
     trained = _training_config(directory)
     _check_languages(cfg, trained, directory)
     _check_tokenizer(cfg, tokenizer, trained, directory)
