@@ -3,8 +3,9 @@
 Runs the README's own-corpus command (`nmt train --data.train D/train ... --max_minutes M`) once per precision
 (fp32, and bf16 through ACCELERATE_MIXED_PRECISION, as a user would choose it), reads the training process's
 resident memory (/proc/PID/status VmRSS, Linux) every `--every` seconds beside the step and epoch its progress
-line shows, and prints per precision: RSS at the end of the first epoch, at the end of the run, the largest, and
-the slope after the first epoch (MiB per 1,000 steps, least squares) — flat memory is a slope near 0.
+line shows, until the training loop's last line (the test set's decoding after it is not counted), and prints
+per precision: RSS at the end of the first epoch, at the end of the run, the largest, and the slope after the
+first epoch (MiB per 1,000 steps, least squares) — flat memory is a slope near 0.
 
     python benchmarks/memory.py --data ../shared/data/tatoeba-en-de --minutes 10
 
@@ -88,8 +89,9 @@ def watch(argv: list[str], precision: str, every: float) -> list[tuple[float, in
     nmt = Path(sys.executable).with_name("nmt")
     proc = subprocess.Popen([str(nmt) if nmt.exists() else "nmt", *argv[1:]], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
-    where = {"step": 0, "epoch": 1}
+    where = {"step": 0, "epoch": 1, "loop": 0.0}  # "loop": when the training loop last printed (progress, validation)
     tail: list[str] = []
+    start = time.monotonic()
 
     def read() -> None:
         for line in proc.stdout:
@@ -97,10 +99,12 @@ def watch(argv: list[str], precision: str, every: float) -> list[tuple[float, in
             for part in line.split("\r"):
                 if (m := PROGRESS.search(part)) is not None:
                     where["step"], where["epoch"] = int(m[1]), int(m[2])
+                if m is not None or part.startswith("valid @ step"):
+                    where["loop"] = time.monotonic() - start
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    samples, start = [], time.monotonic()
+    samples = []
     while proc.poll() is None:
         if (rss := rss_mib(proc.pid)) is not None and where["step"] > 0:
             samples.append((time.monotonic() - start, where["step"], where["epoch"], rss))
@@ -108,7 +112,7 @@ def watch(argv: list[str], precision: str, every: float) -> list[tuple[float, in
     reader.join(timeout=5)
     if proc.returncode != 0:
         sys.exit(f"the run with precision {precision} failed (exit {proc.returncode}):\n{''.join(tail)}")
-    return samples
+    return [sample for sample in samples if sample[0] <= where["loop"]]  # the test set's decoding is not training
 
 
 def slope_per_1000_steps(points: list[tuple[int, float]]) -> float:
