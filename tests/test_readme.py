@@ -516,12 +516,16 @@ PROFILE_BACKENDS = {"deepspeed"}  # installed by whoever launches deepspeed_zero
 
 
 def check_python_script(argv: list[str]) -> None:
-    """`python benchmarks/x.py --flag ...`: the script exists and defines every flag shown; `python -m m`: m exists."""
+    """`python benchmarks/x.py --flag ...`: the script exists and defines every flag shown (those after a lone `--`
+    are the nmt settings it passes on, checked as `nmt train` flags); `python -m m`: m exists."""
     if argv[1] == "-m":
         assert importlib.util.find_spec(argv[2]), argv[2]
         return
+    own, passed = (argv[2:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv[2:], [])
+    if passed:
+        check_nmt(["nmt", "train", *passed], " ".join(["nmt", "train", *passed]))
     source = (ROOT / argv[1]).read_text(encoding="utf-8")
-    missing = [w for w in argv[2:] if w.startswith("--") and f'"{w}"' not in source]
+    missing = [w for w in own if w.startswith("--") and f'"{w}"' not in source]
     assert not missing, f"{argv[1]} defines no {missing}"
 
 
