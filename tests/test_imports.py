@@ -107,8 +107,6 @@ UPWARD = {  # the imports that point up on purpose, and why
     ("model", "decoding"): "Seq2SeqTransformer.generate, a convenience entry, calls search inside the method",
     ("model", "interop"): "Seq2SeqTransformer.from_hf, a convenience entry, calls interop inside the method",
     ("model", "adapters"): "Seq2SeqTransformer.from_pretrained merges a directory's LoRA adapter inside the method",
-    **{("checkpoint", dep): "average_run, a command's entry, builds and writes the averaged model inside the function"
-       for dep in ("model", "adapters", "tokenizer")},
 }
 HOMES = {  # third-party library -> the only modules that import it (one home per library)
     "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},
