@@ -697,6 +697,10 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
         sizing_pairs = len(raw["train"])
         if tok_cfg.vocab_size is None:
             tok_cfg = dataclasses.replace(tok_cfg, vocab_size=vocab_size_for(sizing_pairs))
+            # the entry's key holds the open size: the chosen one keys the tokenizer and the encodings, so a run
+            # trains the vocabulary its plan prints, whichever size an earlier nmt chose for the same data
+            work = work / f"vocab-{tok_cfg.vocab_size}"
+            work.mkdir(exist_ok=True)
         with _timed(seconds, "tokenizer"):
             tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
         with _timed(seconds, "encode"):

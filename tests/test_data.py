@@ -192,6 +192,8 @@ def test_vocab_size_left_null_is_chosen_from_the_cleaned_pairs(corpus_dir, tmp_p
     corpus = prepare(synthetic_cfg(corpus_dir, tmp_path), TokenizerConfig(vocab_size=None))
     assert asked == [600] and corpus.stats["sizing_pairs"] == 600
     assert corpus.tokenizer.src_vocab_size == 100  # the rule's answer, not a default
+    monkeypatch.setattr(data, "vocab_size_for", lambda n: 120)  # another rule (another nmt), the same data and cache
+    assert prepare(synthetic_cfg(corpus_dir, tmp_path), TokenizerConfig(vocab_size=None)).tokenizer.src_vocab_size == 120
 
 
 @pytest.fixture(scope="module")
