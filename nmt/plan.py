@@ -64,8 +64,8 @@ MANY_EPOCHS = 100.0
 BPE_DROPOUT = 0.1  # Provilkov et al. 2020's p
 DEFAULT_EPOCHS = 10  # without a time budget or a step limit
 # the largest batch (tokens a step) that still allows this many updates in the budget, else the smallest: under a
-# short budget more, smaller updates learn more (Tatoeba in 25 minutes on 2 CPU cores: 2,048 over 4,096 at
-# ~2,400 steps, and 1,024 over 2,048 at ~2,600: validation BLEU 47.3 against 44.1)
+# short budget more, smaller updates learn more (Tatoeba in 25 minutes: 2,048 over 4,096 at ~2,400 steps; on one
+# CPU core, 1,024 over 2,048 at ~2,600: validation BLEU 45.5 against 44.1, docs/results.md)
 TARGET_STEPS = 6000
 BATCHES = (4096, 2048, 1024)
 FILL = 0.95  # share of max_tokens a batch fills (length buckets pad ~4%)
