@@ -83,6 +83,10 @@ def search(model, src_ids: torch.Tensor, cfg: SearchConfig,
     return [sorted(drawn[i * n: (i + 1) * n], key=lambda h: -h.score) for i in range(src_ids.shape[0])]
 
 
+# Every search reads the device once per step (which rows go on: a list of booleans), and nothing else until it
+# ends: on a GPU each read waits for the device, and a step of a small model is a few launches.
+
+
 @torch.no_grad()
 def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
            sampling: SamplingConfig | None = None) -> list[Hypothesis]:
@@ -100,7 +104,7 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
     tokens = torch.full((B, steps), pad, dtype=torch.long, device=dev)  # <pad> is never emitted: it marks the end
     logprob = torch.zeros(B, dtype=torch.float64, device=dev)  # summed in float64 like Python floats
     for t in range(steps):
-        lp = _constrain(dec.step(last), limits[alive] <= t + 1, never, eos, forced if t == 0 else None)
+        lp = _constrain(dec.step(last), limits.index_select(0, alive) <= t + 1, never, eos, forced if t == 0 else None)
         if sampling is None:
             best, last = lp.max(-1)
         else:
@@ -108,19 +112,20 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
             best = lp.gather(1, last[:, None]).squeeze(1)
         tokens[alive, t] = last
         logprob.index_add_(0, alive, best.double())
-        going = last.ne(eos)
-        if not bool(going.all()):
-            rows = going.nonzero().squeeze(1)
-            alive, last = alive[rows], last[rows]
-            if len(alive) == 0:
-                break
-            dec.reorder(rows, rows)
+        going = last.ne(eos).tolist()  # the step's one read of the device
+        if all(going):
+            continue
+        if not any(going):
+            break
+        rows = torch.tensor([i for i, g in enumerate(going) if g], dtype=torch.long, device=dev)
+        alive, last = alive[rows], last[rows]
+        dec.reorder(rows, rows)
     lengths, out, lps = tokens.ne(pad).sum(1).tolist(), tokens.tolist(), logprob.tolist()
     return [Hypothesis(toks[:n], lp / _penalty(n, cfg.alpha), lp, toks[n - 1: n] == [eos])
             for toks, n, lp in zip(out, lengths, lps)]
 
 
-def _penalty(length: int, alpha: float) -> float:
+def _penalty(length, alpha: float):
     return ((5 + length) / 6) ** alpha
 
 
@@ -130,42 +135,87 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
 
     A sentence is done once it has beam_size finished hypotheses (or hits its length limit); its
     rows then leave the batch and the cache. The first step runs one row per sentence (all beams
-    would be identical); the K beams branch from it.
+    would be identical); the K beams branch from it. Finished hypotheses are kept on the device
+    (`Finished`) and read once, at the end.
     """
     if cfg.beam_size == 1:
         return [[h] for h in greedy(model, src_ids, cfg)]
     pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
     B, K, dev = src_ids.shape[0], cfg.beam_size, src_ids.device
     limits = length_limits(src_ids, pad, cfg, _most(model))
+    steps = int(limits.max())
     dec, never, forced = start_decoder(model, src_ids), _never(pad, bos, eos, dev), _forced(model)
-    sent, sent_list = torch.arange(B, device=dev), list(range(B))  # sentence of each active group of rows
+    sent = torch.arange(B, device=dev)  # sentence of each active group of rows
     scores = torch.zeros(B, 1, device=dev)  # (N, W) log-probability of each row's prefix; W = 1, then K
     history = torch.full((B, 0), pad, dtype=torch.long, device=dev)  # (N*W, t) tokens of each row
     last = torch.full((B,), bos, dtype=torch.long, device=dev)
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    for t in range(int(limits.max())):
+    finished = Finished(B, K, steps, pad, dev)
+    for t in range(steps):
         N, W = scores.shape
-        lp = _constrain(dec.step(last), limits[sent].repeat_interleave(W) <= t + 1, never, eos,
-                        forced if t == 0 else None)
+        at = limits.index_select(0, sent)
+        lp = _constrain(dec.step(last), at.repeat_interleave(W) <= t + 1, never, eos, forced if t == 0 else None)
         top, beam, tok = _best_continuations(scores, lp, 2 * K)  # (N, 2K): at most K are </s>, K others remain
-        _finalize(finished, sent_list, (top, beam, tok), history, W=W, K=K, eos=eos, alpha=cfg.alpha)
+        finished.add(sent, top[:, :K], beam[:, :K], tok[:, :K].eq(eos), history.view(N, W, t), eos, cfg.alpha)
         top, pick = top.masked_fill(tok.eq(eos), -torch.inf).topk(K, dim=1)  # (N, K) best non-</s> continuations
         rows = (torch.arange(N, device=dev)[:, None] * W + beam.gather(1, pick)).view(-1)
         last, scores = tok.gather(1, pick).view(-1), top
         history = torch.cat([history.index_select(0, rows), last[:, None]], 1)
-        going = torch.tensor([len(finished[s]) < K for s in sent_list], device=dev) & (limits[sent] > t + 1)
-        if bool(going.all()):
+        going = ((finished.count.index_select(0, sent) < K) & (at > t + 1)).tolist()  # the step's one read
+        if all(going):
             dec.reorder(rows, None, K)  # the first step turns each sentence's row into K rows
             continue
-        keep = going.nonzero().squeeze(1)  # the sentences that go on
+        if not any(going):
+            break
+        keep = torch.tensor([g for g, on in enumerate(going) if on], dtype=torch.long, device=dev)
         kept_rows = (keep[:, None] * K + torch.arange(K, device=dev)).view(-1)
         rows, sent, scores = rows.index_select(0, kept_rows), sent[keep], scores[keep]
         last, history = last[kept_rows], history[kept_rows]
-        sent_list = [sent_list[g] for g in keep.tolist()]
-        if not sent_list:
-            break
         dec.reorder(rows, keep, K)
-    return [sorted(f, key=lambda h: -h.score)[: cfg.nbest] for f in finished]
+    return finished.best(cfg.nbest)
+
+
+class Finished:
+    """The finished hypotheses of B sentences, K slots each, held on the device until the search ends.
+
+    A step's </s> candidates fill a sentence's free slots in rank order; those beyond its K go to one spare
+    slot (K) that is never read, so filling them needs no look at how many there were.
+    """
+
+    def __init__(self, B: int, K: int, steps: int, pad: int, device):
+        self.K = K
+        self.count = torch.zeros(B, dtype=torch.long, device=device)
+        self.score = torch.full((B, K + 1), -torch.inf, device=device)  # log-probability / length penalty
+        self.logprob = torch.zeros(B, K + 1, device=device)
+        self.length = torch.zeros(B, K + 1, dtype=torch.long, device=device)
+        self.tokens = torch.full((B, K + 1, steps), pad, dtype=torch.long, device=device)
+
+    def add(self, sent: torch.Tensor, top: torch.Tensor, beam: torch.Tensor, ends: torch.Tensor,
+            history: torch.Tensor, eos: int, alpha: float) -> None:
+        """Candidates (N, K) of sentences `sent` (N,): total log-probability `top`, the row they extend `beam`
+        (within its sentence's W rows of `history`, (N, W, t)), and whether they end in </s> (`ends`)."""
+        N, t = ends.shape[0], history.shape[2]
+        ends = ends & top.isfinite()
+        slot = self.count.index_select(0, sent)[:, None] + ends.long().cumsum(1) - 1  # (N, K)
+        taken = ends & (slot < self.K)
+        slot = torch.where(taken, slot, self.K)
+        rows = sent[:, None].expand(N, ends.shape[1])
+        self.score[rows, slot] = top / _penalty(t + 1, alpha)
+        self.logprob[rows, slot] = top
+        self.length[rows, slot] = t + 1
+        prefix = history.gather(1, beam[:, :, None].expand(-1, -1, t))  # (N, K, t)
+        self.tokens[rows, slot, :t] = prefix
+        self.tokens[rows, slot, t] = eos
+        self.count.index_add_(0, sent, taken.sum(1))
+
+    def best(self, n: int) -> list[list[Hypothesis]]:
+        """The n best finished hypotheses of each sentence, best first (read from the device once)."""
+        count, score, logprob = self.count.tolist(), self.score.tolist(), self.logprob.tolist()
+        length, tokens = self.length.tolist(), self.tokens.tolist()
+        out = []
+        for s, c in enumerate(count):
+            hyps = [Hypothesis(tokens[s][j][: length[s][j]], score[s][j], logprob[s][j], True) for j in range(c)]
+            out.append(sorted(hyps, key=lambda h: -h.score)[:n])
+        return out
 
 
 def _best_continuations(scores: torch.Tensor, lp: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
@@ -202,33 +252,16 @@ def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: torch.Tensor, eo
                forced: int | None = None) -> torch.Tensor:
     """Never emit the ids `never` (<pad>, <s>); rows (N,) at their length limit may only emit </s>; `forced`
     (the first step of a model with `forced_bos_id`) is the only choice, at log-probability 0 as in
-    transformers' ForcedBOSTokenLogitsProcessor."""
+    transformers' ForcedBOSTokenLogitsProcessor. In place, and without reading the device."""
     if forced is not None:
         lp.fill_(-torch.inf)
         lp[:, forced] = 0.0
         return lp
     lp.index_fill_(1, never, -torch.inf)
-    if bool(at_limit.any()):
-        only_eos = torch.full_like(lp[0], -torch.inf)
-        only_eos[eos] = 0.0
-        lp[at_limit] = lp[at_limit] + only_eos
+    eos_lp = lp[:, eos].clone()
+    lp.masked_fill_(at_limit[:, None], -torch.inf)
+    lp[:, eos] = eos_lp
     return lp
-
-
-def _finalize(finished, sent_list, candidates, history, *, W, K, eos, alpha) -> None:
-    """Move </s> candidates (top, beam, tok) ranked within the first K of a sentence into its finished list."""
-    top, beam, tok = candidates
-    ends = (tok[:, :K].eq(eos) & top[:, :K].isfinite()).nonzero().tolist()
-    if not ends:
-        return
-    top_list, beam_list = top.tolist(), beam.tolist()
-    for g, j in ends:
-        s = sent_list[g]
-        if len(finished[s]) >= K:
-            continue
-        tokens = history[g * W + beam_list[g][j]].tolist() + [eos]
-        logprob = top_list[g][j]
-        finished[s].append(Hypothesis(tokens, logprob / _penalty(len(tokens), alpha), logprob, True))
 
 
 def generate(model, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: int = 128, **kwargs) -> torch.Tensor:

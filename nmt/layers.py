@@ -1,6 +1,7 @@
-"""The Transformer's parts (batch first): masks from ids, sinusoidal positions, packing of real tokens,
-attention, feed-forward and the encoder and decoder layers that nmt.model stacks.
-Shapes: B batch, S source, T target, D model, H heads, Dh head width, N real (unpadded) tokens.
+"""The Transformer's parts (batch first, padded tensors): masks from ids, sinusoidal positions, attention,
+feed-forward and the encoder and decoder layers that nmt.model stacks. Plain PyTorch: the CPU fast paths of
+nmt.kernels swap modules in from outside and appear in no signature here.
+Shapes: B batch, S source, T target, D model, H heads, Dh head width.
 """
 
 from __future__ import annotations
@@ -18,15 +19,10 @@ if TYPE_CHECKING:  # annotations only: nmt.model builds on these layers
     from nmt.model import SelfKV
 
 
-def key_attend(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor | None:
-    """(B, 1, 1, S) bool, True where attention to that key is allowed; None when nothing is padding.
-
-    The one place where padding becomes an attention mask.
-    """
-    src_is_pad = src_ids.eq(pad_id)  # (B, S)
-    if not torch.compiler.is_compiling() and not bool(src_is_pad.any()):
-        return None  # no mask lets SDPA use its fastest kernel (a compiled graph keeps the mask: no break)
-    return ~src_is_pad[:, None, None, :]
+def key_attend(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, 1, 1, S) bool, True where attention to that key is allowed: the one place where padding becomes an
+    attention mask. Always a mask, never a look at the ids from the host (that would stall a GPU each batch)."""
+    return src_ids.ne(pad_id)[:, None, None, :]
 
 
 def causal_attend(new: int, past: int, device: torch.device) -> torch.Tensor:
@@ -56,45 +52,12 @@ def sinusoids(length: int, dim: int, layout: str = "interleaved") -> torch.Tenso
     return table
 
 
-class Packing:
-    """The real (non-pad) positions of a right-padded (B, L) id batch, N of them.
-
-    Position-wise work (norms, projections, feed-forward, dropout, the output projection) runs on the N real
-    tokens only, packed as (N, ...); attention unpacks to (B, L, ...), zeros at padding. Padding costs no
-    matmul then, which on a CPU is nearly all the time. Without padding both are views.
-    """
-
-    def __init__(self, ids: torch.Tensor, pad_id: int, first_real: bool = False):
-        self.B, self.L = ids.shape
-        self.real = ids.ne(pad_id)  # (B, L)
-        if first_real:  # a decoder start that is the pad id (Marian's) is a real position
-            self.real[:, :1] = True
-        real = self.real.flatten()  # (B*L,)
-        # compiled graphs keep the padding: a data-dependent N would break them
-        unpacked = torch.compiler.is_compiling() or bool(real.all())
-        self.index = None if unpacked else real.nonzero().squeeze(1)  # (N,) rows of the flattened batch
-
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, L, ...) -> (N, ...)."""
-        x = x.flatten(0, 1)
-        return x if self.index is None else x.index_select(0, self.index)
-
-    def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, ...) -> (B, L, ...), zeros at padding."""
-        if self.index is not None:
-            x = x.new_zeros(self.B * self.L, *x.shape[1:]).index_copy(0, self.index, x)
-        return x.unflatten(0, (self.B, self.L))
-
-
 class Linear(nn.Linear):
-    """nn.Linear, optionally with bias slots held at zero (`zero_bias`, True there); through a packed oneDNN weight
-    where `nmt.kernels.use_cpu_kernels` gives it a `packed_linear` (CPU inference), else `F.linear`.
+    """nn.Linear, optionally with bias slots held at zero (`zero_bias`, True there).
 
     The layers call their projections as modules, never their weights directly, so a module that wraps one
     (a LoRA adapter, `nmt.adapters`, keeps it as its base layer and adds its low-rank term) takes part.
     """
-
-    packed_linear = None  # a nmt.kernels.PackedLinear once a model opts in (use_cpu_kernels)
 
     def __init__(self, d_in: int, d_out: int, zero_bias: torch.Tensor | None = None):
         super().__init__(d_in, d_out)
@@ -104,12 +67,8 @@ class Linear(nn.Linear):
         """The bias as the product uses it: zero in the `zero_bias` slots."""
         return self.bias if self.zero_bias is None else self.bias.masked_fill(self.zero_bias, 0.0)
 
-    def forward(self, x: torch.Tensor, relu: bool = False) -> torch.Tensor:
-        bias = self.effective_bias()
-        if self.packed_linear is not None:
-            return self.packed_linear(x, self.weight, bias, relu)
-        y = F.linear(x, self.weight, bias)
-        return F.relu(y) if relu else y
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.effective_bias())
 
 
 class Attention(nn.Module):
@@ -135,33 +94,28 @@ class Attention(nn.Module):
         B, L, D = x.shape
         return x.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, L, Dh)
 
-    def project_kv(self, memory: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention keys and values of the encoder output (B, S, D), or (N, D) packed by `packing`:
-        computed once per sentence."""
-        kv = self.kv(memory)
-        k, v = (kv if packing is None else packing.unpack(kv)).chunk(2, dim=-1)
+    def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values of the encoder output (B, S, D): computed once per sentence."""
+        k, v = self.kv(memory).chunk(2, dim=-1)
         return self.heads(k), self.heads(v)
 
     def forward(self, x: torch.Tensor, attend: torch.Tensor | None = None, causal: bool = False,
-                kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-                packing: Packing | None = None) -> tuple[torch.Tensor, tuple]:
-        """x (B, L, D), or (N, D) packed by `packing` -> the same shape, plus the (K, V) used, (B, H, L_kv, Dh) each.
+                kv: SelfKV | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D).
 
-        Self-attention appends to `kv` (the cache of earlier steps); cross-attention uses `kv` as is.
+        Self-attention appends its new keys and values to `kv` (a `SelfKV`, the cache of earlier steps) when
+        given; cross-attention uses `kv`, the memory's (K, V) (B', H, S, Dh) each, as is.
         """
-        unpack = (lambda t: t) if packing is None else packing.unpack
         if self.cross:
-            q, (k, v) = self.heads(unpack(self.q(x))), kv
+            q, (k, v) = self.heads(self.q(x)), kv
         else:
-            qkv = self.qkv(x)
-            q, k, v = map(self.heads, unpack(qkv).chunk(3, dim=-1))
+            q, k, v = map(self.heads, self.qkv(x).chunk(3, dim=-1))
             if kv is not None:
                 k, v = kv.extend(k, v)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         B, H, L, Dh = y.shape
-        y = y.transpose(1, 2).reshape(B, L, H * Dh)
-        return self.out(y if packing is None else packing.pack(y)), (k, v)
+        return self.out(y.transpose(1, 2).reshape(B, L, H * Dh))
 
 
 class FeedForward(nn.Module):
@@ -172,38 +126,36 @@ class FeedForward(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.act, nn.ReLU) and type(self.up) is Linear:  # fused where packed (not under an adapter)
-            h = self.up(x, relu=True)
-        else:
-            h = self.act(self.up(x))
-        return self.down(self.drop(h))
+        return self.down(self.drop(self.act(self.up(x))))
 
 
-class Sublayer(nn.Module):
-    """Residual wrapper: pre-norm x + f(LN(x)) or post-norm LN(x + f(x))."""
+class Residual(nn.Module):
+    """The residual around a sublayer: pre-norm x + f(LN(x)), or post-norm LN(x + f(x))."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm, self.drop, self.pre_norm = nn.LayerNorm(cfg.d_model), nn.Dropout(cfg.dropout), cfg.pre_norm
 
-    def forward(self, x: torch.Tensor, fn) -> tuple[torch.Tensor, object]:
-        y = fn(self.norm(x) if self.pre_norm else x)
-        y, extra = y if isinstance(y, tuple) else (y, None)
+    def inner(self, x: torch.Tensor) -> torch.Tensor:
+        """What the sublayer sees: the normed x (pre-norm) or x itself."""
+        return self.norm(x) if self.pre_norm else x
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x plus the sublayer's output y (dropped out), normed after (post-norm)."""
         x = x + self.drop(y)
-        return (x if self.pre_norm else self.norm(x)), extra
+        return x if self.pre_norm else self.norm(x)
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attn, self.ff = Attention(cfg, cross=False), FeedForward(cfg)
-        self.sub_attn, self.sub_ff = Sublayer(cfg), Sublayer(cfg)
+        self.sub_attn, self.sub_ff = Residual(cfg), Residual(cfg)
 
-    def forward(self, x: torch.Tensor, attend: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
-        """x (B, S, D), or (N, D) packed by `packing` -> the same shape."""
-        x, _ = self.sub_attn(x, lambda h: self.attn(h, attend=attend, packing=packing))
-        x, _ = self.sub_ff(x, self.ff)
-        return x
+    def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        """x (B, S, D), attend (B, 1, 1, S) -> (B, S, D)."""
+        x = self.sub_attn.add(x, self.attn(self.sub_attn.inner(x), attend=attend))
+        return self.sub_ff.add(x, self.ff(self.sub_ff.inner(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -211,41 +163,36 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn, self.cross_attn = Attention(cfg, cross=False), Attention(cfg, cross=True)
         self.ff = FeedForward(cfg)
-        self.sub_self, self.sub_cross, self.sub_ff = Sublayer(cfg), Sublayer(cfg), Sublayer(cfg)
+        self.sub_self, self.sub_cross, self.sub_ff = Residual(cfg), Residual(cfg), Residual(cfg)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor | tuple, attend: torch.Tensor | None,
-                self_kv: SelfKV | None = None, packing: Packing | None = None,
-                memory_packing: Packing | None = None, group: int = 1) -> tuple[torch.Tensor, tuple]:
-        """x (B, T, D), or (N, D) packed by `packing`; memory: the encoder output (B, S, D) (or packed by
-        `memory_packing`), or its cross-attention (K, V) from a cache. With `group` > 1, memory and `attend`
-        hold one sentence per `group` consecutive rows of x (beams sharing a source), B / group of them.
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | tuple, attend: torch.Tensor,
+                self_kv: SelfKV | None = None, group: int = 1) -> torch.Tensor:
+        """x (B, T, D) -> (B, T, D). memory: the encoder output (B, S, D), or its cross-attention (K, V) from a
+        cache; attend (B, 1, 1, S) its padding. `self_kv`: the cache of earlier steps (x holds only the new
+        positions then). With `group` > 1, memory and `attend` hold one sentence per `group` consecutive rows of x
+        (beams sharing a source), B / group of them.
 
         Projecting the memory here, inside forward, matters under FSDP: a wrapped layer's weights are
         gathered only while its forward runs.
         """
-        cross_kv = self.cross_kv(memory, memory_packing) if isinstance(memory, torch.Tensor) else memory
-        # causality is a property of the decoder: full-prefix runs use is_causal; a cached call with
-        # several new positions needs a mask aligned to the end (is_causal aligns to the start). Right
-        # padding needs no target mask: real positions only ever look left, at real tokens.
-        past, new = (0 if self_kv is None else self_kv.length), (x.shape[1] if packing is None else packing.L)
-        causal = past == 0 and new > 1
+        cross_kv = self.cross_kv(memory) if isinstance(memory, torch.Tensor) else memory
+        # causality is a property of the decoder: full-prefix runs use is_causal; a cached call with several new
+        # positions needs a mask aligned to the end (is_causal aligns to the start). Right padding needs no
+        # target mask: real positions only ever look left, at real tokens.
+        past, new = (0 if self_kv is None else self_kv.length), x.shape[1]
         self_attend = causal_attend(new, past, x.device) if past and new > 1 else None
-        x, new_kv = self.sub_self(x, lambda h: self.self_attn(h, attend=self_attend, causal=causal, kv=self_kv,
-                                                              packing=packing))
-        x, _ = self.sub_cross(x, lambda h: self.attend_memory(h, cross_kv, attend, packing, group))
-        x, _ = self.sub_ff(x, self.ff)
-        return x, new_kv
+        h = self.self_attn(self.sub_self.inner(x), attend=self_attend, causal=past == 0, kv=self_kv)
+        x = self.sub_self.add(x, h)
+        x = self.sub_cross.add(x, self.attend_memory(self.sub_cross.inner(x), cross_kv, attend, group))
+        return self.sub_ff.add(x, self.ff(self.sub_ff.inner(x)))
 
-    def attend_memory(self, h: torch.Tensor, cross_kv: tuple, attend: torch.Tensor | None, packing: Packing | None,
-                      group: int) -> torch.Tensor:
+    def attend_memory(self, h: torch.Tensor, cross_kv: tuple, attend: torch.Tensor, group: int) -> torch.Tensor:
         """Cross-attention; a sentence's `group` rows (B, T, D) are attended as one row of group * T queries."""
         if group == 1:
-            return self.cross_attn(h, attend=attend, kv=cross_kv, packing=packing)[0]
+            return self.cross_attn(h, attend=attend, kv=cross_kv)
         B, T, D = h.shape
-        y, _ = self.cross_attn(h.reshape(B // group, group * T, D), attend=attend, kv=cross_kv)
-        return y.view(B, T, D)
+        return self.cross_attn(h.reshape(B // group, group * T, D), attend=attend, kv=cross_kv).view(B, T, D)
 
-    def cross_kv(self, memory: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention (K, V) of the encoder output (B, S, D), or (N, D) packed by `packing`, for this
-        layer (a cache's start)."""
-        return self.cross_attn.project_kv(memory, packing)
+    def cross_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention (K, V) of the encoder output (B, S, D) for this layer (a cache's start)."""
+        return self.cross_attn.project_kv(memory)

@@ -24,15 +24,13 @@ from nmt.batching import special_id
 from nmt.checkpoint import ADAPTER_CONFIG, CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
 from nmt.config import ModelConfig, to_dict
 from nmt.errors import NmtError
-from nmt.layers import DecoderLayer, EncoderLayer, Packing, key_attend, sinusoids
+from nmt.layers import DecoderLayer, EncoderLayer, key_attend, sinusoids
 
 # --- The model -------------------------------------------------------------------------------------------------------
 
 
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer taking only batch-leading LongTensors of token ids."""
-
-    packed_linear = None  # the output projection's nmt.kernels.PackedLinear once the model opts in (use_cpu_kernels)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -77,16 +75,11 @@ class Seq2SeqTransformer(nn.Module):
         return self.drop(x)
 
     def encode(self, src_ids: torch.Tensor) -> torch.Tensor:
-        """src_ids (B, S) -> memory (B, S, D), zeros at padding."""
-        src = Packing(src_ids, self.cfg.pad_id)
-        return src.unpack(self.encode_packed(src_ids, src))
-
-    def encode_packed(self, src_ids: torch.Tensor, src: Packing) -> torch.Tensor:
-        """src_ids (B, S) -> memory (N, D) of the real source tokens only (`src` says where they are)."""
+        """src_ids (B, S) -> memory (B, S, D)."""
         attend = key_attend(src_ids, self.cfg.pad_id)
-        x = src.pack(self.embed(src_ids, self.src_embed))  # (N, D)
+        x = self.embed(src_ids, self.src_embed)
         for layer in self.encoder:
-            x = layer(x, attend, src)
+            x = layer(x, attend)
         return self.enc_norm(x)
 
     def start_cache(self, memory: torch.Tensor, src_ids: torch.Tensor) -> DecoderCache:
@@ -94,65 +87,35 @@ class Seq2SeqTransformer(nn.Module):
         cross = [layer.cross_kv(memory) for layer in self.decoder]
         return DecoderCache(cross, key_attend(src_ids, self.cfg.pad_id))
 
-    def decode(self, tgt_in_ids: torch.Tensor, memory: torch.Tensor, src_ids: torch.Tensor,
-               cache: DecoderCache | None = None) -> torch.Tensor:
-        """Target prefix (B, T) -> logits (B, T, V).
-
-        Without a cache, the whole prefix is run causally. With one (from `start_cache`),
-        `tgt_in_ids` holds only the new positions; the cache grows by them.
-        """
-        return self.project(self.decode_hidden(tgt_in_ids, memory, src_ids, cache))
-
     def decode_hidden(self, tgt_in_ids: torch.Tensor, memory: torch.Tensor, src_ids: torch.Tensor,
                       cache: DecoderCache | None = None) -> torch.Tensor:
-        """Like `decode`, but stops before the output projection: (B, T, D)."""
+        """Target prefix (B, T) -> the decoder's hidden states (B, T, D): the one decoder path.
+
+        Without a cache, the whole prefix is run causally (training, forced decoding). With one (from
+        `start_cache`), `tgt_in_ids` holds only the new positions; the cache grows by them.
+        """
         if cache is None:
-            return self.run_decoder(tgt_in_ids, None, memory, None, src_ids)
-        x = self.embed(tgt_in_ids, self.tgt_embed, cache.length)
+            cross, self_kv, group, offset = [memory] * len(self.decoder), None, 1, 0
+            attend = key_attend(src_ids, self.cfg.pad_id)
+        else:
+            cross, attend, self_kv, group, offset = cache.cross_kv, cache.attend, cache.self_kv, cache.group, cache.length
+        x = self.embed(tgt_in_ids, self.tgt_embed, offset)
         for i, layer in enumerate(self.decoder):
-            x, _ = layer(x, cache.cross_kv[i], cache.attend, cache.self_kv[i], group=cache.group)
+            x = layer(x, cross[i], attend, None if self_kv is None else self_kv[i], group)
         return self.dec_norm(x)
 
-    def run_decoder(self, tgt_in_ids: torch.Tensor, tgt: Packing | None, memory: torch.Tensor, src: Packing | None,
-                    src_ids: torch.Tensor) -> torch.Tensor:
-        """The whole target prefix (B, T) run causally -> hidden states (B, T, D), or (N_tgt, D) of the real
-        tokens only when packed by `tgt`. `memory` is (B, S, D), or (N_src, D) packed by `src`."""
-        attend = key_attend(src_ids, self.cfg.pad_id)
-        x = self.embed(tgt_in_ids, self.tgt_embed)  # (B, T, D)
-        x = x if tgt is None else tgt.pack(x)  # (N_tgt, D)
-        for layer in self.decoder:
-            x, _ = layer(x, memory, attend, packing=tgt, memory_packing=src)
-        return self.dec_norm(x)
+    def decode(self, tgt_in_ids: torch.Tensor, memory: torch.Tensor, src_ids: torch.Tensor,
+               cache: DecoderCache | None = None) -> torch.Tensor:
+        """Target prefix (B, T) -> logits (B, T, V) (see `decode_hidden`)."""
+        return self.project(self.decode_hidden(tgt_in_ids, memory, src_ids, cache))
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., V) through the output projection tied to the target embedding."""
-        bias = getattr(self, "final_logits_bias", None)
-        if self.packed_linear is not None:  # nmt.kernels.use_cpu_kernels: CPU inference through a packed weight
-            return self.packed_linear(hidden, self.tgt_embed.weight, bias)
-        return F.linear(hidden, self.tgt_embed.weight, bias)
+        return F.linear(hidden, self.tgt_embed.weight, getattr(self, "final_logits_bias", None))
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) at every position, as cached decoding computes them."""
-        src = Packing(src_ids, self.cfg.pad_id)
-        memory = self.encode_packed(src_ids, src)  # (N_src, D)
-        return self.project(self.run_decoder(tgt_in_ids, None, memory, src, src_ids))  # (B, T, V)
-
-    def packed_loss(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor,
-                    label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """What `label_smoothed_nll` returns of the logits, (smoothed loss sum, nll sum, number of real
-        tokens), but only the real (non-pad) positions are projected to the vocabulary: no (B, T, V) tensor.
-
-        `Seq2SeqLoss` calls it inside its forward, so DDP/FSDP see one forward per micro-batch.
-        """
-        src = Packing(src_ids, self.cfg.pad_id)
-        memory = self.encode_packed(src_ids, src)  # (N_src, D)
-        tgt = Packing(tgt_in_ids, self.cfg.pad_id, first_real=self.cfg.bos_id == self.cfg.pad_id)
-        hidden = self.run_decoder(tgt_in_ids, tgt, memory, src, src_ids)  # (N_tgt, D)
-        real = labels.ne(self.cfg.pad_id)  # (B, T): the collator's labels are real where tgt_in_ids are
-        if not torch.equal(real, tgt.real):
-            hidden = tgt.unpack(hidden)[real]
-        loss, nll = smoothed_cross_entropy(self.project(hidden), labels[real], label_smoothing)  # (N,) each
-        return loss.sum(), nll.sum().detach(), int(real.sum())
+        return self.decode(tgt_in_ids, self.encode(src_ids), src_ids)
 
     @torch.no_grad()
     def generate(self, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: int = 128, **kwargs) -> torch.Tensor:
@@ -374,68 +337,37 @@ class DecoderCache:
 
 
 # --- Label-smoothed cross-entropy ------------------------------------------------------------------------------------
-# Label-smoothed cross-entropy summed over real (non-pad) target tokens.
-#
-# Sums, not means: the training loop divides by the number of target tokens in the whole optimizer
-# step (all processes, all micro-batches), so the gradient does not depend on how a step is split.
-
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Per-row label-smoothed cross-entropy with a hand-written backward.
-
-    Autograd through log_softmax, gather and mean would keep or build four (N, V) tensors (log-probs,
-    the gather's scattered gradient, the mean's expanded one and their sum); here the log-probs are the only
-    one, and the backward turns them into the gradient in place: softmax - (1 - eps) onehot - eps / V.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, smoothing: float):
-        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V), fp32 also under autocast
-        nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
-        loss = (1.0 - smoothing) * nll - smoothing * lprobs.mean(-1) if smoothing > 0 else nll.clone()
-        ctx.save_for_backward(lprobs, target)
-        ctx.smoothing, ctx.dtype = smoothing, logits.dtype
-        ctx.mark_non_differentiable(nll)
-        return loss, nll
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, _grad_nll):
-        lprobs, target = ctx.saved_tensors  # a second backward fails the version check instead of going wrong
-        eps, g = ctx.smoothing, grad_loss[:, None]  # (N, 1)
-        grad = lprobs.exp_().mul_(g)  # softmax * g, in the log-probs' buffer
-        if eps > 0:
-            grad.sub_(g * (eps / grad.shape[1]))
-        grad.scatter_add_(1, target[:, None], g * -(1.0 - eps))
-        return grad.to(ctx.dtype), None, None
-
-
-def smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
-                           smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (N, V), target (N,) -> (smoothed loss (N,), nll (N,)), both fp32; the nll carries no gradient.
-
-    loss = (1 - eps) * nll + eps * mean over the vocabulary of -log p (the smoothing mass spread uniformly).
-    """
-    return _SmoothedCrossEntropy.apply(logits, target, float(smoothing))
+# Sums, not means: the training loop divides by the number of target tokens in the whole optimizer step (all
+# processes, all micro-batches), so the gradient does not depend on how a step is split. The token count stays a
+# tensor: reading it on the host would make a GPU wait for the batch.
 
 
 def label_smoothed_nll(logits: torch.Tensor, labels: torch.Tensor, pad_id: int,
-                       smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """logits (B, T, V), labels (B, T) -> (smoothed loss sum, nll sum, number of real tokens).
+                       smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits (B, T, V), labels (B, T) -> (smoothed loss sum, nll sum, number of real tokens), scalars in fp32.
 
-    Only positions whose label is not `pad_id` are scored, so padding costs no softmax. nmt's own model
-    does better: `model.packed_loss(src_ids, tgt_in_ids, labels)` projects only the real positions to the vocabulary.
+    Positions whose label is `pad_id` are not scored. The loss is `F.cross_entropy(logits, labels, ignore_index=
+    pad_id, label_smoothing=smoothing, reduction="sum")`, computed as F.cross_entropy computes it (log-softmax, then
+    the nll and the smoothing term), so that the unsmoothed nll (detached; perplexity reports it) needs no second
+    pass over the (B, T, V) log-probabilities.
     """
-    real = labels.ne(pad_id)  # (B, T)
-    loss, nll = smoothed_cross_entropy(logits[real], labels[real], smoothing)
-    return loss.sum(), nll.sum().detach(), int(real.sum())
+    lprobs = F.log_softmax(logits.flatten(0, 1).float(), dim=-1)  # (B*T, V), fp32 also under autocast
+    labels = labels.flatten()
+    real = labels.ne(pad_id)
+    nll = F.nll_loss(lprobs, labels, ignore_index=pad_id, reduction="sum")
+    loss = nll
+    if smoothing:
+        uniform = -(lprobs.sum(-1) * real).sum() / lprobs.shape[-1]  # -log p averaged over the vocabulary
+        loss = (1.0 - smoothing) * nll + smoothing * uniform
+    return loss, nll.detach(), real.sum()
 
 
 # --- The training objective ------------------------------------------------------------------------------------------
 # The training objective: a module wrapping any model, returning summed label-smoothed loss sums.
 #
 # `Seq2SeqLoss` is what `Accelerator.prepare` receives for training, so DDP/FSDP wrap one forward that
-# scores a micro-batch: the model's own `packed_loss` when it has one (no (B, T, V) logits), else its logits
-# through `label_smoothed_nll`. Its state dict is the plain model's (no `model.` prefix), so
-# checkpoints and model directories keep the layout of a bare model.
+# scores a micro-batch: the model's logits through `label_smoothed_nll`. Its state dict is the plain model's
+# (no `model.` prefix), so checkpoints and model directories keep the layout of a bare model.
 
 _INNER = re.compile(r"(^|\.)model\.")
 
@@ -445,7 +377,7 @@ class LossSums(NamedTuple):
 
     loss: torch.Tensor  # label-smoothed loss sum, scalar, carries the gradient
     nll: torch.Tensor  # negative log-likelihood sum, scalar, detached
-    tokens: int  # real target tokens scored
+    tokens: torch.Tensor  # real target tokens scored, a scalar tensor (read on the host only when logged)
 
 
 class Seq2SeqLoss(nn.Module):
@@ -453,7 +385,7 @@ class Seq2SeqLoss(nn.Module):
     `model(src_ids, tgt_in_ids) -> logits (B, T, V)`.
 
     Args:
-        model: the model; its `packed_loss(src_ids, tgt_in_ids, labels, label_smoothing)` is used when present.
+        model: the model.
         label_smoothing: epsilon of the smoothed loss (the nll is always unsmoothed).
         flat_state_dict: state dicts without the `model.` prefix (off under FSDP, whose sharded checkpoints
             name parameters by their path from the wrapped root).
@@ -470,9 +402,6 @@ class Seq2SeqLoss(nn.Module):
             self.register_load_state_dict_post_hook(_report_without_prefix)
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor) -> LossSums:
-        packed = getattr(self.model, "packed_loss", None)
-        if packed is not None:
-            return LossSums(*packed(src_ids, tgt_in_ids, labels, self.label_smoothing))
         logits = self.model(src_ids, tgt_in_ids)  # (B, T, V)
         return LossSums(*label_smoothed_nll(logits, labels, self.pad_id, self.label_smoothing))
 

@@ -150,3 +150,34 @@ def marian_directory(d, pairs, vocab_size: int = 80, d_model: int = 32):
     tok.save_pretrained(d)
     marian_model(vocab=len(vocab), d_model=d_model, activation_function="swish", scale_embedding=True).save_pretrained(d)
     return d
+
+
+class HostSyncs(torch.overrides.TorchFunctionMode):
+    """Counts the calls that make the host wait for the device (on a GPU each stalls until its queue drains), seen
+    on any device: reading a value (`bool`, `int`, `float`, `item`, `tolist`, `numpy`; a copy to the host from a
+    device), data-dependent shapes
+    (`nonzero`, `masked_select`, `unique`, boolean-mask indexing) and `torch.equal`. `calls` names each one."""
+
+    READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy", "nonzero",
+             "masked_select", "unique", "equal", "argwhere"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        if name in self.READS:
+            self.calls.append(name)
+        elif name in ("__getitem__", "__setitem__") and _has_bool_index(args[1]):
+            self.calls.append(f"{name}[bool]")
+        elif name in ("cpu", "to") and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu" and (
+                name == "cpu" or any(str(a) == "cpu" for a in [*args[1:], kwargs.get("device")])):
+            self.calls.append("to(cpu)")  # a copy to the host (on a CPU there is none)
+        return func(*args, **kwargs)
+
+
+def _has_bool_index(index) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)

@@ -37,7 +37,7 @@ def test_weights_are_the_ones_the_model_attends_with(pre_norm):
     for layer in (0, -1):
         block = model.decoder[layer]
         outputs: list[torch.Tensor] = []
-        handle = block.cross_attn.register_forward_hook(lambda m, args, out, seen=outputs: seen.append(out[0]))
+        handle = block.cross_attn.register_forward_hook(lambda m, args, out, seen=outputs: seen.append(out))
         with torch.no_grad():
             model(src_ids, torch.tensor([[2, *tgt[:-1]]]))
             per_head = cross_attention(model, src_ids, tgt, layer=layer, average=False)  # (H, T, S)

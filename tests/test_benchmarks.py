@@ -191,3 +191,14 @@ def test_memory_samples_a_users_run(corpus_dir, tmp_path):
     assert "--max_minutes 0.3 --output_dir" in out and "--max_steps 40" in out  # the user's command, then the extras
     fp32 = next(line.split() for line in out.splitlines()[::-1] if line.startswith("fp32"))
     assert int(fp32[1].replace(",", "")) > 0 and float(fp32[5]) > 0, out  # steps sampled, RSS read at the end
+
+
+def test_gpu_script_runs_on_a_cpu():
+    """benchmarks/gpu.py, the GPU check, runs on a CPU at small sizes: training figures with host syncs per step,
+    and nmt's beam 4 (against CTranslate2 where installed)."""
+    out = run("gpu.py", "--steps", "2", "--sentences", "16", "--no-compile")
+    train = next(line for line in out.splitlines() if line.startswith("train compile=off: "))
+    assert "target tok/s" in train and "of the GEMM ceiling" in train
+    # on a CPU the packed objective reads the labels' mask (twice); the step's figures are read once
+    assert "host syncs per step 3 ['__getitem__[bool]', '__getitem__[bool]', 'tolist']" in train
+    assert re.search(r"decode nmt beam4: [\d,]+ tok/s; host syncs per step", out)

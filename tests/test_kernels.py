@@ -96,7 +96,7 @@ def test_importing_hooks_nothing_and_a_plain_model_is_plain_pytorch():
     model = tiny_model(dropout=0.1).train()
     drops = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
     assert drops and all(type(m) is torch.nn.Dropout for m in drops)
-    assert all(m.packed_linear is None for m in model.modules() if hasattr(m, "packed_linear"))
+    assert not kernels.uses_packed_linears(model) and "project" not in vars(model)
     y = drops[0](torch.ones(100_000))
     kept = y[y.ne(0)]
     torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.9))
@@ -106,6 +106,7 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     """Translator.from_pretrained opts its model into packed linears (and translates as the plain model does);
     the model a CPU training run builds gets the fast dropout and no packed linears, an opted-out one neither."""
     from nmt.config import ModelConfig, TrainConfig
+    from nmt.layers import Linear
     from nmt.tokenizer import PairTokenizer
     from nmt.training.loop import default_device
     from nmt.training.run import build_model
@@ -113,10 +114,11 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
 
     directory = model_dir(tmp_path / "m")
     translator = Translator.from_pretrained(directory)
-    slots = [m for m in translator.model.modules() if hasattr(m, "packed_linear")]
-    assert len(slots) > 2 and all(isinstance(m.packed_linear, kernels.PackedLinear) for m in slots)
+    slots = [m for m in translator.model.modules() if isinstance(m, Linear)]
+    assert len(slots) > 2 and all(type(m) is kernels.PackedLayerLinear for m in slots)
+    assert isinstance(translator.model.project, kernels.PackedProjection)
     plain = Translator(kernels.use_cpu_kernels(Translator.from_pretrained(directory).model), translator.tokenizer)
-    assert all(m.packed_linear is None for m in plain.model.modules() if hasattr(m, "packed_linear"))
+    assert not kernels.uses_packed_linears(plain.model) and "project" not in vars(plain.model)
     assert translator.translate(["a b c"]) == plain.translate(["a b c"])
 
     tok = PairTokenizer.load(directory)
@@ -125,6 +127,37 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     model = build_model(cfg, tok, None)
     fast = [m for m in model.modules() if type(m) is kernels.FastDropout]
     assert bool(fast) == (default_device().type == "cpu")
-    assert not any(m.packed_linear for m in model.modules() if hasattr(m, "packed_linear"))
+    assert not kernels.uses_packed_linears(model)
     kernels.use_cpu_kernels(model)  # off again
     assert not any(type(m) is kernels.FastDropout for m in model.modules())
+
+
+def loss_batch(seed: int, B: int = 5, T: int = 7, V: int = 11) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits (B,T,V), labels (B,T)) with rows of 1..T real labels then padding (id 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, T, V, generator=gen) * 3
+    labels = torch.randint(1, V, (B, T), generator=gen)
+    lengths = torch.randint(1, T + 1, (B,), generator=gen)
+    labels[torch.arange(T)[None, :] >= lengths[:, None]] = 0
+    return logits, labels
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_hand_written_gradient_equals_autograd(smoothing):
+    """The loss's own backward (softmax - (1 - eps) onehot - eps / V, scaled per row) against autograd
+    through log_softmax in float64, with a different upstream gradient on every row."""
+    logits, labels = loss_batch(6)
+    real = labels.ne(0)
+    x = logits[real].double().requires_grad_(True)
+    y = logits[real].clone().requires_grad_(True)
+    lp = torch.log_softmax(x, -1)
+    nll = -lp.gather(1, labels[real][:, None]).squeeze(1)
+    weights = torch.rand(len(nll), dtype=torch.float64)
+    (((1 - smoothing) * nll - smoothing * lp.mean(-1)) * weights).sum().backward()
+    loss, got_nll = kernels.smoothed_cross_entropy(y, labels[real], smoothing)
+    (loss * weights.float()).sum().backward()
+    torch.testing.assert_close(y.grad, x.grad.float(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_nll, nll.detach().float(), atol=1e-5, rtol=1e-6)
+    assert not got_nll.requires_grad
+
+

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.batching import Collator
-from nmt.model import CONFIG_FILE, WEIGHTS_FILE, Seq2SeqTransformer
+from nmt.model import CONFIG_FILE, WEIGHTS_FILE, Seq2SeqLoss, Seq2SeqTransformer
 
 V = 24
 PROPERTY = settings(max_examples=30, deadline=None)
@@ -289,7 +289,6 @@ def test_batch_leading_contract():
     from every other dim (S=5, T=7, D=16, V=24, H=2), so a tensor laid out any other way would show."""
     B, S, T = 3, 5, 7
     assert tensor_params(Seq2SeqTransformer.forward) == ["src_ids", "tgt_in_ids"]
-    assert tensor_params(Seq2SeqTransformer.packed_loss) == ["src_ids", "tgt_in_ids", "labels"]
     assert tensor_params(Seq2SeqTransformer.encode) == ["src_ids"]
     assert tensor_params(Seq2SeqTransformer.decode) == ["tgt_in_ids", "memory", "src_ids"]
     gen = torch.Generator().manual_seed(0)
@@ -301,7 +300,7 @@ def test_batch_leading_contract():
     model = tiny_model(seed=0, vocab=V)
     with torch.no_grad():
         assert model(batch["src_ids"], batch["tgt_in_ids"]).shape == (B, T, V)
-        n_real = model.packed_loss(batch["src_ids"], batch["tgt_in_ids"], batch["labels"])[2]
+        n_real = Seq2SeqLoss(model)(batch["src_ids"], batch["tgt_in_ids"], batch["labels"]).tokens
         assert n_real == int(batch["labels"].ne(PAD).sum())
         memory = model.encode(batch["src_ids"])
         assert memory.shape == (B, S, 16)
@@ -316,9 +315,10 @@ def test_batch_leading_contract():
 @settings(max_examples=20, deadline=None)
 @given(model=models(), batch=batches(), smoothing=st.sampled_from([0.0, 0.1]), shorter_labels=st.booleans())
 def test_loss_from_labels_equals_the_loss_of_the_logits(model, batch, smoothing, shorter_labels):
-    """packed_loss(src_ids, tgt_in_ids, labels) runs position-wise layers and the output projection on real tokens only; its
-    loss, nll, count and every parameter's gradient equal those of label_smoothed_nll over the full (B, T, V)
-    logits. Also when labels are padding where tgt_in_ids are not (`shorter_labels`)."""
+    """The CPU's packed objective (nmt.kernels.PackedLoss: only real positions projected and scored) gives the
+    loss, nll, count and every parameter's gradient of label_smoothed_nll over the full (B, T, V) logits. Also when
+    labels are padding where tgt_in_ids are not (`shorter_labels`)."""
+    from nmt.kernels import use_cpu_kernels
     from nmt.model import label_smoothed_nll
 
     src_ids, tgt_in_ids = batch
@@ -333,7 +333,7 @@ def test_loss_from_labels_equals_the_loss_of_the_logits(model, batch, smoothing,
         model.load_state_dict(state)
         model.zero_grad(set_to_none=True)
         if path == "labels":
-            loss, nll, n = model.packed_loss(src_ids, tgt_in_ids, labels, smoothing)
+            loss, nll, n = use_cpu_kernels(Seq2SeqLoss(model, smoothing), packed_loss=True)(src_ids, tgt_in_ids, labels)
         else:
             loss, nll, n = label_smoothed_nll(model(src_ids, tgt_in_ids), labels, PAD, smoothing)
         if n:
@@ -358,3 +358,66 @@ def test_model_without_sizes_is_named():
     with pytest.raises(NmtError, match=r"model.d_model, .*model.dropout not set.*size preset"):
         Seq2SeqTransformer(ModelConfig(src_vocab_size=10, tgt_vocab_size=10))
     assert Seq2SeqTransformer(ModelConfig(src_vocab_size=10, tgt_vocab_size=10, size="tiny")).cfg.d_model == 32
+
+
+def test_a_training_micro_step_and_a_cached_decode_step_never_wait_for_the_device():
+    """Forward + backward of the objective on a padded batch, and one cached decoder step, read nothing from the
+    device (on a GPU each read stalls the host until the device's queue drains): the masks come from the ids on
+    the device, and the token count stays a tensor."""
+    from helpers import HostSyncs
+
+    gen = torch.Generator().manual_seed(0)
+    model = tiny_model(seed=0, vocab=V, layers=2, dropout=0.1).train()
+    src_ids, tgt_in_ids = src_batch(gen, [5, 3, 7], V), tgt_in_batch(gen, [4, 6, 2], V)
+    labels = torch.cat([tgt_in_ids[:, 1:], torch.zeros_like(tgt_in_ids[:, :1])], 1)
+    with HostSyncs() as syncs:
+        sums = Seq2SeqLoss(model, 0.1)(src_ids, tgt_in_ids, labels)
+        sums.loss.backward()
+    assert syncs.calls == [] and isinstance(sums.tokens, torch.Tensor)
+    model.eval()
+    with torch.no_grad():
+        memory = model.encode(src_ids)
+        cache = model.start_cache(memory, src_ids)
+        model.decode(tgt_in_ids[:, :1], memory, src_ids, cache=cache)
+        with HostSyncs() as syncs:
+            model.decode(tgt_in_ids[:, 1:2], memory, src_ids, cache=cache)
+    assert syncs.calls == []
+
+
+@pytest.mark.slow
+def test_compile_true_compiles_the_objective_whole_with_few_graphs_and_matches_eager():
+    """`compile: true` (training's make_objective) compiles Seq2SeqLoss with fullgraph=True: over 20 steps of six
+    bucketed batch shapes it builds at most two graphs (the first shape, then one with dynamic sizes) and its losses
+    are the eager ones within 1e-4."""
+    from torch._dynamo.utils import counters
+
+    from nmt.config import TrainConfig
+    from nmt.training.run import make_objective
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(8, 5, 6), (6, 9, 8), (4, 13, 12), (3, 17, 19), (8, 6, 5), (5, 11, 10)]
+    batches = []
+    for B, S, T in shapes:
+        src = src_batch(gen, torch.randint(2, S + 1, (B,), generator=gen).tolist(), V, width=S)
+        tgt = tgt_in_batch(gen, torch.randint(2, T + 1, (B,), generator=gen).tolist(), V, width=T)
+        batches.append((src, tgt, torch.cat([tgt[:, 1:], torch.zeros_like(tgt[:, :1])], 1)))
+
+    def losses(compiled: bool) -> list[float]:
+        model = tiny_model(seed=0, vocab=V, layers=2).train()
+        objective = make_objective(model, TrainConfig(compile=compiled), torch.device("cpu"))
+        assert type(objective) is Seq2SeqLoss or not compiled  # eager on a CPU: nmt.kernels.PackedLoss
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        out = []
+        for i in range(20):
+            sums = objective(*batches[i % len(batches)])
+            (sums.loss / sums.tokens).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            out.append(float(sums.loss.detach() / sums.tokens))
+        return out
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = losses(False), losses(True)
+    assert 1 <= counters["stats"]["unique_graphs"] <= 2
+    assert max(abs(a - b) for a, b in zip(eager, compiled)) < 1e-4

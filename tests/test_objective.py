@@ -1,18 +1,20 @@
-"""Seq2SeqLoss: one objective for nmt's model (packed path) and any model (logits path), with the plain
-model's state dict layout."""
+"""Seq2SeqLoss: one objective for any model following the contract (logits through the label-smoothed
+cross-entropy), with the plain model's state dict layout; its CPU variant (nmt.kernels.PackedLoss) gives the same
+sums."""
 
 import pytest
 import torch
 from helpers import PAD, tiny_model
 from safetensors.torch import load_model, save_model
 
+from nmt.kernels import PackedLoss, use_cpu_kernels
 from nmt.model import LossSums, Seq2SeqLoss, label_smoothed_nll, unwrap_objective
 
 V = 24
 
 
 class LogitsOnly(torch.nn.Module):
-    """nmt's model seen through the generic contract only: forward -> logits, no packed_loss."""
+    """nmt's model seen through the generic contract only: forward -> logits, nothing else."""
 
     def __init__(self, model):
         super().__init__()
@@ -30,9 +32,11 @@ def batch():
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_packed_and_logits_paths_give_the_same_sums(smoothing):
+def test_the_packed_cpu_objective_and_any_models_give_the_same_sums(smoothing):
     model = tiny_model(seed=0, vocab=V, dropout=0.0)
-    packed = Seq2SeqLoss(model, smoothing)(*batch())
+    objective = use_cpu_kernels(Seq2SeqLoss(model, smoothing), packed_loss=True)
+    assert type(objective) is PackedLoss and type(use_cpu_kernels(LogitsOnly(model))) is LogitsOnly
+    packed = objective(*batch())
     plain = Seq2SeqLoss(LogitsOnly(model), smoothing)(*batch())
     src_ids, tgt_in_ids, labels = batch()
     reference = label_smoothed_nll(model(src_ids, tgt_in_ids), labels, PAD, smoothing)

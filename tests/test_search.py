@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import pytest
 import torch
 from helpers import BOS, EOS, PAD, chunks_at, one_thread, src_batch, tiny_model  # noqa: F401
 from hypothesis import given, settings
@@ -234,3 +235,22 @@ def test_search_encoded_stops_between_batches_when_asked():
     found = search_encoded(model, src, SearchConfig(beam_size=2, max_len_a=0, max_len_b=4), batch_tokens=8, stop=stop)
     assert len(found) < len(src) and len(asked) == 3
     assert len(search_encoded(model, src, SearchConfig(beam_size=2, max_len_a=0, max_len_b=4), batch_tokens=8)) == 4
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_search_reads_the_device_once_a_step(beam):
+    """Beam search and greedy read the device once per step (which rows go on), once for the length limit and at
+    the end only: the finished hypotheses stay on the device until then."""
+    from helpers import HostSyncs
+
+    model = tiny_model(seed=3, vocab=30, layers=2)
+    src_ids = src_batch(torch.Generator().manual_seed(3), [6, 2, 9, 4], 30)
+    cfg = SearchConfig(beam_size=beam, max_new_tokens=7, nbest=min(beam, 2))
+    with HostSyncs() as syncs:
+        found = beam_search(model, src_ids, cfg)
+    steps = max(len(h.tokens) for hyps in found for h in hyps)
+    per_step = syncs.calls.count("tolist")
+    assert len(found) == 4 and steps >= 2
+    assert set(syncs.calls) <= {"__int__", "tolist"} and syncs.calls.count("__int__") == 1
+    ends = 5 if beam > 1 else 3  # the finished hypotheses' parts (beam) or tokens, lengths, logprobs (greedy)
+    assert per_step - ends <= steps

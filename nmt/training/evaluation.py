@@ -46,7 +46,7 @@ def bleu_due(cfg, step: int) -> bool:
 
 
 def valid_loss(run: Run) -> dict | None:
-    """Summed nll of the validation set through the objective (its packed path), this process's share."""
+    """Summed nll of the validation set through the objective, this process's share."""
     accelerator, valid = run.accelerator, run.corpus.splits["valid"]
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, tokens, stopped
@@ -58,7 +58,7 @@ def valid_loss(run: Run) -> dict | None:
             break
         b = {k: v.to(device) for k, v in collate.columns(columns[batch.tolist()]).items()}
         _, nll, n = run.objective(b["src_ids"], b["tgt_in_ids"], b["labels"])
-        sums += torch.tensor([float(nll), n, 0], dtype=torch.float64, device=device)
+        sums[:2] += torch.stack([nll, n]).double()
     sums = accelerator.reduce(sums, "sum")
     if sums[2] > 0:
         return None

@@ -319,39 +319,44 @@ def train_step(accelerator, objective, optim: Optim, window: list[dict], stop: b
     the gradient equals the one-process, no-accumulation gradient of the same global batch.
     A step whose gradient is not finite makes no update (under fp16 the loss scaler skips it and
     lowers its scale). `stop` (this process wants to stop) is shared with all processes.
+
+    The micro-batches never read the device from the host (a GPU would wait for it each time): token counts and
+    loss sums stay tensors, and the step's figures are read once, with the gradient norm, before the update.
     """
     objective.train()
     warn_if_bf16_is_slow(accelerator.device.type, str(accelerator.mixed_precision),
                          getattr(accelerator, "is_main_process", True))
-    pad_id = _pad_id(accelerator, objective)
-    local = sum(int(b["labels"].ne(pad_id).sum()) for b in window)
-    n_tokens = int(accelerator.reduce(torch.tensor(local, device=accelerator.device), "sum"))
-    scale = accelerator.num_processes * len(window) / max(n_tokens, 1)
-    loss_sum = nll_sum = 0.0
-    grad_norm, finite = None, True
+    pad_id, device = _pad_id(accelerator, objective), accelerator.device
+    local = torch.stack([b["labels"].ne(pad_id).sum() for b in window]).sum().to(device)
+    n_tokens = accelerator.reduce(local, "sum")
+    scale = accelerator.num_processes * len(window) / n_tokens.clamp(min=1)
+    sums = torch.tensor([0.0, 0.0, float(stop)], dtype=torch.float64, device=device)  # loss, nll, stop
+    stats = None
     for batch in window:
         with accelerator.accumulate(objective):
-            sums = objective(batch["src_ids"], batch["tgt_in_ids"], batch["labels"])
-            accelerator.backward(sums.loss * scale)
-            loss_sum, nll_sum = loss_sum + float(sums.loss.detach()), nll_sum + float(sums.nll)
+            out = objective(batch["src_ids"], batch["tgt_in_ids"], batch["labels"])
+            accelerator.backward(out.loss * scale)
+            sums[:2] += torch.stack([out.loss.detach(), out.nll]).double()
             if accelerator.sync_gradients:
-                grad_norm, finite = _update(accelerator, objective, optim)
-    totals = accelerator.reduce(torch.tensor([loss_sum, nll_sum, float(stop)], device=accelerator.device), "sum")
-    return StepStats(loss=float(totals[0]) / max(n_tokens, 1), nll=float(totals[1]) / max(n_tokens, 1),
-                     tokens=n_tokens, grad_norm=None if grad_norm is None else float(grad_norm), finite=finite,
-                     stop=bool(totals[2] > 0))
+                stats = _update(accelerator, objective, optim, sums, n_tokens)
+    return stats
 
 
-def _update(accelerator, objective, optim: Optim) -> tuple[torch.Tensor | None, bool]:
-    """Clip, step and zero the gradients; (gradient norm, whether the update was made)."""
+def _update(accelerator, objective, optim: Optim, sums: torch.Tensor, n_tokens: torch.Tensor) -> StepStats:
+    """Clip, read the step's figures (the step's one read of the device), step and zero the gradients."""
     grad_norm = accelerator.clip_grad_norm_(objective.parameters(), optim.clip_norm or math.inf)
-    finite = grad_norm is None or math.isfinite(float(grad_norm))  # the same on every process
+    totals = accelerator.reduce(sums, "sum")
+    norm = torch.full((), math.nan, device=totals.device) if grad_norm is None else grad_norm.detach()
+    loss, nll, stop, tokens, norm = torch.cat([totals, n_tokens.reshape(1).double(), norm.reshape(1).double()]).tolist()
+    finite = grad_norm is None or math.isfinite(norm)  # the same on every process
     if finite or accelerator.scaler is not None:
         optim.optimizer.step()
         optim.scheduler.step()
         finite = finite and not getattr(optim.optimizer, "step_was_skipped", False)
     optim.optimizer.zero_grad(set_to_none=True)
-    return grad_norm, finite
+    tokens = int(tokens)
+    return StepStats(loss=loss / max(tokens, 1), nll=nll / max(tokens, 1), tokens=tokens,
+                     grad_norm=None if grad_norm is None else norm, finite=finite, stop=stop > 0)
 
 
 def _pad_id(accelerator, objective) -> int:

@@ -337,7 +337,7 @@ def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[
     """(seconds, window) of `steps` optimizer steps taken exactly as training takes them (the batch collated,
     then `train_step`: the objective's loss, AdamW as training builds it, clipping, the schedule), after one
     untimed warm-up step; stops early once `budget_s` has passed. The caller's random state is left as it was."""
-    objective = Seq2SeqLoss(model.to(device), cfg.optim.label_smoothing)
+    objective = make_objective(model.to(device), cfg, device)
     # the schedule's shape does not change a step's time (and a linear one may have no horizon yet)
     steady = dataclasses.replace(cfg, optim=dataclasses.replace(
         cfg.optim, lr=cfg.optim.lr or 1e-3, warmup_steps=cfg.optim.warmup_steps or 1, schedule="inverse_sqrt"))
@@ -370,7 +370,7 @@ def _sync(device: torch.device) -> None:
 
 
 def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Module | None) -> torch.nn.Module:
-    """nmt's model as `cfg.model` says, or the user's own (checked against the contract); compiled if asked."""
+    """nmt's model as `cfg.model` says, or the user's own (checked against the contract)."""
     if model is not None:
         check_same_tokenizer(model, tokenizer)
     elif cfg.init_from:  # fine-tuning: the directory's weights (its sizes are cfg.model's, see finetune.pretrained)
@@ -382,9 +382,19 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
     if cfg.finetune.freeze or cfg.finetune.lora_r:
         apply_finetune(model, cfg.finetune)  # parts frozen, or LoRA layers that alone train
     check_contract(model, tokenizer)
-    if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
-        model.compile()
     return model
+
+
+def make_objective(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
+                   flat_state_dict: bool = True) -> Seq2SeqLoss:
+    """The training objective of `model`: `Seq2SeqLoss`, compiled whole (`fullgraph`) when `cfg.compile` says so;
+    otherwise, on a CPU and for nmt's own model, the packed one of nmt.kernels (only real target positions
+    projected and scored, which pays there; on a GPU its host read of the labels would stall every step)."""
+    objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=flat_state_dict)
+    if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
+        objective.compile(fullgraph=True)
+        return objective
+    return use_cpu_kernels(objective, packed_loss=device.type == "cpu" and isinstance(model, Seq2SeqTransformer))
 
 
 def check_same_tokenizer(model, tokenizer: PairTokenizer) -> None:
@@ -445,7 +455,7 @@ def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, mode
 
 def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> tuple:
     """The model's `Seq2SeqLoss`, its optimizer and schedule, through `Accelerator.prepare`."""
-    objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=not is_fsdp(accelerator))
+    objective = make_objective(model, cfg, accelerator.device, flat_state_dict=not is_fsdp(accelerator))
     optim = make_optim(objective, cfg)
     objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
     register_search_methods(accelerator, accelerator.unwrap_model(objective).model)
