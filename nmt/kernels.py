@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt import compat
-from nmt.layers import Linear
+from nmt.layers import FeedForward, Linear
 from nmt.model import LossSums, Seq2SeqLoss
 
 AVAILABLE = compat.mkldnn_packed_linear_available()
@@ -47,6 +47,8 @@ def use_cpu_kernels(model: nn.Module, packed_linears: bool = False, fast_dropout
         if type(module) in (Linear, PackedLayerLinear):
             module.__class__ = PackedLayerLinear if packed_linears else Linear
             module.packed = PackedLinear() if packed_linears else None
+        elif type(module) in (FeedForward, PackedFeedForward) and isinstance(module.act, nn.ReLU):
+            module.__class__ = PackedFeedForward if packed_linears else FeedForward
     for module in model.modules():
         if hasattr(module, "project") and hasattr(module, "tgt_embed"):  # nmt's Seq2SeqTransformer
             if packed_linears:
@@ -113,6 +115,16 @@ class PackedLayerLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.packed(x, self.weight, self.effective_bias())
+
+
+class PackedFeedForward(FeedForward):
+    """`nmt.layers.FeedForward` with ReLU, its activation fused into the packed up-projection."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.up
+        if type(up) is not PackedLayerLinear:  # under an adapter (LoRA wraps the layer)
+            return super().forward(x)
+        return self.down(self.drop(up.packed(x, up.weight, up.effective_bias(), relu=True)))
 
 
 class PackedProjection:
