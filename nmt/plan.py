@@ -109,15 +109,17 @@ class Plan:
     minutes: float | None = None  # the time budget
     seconds_per_token: float | None = None  # measured on the chosen model, one process
     retimed: dict | None = None  # the re-plan after the first real steps (`retime`)
+    precision: list | None = None  # [mixed precision, why] when nmt chose it (`precision_for`); None: the launcher's
 
     def lines(self) -> list[str]:
         """The printed plan: one line per value nmt chose, with its reason; nothing for the values given."""
-        if not self.chosen:
+        precision = [f"  precision {self.precision[0]}: {self.precision[1]}"] if self.precision else []
+        if not self.chosen and not precision:
             return ["plan: every setting given; nothing chosen"]
         head = "plan: chosen for " + (f"the {self.minutes:g}-minute budget" if self.minutes else "this corpus") + \
             (f" (~{self.steps:,} steps, {self.epochs:.1f} epochs)" if self.steps and self.epochs else "") + \
             "; set a key to override it"
-        return [head] + [f"  {key} {show(self.chosen[key])}: {self.reasons[key]}" for key in self.chosen]
+        return [head] + precision + [f"  {key} {show(self.chosen[key])}: {self.reasons[key]}" for key in self.chosen]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -442,33 +444,64 @@ def _finish(cfg: TrainConfig, plan: Plan, inherited: dict[str, str]) -> TrainCon
 # --- re-planning once the real run's speed is known ----------------------------------------------------------
 
 
-def retime(cfg: TrainConfig, plan: Plan, step: int, seconds_per_step: float, elapsed_s: float,
-           validation_s: float | None = None) -> tuple[TrainConfig, Plan]:
-    """The plan again for the time left, at the real run's measured `seconds_per_step` (data loading and Python
-    overhead included, which the timed probe misses) and, once one has decoded, `validation_s` a validation:
-    then as many of the validations left as fit in VALID_SHARE of the time left, and the steps in the rest. The
-    keys that follow the number of steps and that nmt chose are re-planned; a warmup already passed stays.
-    Deterministic given its inputs, which the caller saves, so a resumed run continues the same plan."""
-    left_s = max(60 * plan.minutes - elapsed_s, 0.0)
+def precision_for(max_minutes: float | None, launched: str | None, native_bf16: bool) -> tuple[str, str | None]:
+    """The mixed precision a run trains in and why (None: the launcher chose it, `accelerate launch`, a profile or
+    ACCELERATE_MIXED_PRECISION). Under a time budget bf16 where the device multiplies it in hardware: more steps in
+    the same minutes (1.55x on a 2-core AVX512-BF16 CPU, benchmarks/train_speed.py), which validated better
+    (docs/results.md); else fp32 ("no")."""
+    if launched is not None:
+        return launched, None
+    if max_minutes is not None and native_bf16:
+        return "bf16", "for the time budget: this device multiplies bf16 in hardware (ACCELERATE_MIXED_PRECISION=no: fp32)"
+    return "no", None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a run measured of itself, for `retime`: at optimizer step `step`, after `elapsed_s` seconds of its budget,
+    its steps' mean wall time and, once one has decoded, a validation's."""
+
+    step: int
+    seconds_per_step: float
+    elapsed_s: float
+    validation_s: float | None = None
+
+
+def settings(cfg: TrainConfig, plan: Plan | None) -> TrainConfig:
+    """The settings a run trains with now: its resolved `cfg` with the values its plan re-timed (`retime`)."""
+    if plan is None or not plan.retimed:
+        return cfg
+    return put(cfg, {k: plan.chosen[k] for k in STEP_KEYS if k in plan.chosen})
+
+
+def retime(plan: Plan, measured: Measured, cfg: TrainConfig) -> Plan:
+    """The plan again for the time left, at the real run's measured speed (data loading and Python overhead
+    included, which the timed probe misses) and, once one has decoded, a validation's time: then as many of the
+    validations left as fit in VALID_SHARE of the time left, and the steps in the rest. The keys that follow the
+    number of steps and that nmt chose are re-planned; a warmup already passed stays. `cfg` is the run's resolved
+    config, which stays as it is: `settings(cfg, plan)` applies the result.
+    A pure function of its inputs, which the run saves (plan.json), so a resumed run continues the same plan."""
+    now, step = settings(cfg, plan), measured.step
+    left_s = max(60 * plan.minutes - measured.elapsed_s, 0.0)
     every = None
-    if validation_s:
-        done = step // cfg.eval_every if cfg.eval_every else 0
-        validations = max(1, min(VALIDATIONS - done, int(VALID_SHARE * left_s / validation_s)))
-        steps_left = int(max(left_s - validations * validation_s, 0.0) / seconds_per_step)
+    if measured.validation_s:
+        done = step // now.eval_every if now.eval_every else 0
+        validations = max(1, min(VALIDATIONS - done, int(VALID_SHARE * left_s / measured.validation_s)))
+        steps_left = int(max(left_s - validations * measured.validation_s, 0.0) / measured.seconds_per_step)
         every = max(1, steps_left // validations)
     else:
-        steps_left = int(left_s * TRAIN_SHARE / seconds_per_step)
+        steps_left = int(left_s * TRAIN_SHARE / measured.seconds_per_step)
     steps = step + max(1, steps_left)
     keys = [k for k in STEP_KEYS if k in plan.chosen]
-    if cfg.optim.warmup_steps is not None and cfg.optim.warmup_steps <= step and "optim.warmup_steps" in keys:
+    if now.optim.warmup_steps is not None and now.optim.warmup_steps <= step and "optim.warmup_steps" in keys:
         keys.remove("optim.warmup_steps")  # the lr has already reached its peak
-    values = {k: v for k, (v, _) in step_choices(steps, cfg, keys, timed=True, every=every).items()}
+    values = {k: v for k, (v, _) in step_choices(steps, now, keys, timed=True, every=every).items()}
     new = dataclasses.replace(plan, chosen={**plan.chosen, **values}, steps=steps, retimed={
-        "at_step": step, "seconds_per_step": seconds_per_step, "validation_s": validation_s, "elapsed_s": elapsed_s,
-        "steps": steps, "values": values})
+        "at_step": step, "seconds_per_step": measured.seconds_per_step, "validation_s": measured.validation_s,
+        "elapsed_s": measured.elapsed_s, "steps": steps, "values": values})
     if plan.epochs and plan.steps:
         new.epochs = plan.epochs * steps / plan.steps
-    return put(cfg, values), new
+    return new
 
 
 def retime_line(plan: Plan, planned_step_s: float | None) -> str:

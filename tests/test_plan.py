@@ -6,12 +6,13 @@ import pytest
 from nmt.config import MODEL_PRESETS, ModelConfig, OptimConfig, TokenizerConfig, TrainConfig, load_config
 from nmt.plan import (
     BATCHES,
-    TARGET_STEPS,
     FILL,
     KEYS,
     SIZES,
+    TARGET_STEPS,
     TRAIN_SHARE,
     Facts,
+    Measured,
     Plan,
     flops_per_token,
     get,
@@ -19,6 +20,7 @@ from nmt.plan import (
     resolve,
     retime,
     rung,
+    settings,
     vocab_size_for,
 )
 
@@ -181,21 +183,27 @@ def test_the_plan_round_trips_and_a_resume_keeps_its_choices_without_timing():
 
 def test_retiming_replans_the_steps_left_and_keeps_a_passed_warmup():
     cfg, plan = resolve(budget(25), TATOEBA, speed=speed_for(4800, 25))
-    slower, new = retime(cfg, plan, step=50, seconds_per_step=60 * 25 * TRAIN_SHARE / 4800 * 1.5, elapsed_s=60)
+    new = retime(plan, Measured(step=50, seconds_per_step=60 * 25 * TRAIN_SHARE / 4800 * 1.5, elapsed_s=60), cfg)
+    slower = settings(cfg, new)
     assert new.steps < plan.steps and new.retimed["at_step"] == 50
     assert slower.eval_every == new.steps // 16 and slower.optim.warmup_steps == round(0.12 * new.steps)
     assert (slower.optim.lr, slower.model.d_model, slower.max_tokens) == (cfg.optim.lr, cfg.model.d_model, cfg.max_tokens)
-    late, _ = retime(cfg, plan, step=1200, seconds_per_step=0.25, elapsed_s=600)
+    late = settings(cfg, retime(plan, Measured(step=1200, seconds_per_step=0.25, elapsed_s=600), cfg))
     assert late.optim.warmup_steps == cfg.optim.warmup_steps  # the lr already reached its peak
     mine, plan2 = resolve(budget(25, eval_every=7), TATOEBA, speed=speed_for(4800, 25))
-    assert retime(mine, plan2, 50, 1.0, 60)[0].eval_every == 7  # a given value is never re-planned
+    assert settings(mine, retime(plan2, Measured(50, 1.0, 60), mine)).eval_every == 7  # a given value stays
+    first = retime(plan, Measured(50, 0.3, 60), cfg)
+    second = retime(first, Measured(1200, 0.3, 600, validation_s=5.0), cfg)  # past the first one's warmup
+    assert settings(cfg, second).optim.warmup_steps == settings(cfg, first).optim.warmup_steps < 1200
+    assert settings(cfg, second).eval_every != settings(cfg, first).eval_every  # re-planned on the validation's time
 
 
 def test_retiming_with_a_timed_validation_fits_the_validations_in_their_share_of_the_time_left():
     cfg, plan = resolve(budget(25), TATOEBA, speed=speed_for(4800, 25))
     step_s = 60 * 25 * TRAIN_SHARE / 4800
-    cheap, cheap_plan = retime(cfg, plan, step=700, seconds_per_step=step_s, elapsed_s=300, validation_s=1.0)
-    dear, dear_plan = retime(cfg, plan, step=700, seconds_per_step=step_s, elapsed_s=300, validation_s=60.0)
+    cheap_plan = retime(plan, Measured(step=700, seconds_per_step=step_s, elapsed_s=300, validation_s=1.0), cfg)
+    dear_plan = retime(plan, Measured(step=700, seconds_per_step=step_s, elapsed_s=300, validation_s=60.0), cfg)
+    cheap, dear = settings(cfg, cheap_plan), settings(cfg, dear_plan)
     assert dear.eval_every > cheap.eval_every and dear_plan.steps < cheap_plan.steps  # fewer validations, fewer steps
     left = 60 * 25 - 300
     validations = (dear_plan.steps - 700) // dear.eval_every

@@ -29,14 +29,15 @@ def unlaunched(monkeypatch):
 def test_bf16_only_for_a_time_budget_on_hardware_that_has_it(cfg, unlaunched, monkeypatch, native, minutes):
     monkeypatch.setattr(loop, "native_bf16", lambda device_type: native)
     expected = "bf16" if native and minutes else "no"
-    assert run_precision(dataclasses.replace(cfg, max_minutes=minutes), "cpu") == expected
+    precision, why = run_precision(dataclasses.replace(cfg, max_minutes=minutes), "cpu")
+    assert precision == expected and (why is not None) == (expected == "bf16")  # the plan prints why it chose bf16
 
 
 @pytest.mark.parametrize("launched", ["no", "FP16", "bf16"])
 def test_the_launchers_choice_wins(cfg, monkeypatch, launched):
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launched)
     monkeypatch.setattr(loop, "native_bf16", lambda device_type: True)
-    assert run_precision(dataclasses.replace(cfg, max_minutes=25.0), "cpu") == launched.lower()
+    assert run_precision(dataclasses.replace(cfg, max_minutes=25.0), "cpu") == (launched.lower(), None)
 
 
 def test_the_accelerator_trains_in_the_chosen_precision(cfg, unlaunched, monkeypatch, capsys):
@@ -45,10 +46,8 @@ def test_the_accelerator_trains_in_the_chosen_precision(cfg, unlaunched, monkeyp
     try:
         timed = run.make_accelerator(dataclasses.replace(cfg, max_minutes=25.0))
         assert timed.mixed_precision == "bf16"
-        assert "mixed precision bf16, chosen for the time budget" in capsys.readouterr().out
         reset_accelerate_state()
         assert run.make_accelerator(cfg).mixed_precision == "no"
-        assert "mixed precision" not in capsys.readouterr().out
     finally:
         reset_accelerate_state()
 

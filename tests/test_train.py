@@ -422,10 +422,12 @@ def plan_lines(out: str) -> dict[str, str]:
 
 
 def trained_values(run: Path, keys) -> dict[str, str]:
-    from nmt.config import load_config
+    """The values the run's last step trained with (its model directory's config: the resolved config with what
+    the plan re-timed since, nmt.plan.settings)."""
+    from nmt.config import TrainConfig, from_dict
     from nmt.plan import get, show
 
-    cfg = load_config(run / "config.yaml")
+    cfg = from_dict(TrainConfig, json.loads((run / "model" / "training.json").read_text())["config"])
     return {key: show(get(cfg, key)) for key in keys}
 
 
@@ -443,6 +445,10 @@ def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it
     out = capsys.readouterr()
     printed = plan_lines(out.out + out.err)
     assert {"save_every", "optim.lr", "optim.warmup_steps", "model.size"} <= set(printed)
+    from nmt.training.loop import launched_precision, native_bf16
+
+    bf16 = native_bf16("cpu") and launched_precision() is None
+    assert ("\n  precision bf16: for the time budget" in out.out) == bf16  # printed with the plan, with its reason
     assert "max_tokens" not in printed and "eval_every" not in printed  # given: kept, and not printed
     run = Path(cfg.output_dir)
     assert printed == trained_values(run, printed)  # every value printed is the value trained with

@@ -53,7 +53,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     check_run(cfg)  # ranges and paths, as training checks them first
     cfg, tokenizer, inherited = pretrained(cfg)  # init_from: the model directory's tokenizer and sizes
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer, max_positions=cfg.model.max_positions)
-    precision = run_precision(cfg, default_device(device).type)  # what training will use
+    precision, _ = run_precision(cfg, default_device(device).type)  # what training will use
     cfg, plan = training_run.planned(cfg, corpus, processes=num_processes, device=device, precision=precision,
                                  inherited=inherited, timed=probe_steps > 0)  # the resolution training makes
     epoch = _epoch_zero(cfg, corpus, num_processes)

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,9 +28,9 @@ from accelerate.logging import get_logger
 
 from nmt import checkpoint as ckpt
 from nmt.compat import mkldnn_bf16_supported, release_free_memory
-from nmt.config import TrainConfig, save_yaml
+from nmt.config import TrainConfig
 from nmt.errors import NmtError
-from nmt.plan import TRAIN_SHARE, retime, retime_line
+from nmt.plan import TRAIN_SHARE, Measured, precision_for, retime, retime_line
 from nmt.training.evaluation import bleu_due, evaluate_and_keep_best
 from nmt.training.state import Run, log_metrics, save_checkpoint, save_plan
 
@@ -129,25 +130,24 @@ class Loop:
                     self.stopped_by, self.limit or "")
 
     def retime(self, bar: Progress) -> None:
-        """The plan's steps again at the speed of this run's own steps (all processes agree: the main
-        process's figure is shared), saved so that a resume continues the same plan."""
+        """The plan again at the speed of this run's own steps (all processes agree: the main process's figure is
+        shared), saved so that a resume continues the same plan. The run's settings follow the plan (`Run.cfg`);
+        nothing here edits a config."""
         from accelerate.utils import broadcast_object_list
 
         run = self.run
-        box = [(self.session.seconds_per_step(), run.elapsed(), self.session.validation_s)]
+        box = [Measured(run.state.step, self.session.seconds_per_step(), run.elapsed(), self.session.validation_s)]
         if run.accelerator.num_processes > 1:
             broadcast_object_list(box)  # every process then plans the same cadence
         planned_s = None
         if run.plan.steps and run.plan.minutes:
             planned_s = 60 * run.plan.minutes * TRAIN_SHARE / run.plan.steps
-        run.cfg, run.plan = retime(run.cfg, run.plan, run.state.step, *box[0])
-        set_schedule(self.optim, run.cfg)
+        run.plan = retime(run.plan, box[0], run.resolved)
         self.total, self.limit = step_limit(run, self.sampler)
         bar.total = self.expected
         if run.is_main:
             print(retime_line(run.plan, planned_s), file=sys.stderr, flush=True)
             save_plan(run.plan, run.out)
-            save_yaml(run.cfg, run.out / "config.yaml")
 
     def one_step(self, batches, signals: StopSignals, bar: Progress) -> None:
         run, state, cfg = self.run, self.run.state, self.run.cfg
@@ -376,10 +376,16 @@ class Optim:
     clip_norm: float | None = None
 
 
-def make_optim(model: torch.nn.Module, cfg: TrainConfig) -> Optim:
-    """AdamW with the config's warmup and schedule and clipping, as training steps it."""
+def make_optim(model: torch.nn.Module, cfg: TrainConfig, current: Callable[[], TrainConfig] | None = None) -> Optim:
+    """AdamW with the config's warmup and schedule and clipping, as training steps it. `current`: the settings in
+    force at each step (a run's `Run.cfg`, which follows its re-timed plan); by default `cfg` throughout."""
     optimizer = make_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_of(cfg))
+    if current is None:
+        factor = schedule_of(cfg)
+    else:
+        def factor(step: int) -> float:
+            return schedule_of(current())(step)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return Optim(optimizer, scheduler, cfg.optim.clip_norm)
 
 
@@ -419,12 +425,6 @@ def linear_decay(warmup: int, decay_steps: int):
     return lambda step: max(0.0, min((step + 1) / warmup, (decay_steps - step) / span))
 
 
-def set_schedule(optim: Optim, cfg: TrainConfig) -> None:
-    """Step the lr by `cfg`'s schedule from now on (a re-planned warmup or end); the step count stays."""
-    scheduler = getattr(optim.scheduler, "scheduler", optim.scheduler)  # under Accelerate: the wrapped LambdaLR
-    scheduler.lr_lambdas = [schedule_of(cfg)]
-
-
 # --- the device and precision of a step ------------------------------------------------------------------------
 
 
@@ -433,15 +433,10 @@ def default_device(device: str | None = None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def run_precision(cfg: TrainConfig, device_type: str) -> str:
-    """The mixed precision a run trains in: the launcher's when it chose one (`accelerate launch`, a profile,
-    ACCELERATE_MIXED_PRECISION); else, under a time budget (max_minutes), bf16 where the device multiplies it in
-    hardware: more steps in the same minutes (1.55x on a 2-core AVX512-BF16 CPU, benchmarks/train_speed.py),
-    which validated better (docs/results.md); else fp32 ("no")."""
-    launched = launched_precision()
-    if launched is not None:
-        return launched
-    return "bf16" if cfg.max_minutes is not None and native_bf16(device_type) else "no"
+def run_precision(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]:
+    """The mixed precision a run on `device_type` trains in, and why when nmt chose it (`nmt.plan.precision_for`,
+    the rule, given what the launcher and the device say)."""
+    return precision_for(cfg.max_minutes, launched_precision(), native_bf16(device_type))
 
 
 def launched_precision() -> str | None:

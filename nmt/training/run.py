@@ -23,7 +23,7 @@ import functools
 import inspect
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import accelerate.utils
@@ -40,7 +40,7 @@ from nmt.adapters import apply_finetune
 from nmt.batching import Collator, TokenBatchSampler, bpe_dropout
 from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE, load_model_config
 from nmt.compat import accelerate_state_exists, bound_onednn_primitive_caches, is_fsdp, reset_accelerate_state
-from nmt.config import SIZE_FIELDS, ModelConfig, TrainConfig
+from nmt.config import SIZE_FIELDS, ModelConfig, TrainConfig, from_dict, to_dict
 from nmt.data import Corpus, column, prepare, source_lengths
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
@@ -57,7 +57,6 @@ from nmt.training.loop import (
     OneDevice,
     StopSignals,
     default_device,
-    launched_precision,
     make_optim,
     run_precision,
 )
@@ -118,8 +117,8 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     cfg, plan = resolved(accelerator, given, corpus, inherited, previous, started)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, model)
-    objective, optim = prepare_objective(accelerator, cfg, model)
-    run = Run(accelerator, cfg, corpus, objective, plan=plan, started=started)
+    run = Run(accelerator, cfg, corpus, plan=plan, started=started)
+    run.objective, optim = prepare_objective(accelerator, cfg, model, current=lambda: run.cfg)
     if found:
         run.state = resume(run, sampler, found)
         run.started = started - run.state.elapsed_s  # the budget spent before the resume counts
@@ -151,9 +150,10 @@ def check_trackers(names: list) -> None:
 
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
-    """The run's Accelerator; its mixed precision the launcher's, else chosen for the budget (`run_precision`)."""
+    """The run's Accelerator; its mixed precision the launcher's, else chosen for the budget (`run_precision`; the
+    plan prints it)."""
     device_type = default_device().type
-    precision = run_precision(cfg, device_type)
+    precision, _ = run_precision(cfg, device_type)
     accelerator = Accelerator(
         # without a GPU, processes started by torchrun (accelerate launch) must still join one gloo group
         cpu=device_type == "cpu",
@@ -165,9 +165,6 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(split_batches=True),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(minutes=cfg.dist_timeout_minutes))],
     )
-    if precision == "bf16" and launched_precision() is None and accelerator.is_main_process:
-        print(f"nmt: mixed precision bf16, chosen for the time budget: this {device_type.upper()} multiplies bf16 "
-              "in hardware (ACCELERATE_MIXED_PRECISION=no trains in fp32)", flush=True)
     return accelerator
 
 
@@ -252,19 +249,20 @@ def tokenizer_for_data(cfg: TrainConfig, previous: planlib.Plan | None) -> Train
 
 def resolved(accelerator, cfg: TrainConfig, corpus, inherited: dict[str, str], previous: Plan | None,
              started: float) -> tuple[TrainConfig, Plan]:
-    """`cfg` resolved once for the run (`nmt.plan.resolve`): planned and timed on the main process, shared with
-    the others (which apply the same choices), and printed."""
+    """`cfg` resolved once for the run (`nmt.plan.resolve`): planned and timed on the main process, which shares
+    the resolved config and the plan with the others, and printed."""
     box = [None]
     if accelerator.is_main_process:
         left = None if cfg.max_minutes is None else cfg.max_minutes - (time.monotonic() - started) / 60
-        _, plan = planned(cfg, corpus, processes=accelerator.num_processes, device=str(accelerator.device),
-                          precision=str(accelerator.mixed_precision), inherited=inherited, previous=previous,
-                          minutes_left=left)
-        box = [plan.to_dict()]
-    if accelerator.num_processes > 1:
+        cfg, plan = planned(cfg, corpus, processes=accelerator.num_processes, device=str(accelerator.device),
+                            precision=str(accelerator.mixed_precision), inherited=inherited, previous=previous,
+                            minutes_left=left)
+        chosen, why = run_precision(cfg, accelerator.device.type)
+        plan.precision = [chosen, why] if why and chosen == str(accelerator.mixed_precision) else None
+        box = [(to_dict(cfg), plan.to_dict())]
+    if accelerator.num_processes > 1:  # every process, the main one too, then holds the same plain-data copy
         broadcast_object_list(box)
-    cfg, plan = planned(cfg, corpus, processes=accelerator.num_processes, inherited=inherited,
-                        previous=Plan.from_dict(box[0]), timed=False)
+        cfg, plan = from_dict(TrainConfig, box[0][0]), Plan.from_dict(box[0][1])
     if accelerator.is_main_process:
         print("nmt: " + "\n".join(plan.lines()), flush=True)
     return cfg, plan
@@ -453,10 +451,12 @@ def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, mode
     return loader, sampler
 
 
-def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> tuple:
-    """The model's `Seq2SeqLoss`, its optimizer and schedule, through `Accelerator.prepare`."""
+def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.nn.Module,
+                      current: Callable[[], TrainConfig] | None = None) -> tuple:
+    """The model's `Seq2SeqLoss`, its optimizer and schedule, through `Accelerator.prepare`; `current`: the run's
+    settings in force at each step (the schedule follows a re-timed plan)."""
     objective = make_objective(model, cfg, accelerator.device, flat_state_dict=not is_fsdp(accelerator))
-    optim = make_optim(objective, cfg)
+    optim = make_optim(objective, cfg, current)
     objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
     register_search_methods(accelerator, accelerator.unwrap_model(objective).model)
     return objective, optim

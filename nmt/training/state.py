@@ -77,9 +77,9 @@ class Run:
     """One training run's context, handed to every job instead of long argument lists."""
 
     accelerator: object  # accelerate.Accelerator
-    cfg: TrainConfig
+    resolved: TrainConfig  # the config resolved for the run (nmt.plan.resolve), as it started: never edited
     corpus: Corpus
-    objective: object  # the prepared Seq2SeqLoss (wrapped by DDP/FSDP on several processes)
+    objective: object = None  # the prepared Seq2SeqLoss (wrapped by DDP/FSDP on several processes)
     state: TrainState = field(default_factory=TrainState)
     plan: planlib.Plan | None = None  # what nmt chose for the run (nmt.plan), re-timed once under a time budget
     started: float = field(default_factory=time.monotonic)  # time.monotonic() when the run's clock started
@@ -87,6 +87,14 @@ class Run:
     epochs: float = 0.0  # epochs trained when training ended (set by the loop)
     # a stop signal arrived: validation gives up between two batches (set by the loop)
     stop_requested: Callable[[], bool] = field(default=lambda: False, repr=False)
+
+    @property
+    def cfg(self) -> TrainConfig:
+        """The settings the run trains with now: the resolved config with what its plan re-timed since."""
+        key = (id(self.plan), None if self.plan is None else id(self.plan.retimed))
+        if getattr(self, "_settings", (None,))[0] != key:
+            self._settings = key, planlib.settings(self.resolved, self.plan)
+        return self._settings[1]
 
     def elapsed(self) -> float:
         """Seconds of the run's time budget spent (before a resume too)."""
