@@ -4,6 +4,7 @@
     python benchmarks/decode_speed.py --threads 2 --rounds 5
     python benchmarks/decode_speed.py --profile            # cProfile of nmt's beam search, then exit
     python benchmarks/decode_speed.py --ensemble           # also nmt beam 4 with an ensemble of two models
+    python benchmarks/decode_speed.py --compile            # also nmt with its decoder step compiled
 
 One model size for all (d_model 256, 3+3 layers, 4 heads, FFN 1024, vocabulary 8000), random weights:
 nmt's model, a `MarianMTModel` from a `MarianConfig` of the same dimensions, and the nmt model exported
@@ -37,6 +38,7 @@ from nmt.decoding import (  # noqa: E402
     SamplingConfig,  # noqa: E402
     SearchConfig,
     beam_search,
+    compile_decoder,
     greedy,
 )
 from nmt.kernels import use_cpu_kernels  # noqa: E402
@@ -126,6 +128,9 @@ def build_systems(args, model, tmp: Path) -> dict:
                "nmt sample": run_nmt(model, 1, SamplingConfig(topk=10, seed=0))}
     if args.ensemble:
         systems["nmt ens2 beam4"] = run_nmt(Ensemble([model, nmt_model(args.seed + 1)]), 4)
+    if args.compile:  # the decoder step compiled whole (nmt.decoding.compile_decoder, what compile: true does)
+        compiled = compile_decoder(nmt_model(args.seed))
+        systems |= {"nmt greedy compiled": run_nmt(compiled, 1), "nmt beam4 compiled": run_nmt(compiled, 4)}
     try:
         hf = hf_model()
         systems |= {"HF greedy": run_hf(hf, 1), "HF beam4": run_hf(hf, 4)}
@@ -204,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", help="comma-separated substrings: run only matching systems (e.g. 'nmt,HF beam')")
     p.add_argument("--profile", action="store_true", help="cProfile nmt beam 4 over all batches and exit")
     p.add_argument("--ensemble", action="store_true", help="also time nmt beam 4 with an ensemble of two models")
+    p.add_argument("--compile", action="store_true", help="also time nmt with its decoder step compiled")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = nmt_model(args.seed)

@@ -320,6 +320,13 @@ def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tok
 # `decode` are re-run on the whole prefix each step; a model with its own `start_decoder(src_ids)` (an
 # `Ensemble`, below) returns its own object with `step` and `reorder`.
 
+def compile_decoder(model: nn.Module) -> nn.Module:
+    """`model` (in place) with its `decode`, the call every search step makes, compiled whole (`fullgraph=True`,
+    sizes dynamic: the cache's length and the rows change every step, so a few graphs serve every batch)."""
+    model.decode = torch.compile(model.decode, fullgraph=True, dynamic=True)
+    return model
+
+
 def start_decoder(model, src_ids: torch.Tensor):
     """A decoder for the sentences src_ids (B, S): one row each to start with."""
     if hasattr(model, "start_decoder"):

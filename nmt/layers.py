@@ -179,9 +179,10 @@ class DecoderLayer(nn.Module):
         # causality is a property of the decoder: full-prefix runs use is_causal; a cached call with several new
         # positions needs a mask aligned to the end (is_causal aligns to the start). Right padding needs no
         # target mask: real positions only ever look left, at real tokens.
-        past, new = (0 if self_kv is None else self_kv.length), x.shape[1]
-        self_attend = causal_attend(new, past, x.device) if past and new > 1 else None
-        h = self.self_attn(self.sub_self.inner(x), attend=self_attend, causal=past == 0, kv=self_kv)
+        first = self_kv is None or self_kv.k is None  # nothing cached yet: a plain causal run over x
+        new = x.shape[1]
+        self_attend = None if first or new == 1 else causal_attend(new, self_kv.length, x.device)
+        h = self.self_attn(self.sub_self.inner(x), attend=self_attend, causal=first, kv=self_kv)
         x = self.sub_self.add(x, h)
         x = self.sub_cross.add(x, self.attend_memory(self.sub_cross.inner(x), cross_kv, attend, group))
         return self.sub_ff.add(x, self.ff(self.sub_ff.inner(x)))

@@ -115,7 +115,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) at every position, as cached decoding computes them."""
-        return self.decode(tgt_in_ids, self.encode(src_ids), src_ids)
+        return self.project(self.decode_hidden(tgt_in_ids, self.encode(src_ids), src_ids))
 
     @torch.no_grad()
     def generate(self, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: int = 128, **kwargs) -> torch.Tensor:

@@ -254,3 +254,27 @@ def test_a_search_reads_the_device_once_a_step(beam):
     assert set(syncs.calls) <= {"__int__", "tolist"} and syncs.calls.count("__int__") == 1
     ends = 5 if beam > 1 else 3  # the finished hypotheses' parts (beam) or tokens, lengths, logprobs (greedy)
     assert per_step - ends <= steps
+
+
+@pytest.mark.slow
+def test_a_compiled_decoder_step_finds_what_eager_decoding_finds_with_few_graphs():
+    """compile_decoder (what `compile: true` does to the model validation decodes with): the cached decoder step
+    compiled whole (fullgraph, dynamic sizes) gives beam search's and greedy's eager hypotheses on batches of
+    other sizes and lengths, with a bounded number of graphs (the first step, the later ones, one beam group)."""
+    from torch._dynamo.utils import counters
+
+    from nmt.decoding import compile_decoder
+
+    model = tiny_model(seed=5, vocab=40, layers=2)
+    gen = torch.Generator().manual_seed(5)
+    batches = [src_batch(gen, [5, 3, 7, 4], 40), src_batch(gen, [9, 2, 6], 40), src_batch(gen, [4, 11], 40)]
+    configs = [SearchConfig(beam_size=4, max_new_tokens=8), SearchConfig(beam_size=1, max_new_tokens=8)]
+
+    def found(m):
+        return [[h.tokens for h in hyps] for cfg in configs for b in batches for hyps in beam_search(m, b, cfg)]
+
+    eager = found(model)
+    torch._dynamo.reset()
+    counters.clear()
+    assert found(compile_decoder(model)) == eager
+    assert 1 <= counters["stats"]["unique_graphs"] <= 8

@@ -42,6 +42,7 @@ from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE, load_model_config
 from nmt.compat import accelerate_state_exists, bound_onednn_primitive_caches, is_fsdp, reset_accelerate_state
 from nmt.config import SIZE_FIELDS, ModelConfig, TrainConfig, from_dict, to_dict
 from nmt.data import Corpus, column, prepare, source_lengths
+from nmt.decoding import compile_decoder
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.launch import main_process_first
@@ -380,6 +381,8 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
     if cfg.finetune.freeze or cfg.finetune.lora_r:
         apply_finetune(model, cfg.finetune)  # parts frozen, or LoRA layers that alone train
     check_contract(model, tokenizer)
+    if cfg.compile and hasattr(model, "start_cache"):  # the training objective is compiled in make_objective
+        compile_decoder(model)  # validation decodes through the compiled step
     return model
 
 
