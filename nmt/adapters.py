@@ -164,9 +164,8 @@ def merge_adapter_dir(source: str | Path, out: str | Path, force: bool = False) 
     """A plain model directory `out` with the adapter of `source` (a LoRA run's model/, or the run folder) merged
     into its weights; the tokenizer, training.json and search.json are copied as they are (the merged model
     computes what the adapted one did). Written whole or not at all; an existing non-empty `out` only with `force`."""
-    from nmt.checkpoint import SEARCH_FILE, SUMMARY_FILE, tokenizer_files, write_directory
+    from nmt.checkpoint import SEARCH_FILE, SUMMARY_FILE, check_output_dir, tokenizer_files, write_directory
     from nmt.model import Seq2SeqTransformer
-    from nmt.textfiles import refuse_output_dir
 
     source, out = Path(source), Path(out)
     if not has_adapter(source) and has_adapter(source / "model"):
@@ -174,7 +173,7 @@ def merge_adapter_dir(source: str | Path, out: str | Path, force: bool = False) 
     if not has_adapter(source):
         raise NmtError(f"{source}: no {ADAPTER_CONFIG}; give the model/ of a LoRA run (finetune.lora_r > 0) or "
                        "its run folder")
-    refuse_output_dir(out, [source], force, "OUT")
+    check_output_dir(out, [source], force, "OUT")
     model = Seq2SeqTransformer.from_pretrained(source)  # merged
 
     def write(tmp: Path) -> None:

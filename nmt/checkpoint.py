@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nmt.config import ModelConfig, from_dict
+from nmt.config import LANG, ModelConfig, from_dict, lang_tag
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
@@ -59,15 +59,43 @@ def read_json(path: Path) -> dict:
     return data
 
 
+MAX_LANG_CODE = 32  # characters of a language code (BCP 47 tags and NLLB's eng_Latn are far shorter)
+
+
+def language_code(value, where: str) -> str:
+    """`value` if it is a language code (letters, digits, `_` or `-`, at most MAX_LANG_CODE characters), else an
+    NmtError naming `where` it was read. A code becomes a file suffix and a tag, so a model directory's may name
+    neither a path nor a token of its own choosing."""
+    if not (isinstance(value, str) and len(value) <= MAX_LANG_CODE and LANG.fullmatch(value)):
+        raise NmtError(f"{where}: {str(value)[:60]!r} is not a language code (letters, digits, _ or -, at most "
+                       f"{MAX_LANG_CODE} characters, e.g. de or pt_BR); fix the file or give the language yourself")
+    return value
+
+
 def languages_record(pairs: list[str], targets: list[str], tags: list[str]) -> dict:
     """What languages.json holds: the pairs trained ("en-de"), the target languages, and their source-side tags."""
     return {"pairs": pairs, "target_languages": targets, "tags": dict(zip(targets, tags)) if tags else {}}
 
 
 def read_languages(directory: str | Path) -> dict | None:
-    """A model directory's languages.json (`languages_record`), or None where training wrote none."""
+    """A model directory's languages.json (`languages_record`), or None where training wrote none. Checked as
+    training writes it: language codes, and each target's tag the `<2xx>` of its code (never another token)."""
     path = Path(directory) / LANGUAGES_FILE
-    return read_json(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    record = read_json(path)
+    pairs, targets, tags = record.get("pairs", []), record.get("target_languages", []), record.get("tags") or {}
+    if not (isinstance(pairs, list) and isinstance(targets, list) and isinstance(tags, dict)):
+        raise NmtError(f"{path}: pairs and target_languages must be lists and tags an object, as training writes them")
+    for i, pair in enumerate(pairs):
+        language_code(pair, f"{path}: pairs[{i}]")
+    for i, lang in enumerate(targets):
+        language_code(lang, f"{path}: target_languages[{i}]")
+    for lang, tag in tags.items():
+        if lang not in targets or tag != lang_tag(lang):
+            raise NmtError(f"{path}: tags[{lang!r}] is {str(tag)[:60]!r}; training writes {lang_tag('xx')!r} for each "
+                           "target language xx, and nmt inserts no other token")
+    return record
 
 
 def load_model_config(directory: str | Path) -> ModelConfig:
@@ -202,14 +230,86 @@ def publish(tmp: Path, final: Path) -> None:
 
 
 
+# --- Writing a directory whole, over only what nmt wrote --------------------------------------------------------------
+# `nmt export`, `import`, `average` and `merge-adapter` write a directory OUT whole (`write_directory`). An existing OUT
+# is replaced (`--force`) only when nmt wrote it: a model directory or an export, whose every file is one of the names
+# below, is replaced; a run folder (its config.yaml beside metrics.jsonl or checkpoints/) is moved aside, never
+# deleted; anything else, the working directory, the home folder, a folder holding either, and a symlink are refused.
+
+OUTPUT_FILES = frozenset({
+    CONFIG_FILE, WEIGHTS_FILE, SUMMARY_FILE, SEARCH_FILE, LANGUAGES_FILE, JOINT_FILE, SRC_FILE, TGT_FILE,
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS,
+    "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",  # a transformers export
+    "model.bin", "nmt_ctranslate2.json", "shared_vocabulary.json", "source_vocabulary.json",  # a CTranslate2 export
+    "target_vocabulary.json", "shared_vocabulary.txt", "source_vocabulary.txt", "target_vocabulary.txt",
+})
+RUN_CONFIG, RUN_MARKERS = "config.yaml", ("metrics.jsonl", "checkpoints")  # what every run folder holds
+
+
+def is_model_output(directory: Path) -> bool:
+    """Whether `directory` is a model directory or an export nmt wrote: config.json, the weights, and files of
+    OUTPUT_FILES only (no folder, nothing of the user's)."""
+    entries = list(directory.iterdir())
+    names = {e.name for e in entries}
+    return (all(e.is_file() and not e.is_symlink() and e.name in OUTPUT_FILES for e in entries)
+            and CONFIG_FILE in names and bool(names & {WEIGHTS_FILE, "model.bin"}))
+
+
+def is_run_folder(directory: Path) -> bool:
+    """Whether `directory` is an nmt run's output_dir: config.yaml beside metrics.jsonl or checkpoints/."""
+    return (directory / RUN_CONFIG).is_file() and any((directory / m).exists() for m in RUN_MARKERS)
+
+
+def check_output_dir(out: Path, inputs: list[Path], force: bool, flag: str) -> None:
+    """The checks before a command writes the directory `out` whole: not a symlink, the working directory, the home
+    folder or a folder holding one of them, nor one of the directories it reads (or a folder holding one), not a
+    file; empty or absent, or with `force` a directory nmt wrote (`is_model_output`, `is_run_folder`)."""
+    if out.is_symlink():
+        raise NmtError(f"{flag} {out} is a symbolic link (to {os.readlink(out)}); nmt replaces a folder whole and never "
+                       "through a link: give a new path, or the folder itself")
+    if not out.exists():
+        return
+    where = out.resolve()
+    for name, place in (("the working directory", Path.cwd()), ("your home folder", Path.home())):
+        place = place.resolve()
+        if where == place or where in place.parents:
+            holds = "is" if where == place else f"holds {place},"
+            raise NmtError(f"{flag} {out} {holds} {name}; nmt writes OUT as a folder of its own: give a new path, "
+                           "e.g. ./exported")
+    for d in inputs:
+        if where == d.resolve() or where in d.resolve().parents:
+            holds = "is" if where == d.resolve() else "holds"
+            raise NmtError(f"{flag} {out} {holds} {d}, which this command reads; choose another output directory")
+    if not out.is_dir():
+        raise NmtError(f"{flag} {out} is a file; give the path of a directory to write")
+    if not any(out.iterdir()):
+        return
+    if not force:
+        raise NmtError(f"{flag} {out} exists and is not empty; choose another directory or pass --force to replace it")
+    if not (is_model_output(out) or is_run_folder(out)):
+        other = sorted(e.name for e in out.iterdir() if e.name not in OUTPUT_FILES or not e.is_file())
+        what = f"holds what nmt did not write ({', '.join(other[:3])}{', ...' if len(other) > 3 else ''})" if other \
+            else "is no complete model directory of nmt's"
+        raise NmtError(f"{flag} {out} {what}; --force replaces only a model directory or run folder nmt wrote: "
+                       "move those files away or choose another directory")
+
+
 def write_directory(out: Path, write: Callable[[Path], None]) -> Path:
     """`write` fills a sibling temporary directory, which then replaces `out` whole: a failed or killed write leaves
-    `out` as it was (a killed one's leftover is removed by the next write)."""
+    `out` as it was (a killed one's leftover is removed by the next write). An `out` that is not a model directory
+    of nmt's (a run folder, passed by `check_output_dir`) is moved aside to `out.replaced-N` and kept."""
+    if out.is_symlink():
+        raise NmtError(f"{out} is a symbolic link; nmt replaces a folder whole and never through a link")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = temp_dir_for(out)
     shutil.rmtree(partial, ignore_errors=True)
     try:
         write(partial)
+        if out.is_dir() and any(out.iterdir()) and not is_model_output(out):
+            aside = next(p for n in range(1, 1 << 20) if not (p := out.with_name(f"{out.name}.replaced-{n}")).exists())
+            os.replace(out, aside)
+            log.warning("moved %s aside to %s (nmt replaces only its model directories: delete it yourself when you "
+                        "no longer need it)", out, aside)
         publish(partial, out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)

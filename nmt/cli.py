@@ -28,6 +28,8 @@ from nmt.validate import Number, error_line, utf8_lines
 __all__ = ["build_parser", "main", "main_entry", "overrides_from_flags"]
 POSITIVE = Number(int, "[1, 1e9]")  # token budgets, counts of checkpoints
 DEBUG_HELP = "on an error, print the Python traceback too (normally one line: exit 2 for bad input, 1 otherwise)"
+FORCE_HELP = ("replace {} if it is a model directory or export nmt wrote (a run folder is moved aside to "
+              "{}.replaced-N); a folder with other files is refused")
 CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (nmt.config.reference_text)
 
 
@@ -186,7 +188,7 @@ def _add_export(sub) -> None:
     p.add_argument("out", help="the directory to write (must be empty or absent unless --force)")
     p.add_argument("--quantization", help="ctranslate2: weight type: int8, int8_float32, int16, float16, bfloat16, "
                    "... (default: float32)")
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP.format("OUT", "OUT"))
     p.set_defaults(fn=cmd_export)
 
 
@@ -197,7 +199,7 @@ def _add_import(sub) -> None:
     p.add_argument("out", help="the model directory to write (must be empty or absent unless --force)")
     p.add_argument("--src-lang", help="M2M100/NLLB: the source language token (e.g. __en__ or eng_Latn)")
     p.add_argument("--tgt-lang", help="M2M100/NLLB: the target language token, forced as the first output token")
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP.format("OUT", "OUT"))
     p.set_defaults(fn=cmd_import)
 
 
@@ -214,7 +216,7 @@ def _add_average(sub) -> None:
     p.add_argument("--last", type=POSITIVE, default=5, help="how many of the newest checkpoints")
     p.add_argument("-o", "--output", required=True, help="the model directory to write (must be empty or absent "
                    "unless --force)")
-    p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP.format("OUTPUT", "OUTPUT"))
     p.set_defaults(fn=cmd_average)
 
 
@@ -223,7 +225,7 @@ def _add_merge_adapter(sub) -> None:
                        "directory (needs nmt[lora])")
     p.add_argument("model_dir", help="the model/ (or best/) of a LoRA run (finetune.lora_r > 0), or its run folder")
     p.add_argument("out", help="the model directory to write (must be empty or absent unless --force)")
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP.format("OUT", "OUT"))
     p.set_defaults(fn=cmd_merge_adapter)
 
 
@@ -581,9 +583,16 @@ def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = F
     (an alpha tuned for other weights). `out` is written as a sibling temporary directory and renamed into place:
     an existing non-empty `out` only with `force`, and never one the average is read from."""
     from nmt.adapters import has_adapter, save_adapted
-    from nmt.checkpoint import LANGUAGES_FILE, SUMMARY_FILE, average_weights, list_checkpoints, load_into, write_directory
+    from nmt.checkpoint import (
+        LANGUAGES_FILE,
+        SUMMARY_FILE,
+        average_weights,
+        check_output_dir,
+        list_checkpoints,
+        load_into,
+        write_directory,
+    )
     from nmt.model import Seq2SeqTransformer
-    from nmt.textfiles import refuse_output_dir
     from nmt.tokenizer import PairTokenizer
 
     run_dir, out = Path(run_dir), Path(out)
@@ -593,7 +602,7 @@ def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = F
     source = next((d for d in (run_dir / "model", run_dir / "best") if d.is_dir()), None)
     if source is None:
         raise NmtError(f"{run_dir}: no model/ or best/ to take the config and tokenizer from")
-    refuse_output_dir(out, [source, *found], force, "-o")
+    check_output_dir(out, [source, *found], force, "-o")
     adapted = has_adapter(source)  # a LoRA run: its checkpoints hold the base and LoRA layers, averaged as such
     model = Seq2SeqTransformer.from_pretrained(source, merge_adapter=False)
     load_into(model, average_weights(found))

@@ -239,11 +239,10 @@ def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, 
               force: bool = False) -> Path:
     """`nmt import HF_DIR OUT`: the model and tokenizer of a transformers directory as an nmt model directory, written
     under a temporary name and renamed into place (an existing non-empty OUT only with `force`, never HF_DIR)."""
-    from nmt.checkpoint import write_directory
-    from nmt.textfiles import refuse_output_dir
+    from nmt.checkpoint import check_output_dir, write_directory
 
     hf_dir, out = Path(hf_dir), Path(out)
-    refuse_output_dir(out, [hf_dir], force, "OUT")
+    check_output_dir(out, [hf_dir], force, "OUT")
     config = _hf_config(hf_dir)
     tokenizer = tokenizer_from_hf(hf_dir, config, src_lang, tgt_lang)
     model = model_from_hf(hf_dir)
@@ -397,14 +396,13 @@ def export_transformers(model_dir: str | Path, out: str | Path, force: bool = Fa
     `AutoTokenizer.from_pretrained` load, written as a sibling temporary directory and renamed into place (a failed
     export leaves OUT as it was; an existing non-empty OUT only with `force`, never MODEL_DIR). Returns OUT and the
     transformers architecture chosen."""
-    from nmt.checkpoint import write_directory
+    from nmt.checkpoint import check_output_dir, write_directory
     from nmt.model import Seq2SeqTransformer
-    from nmt.textfiles import refuse_output_dir
     from nmt.tokenizer import PairTokenizer
 
     require_transformers()
     model_dir, out = Path(model_dir), Path(out)
-    refuse_output_dir(out, [model_dir], force, "OUT")
+    check_output_dir(out, [model_dir], force, "OUT")
     model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
     tokenizer = PairTokenizer.load_for(model_dir, model.cfg)
     hf_tok = hf_tokenizer_from_nmt(tokenizer, model.cfg)

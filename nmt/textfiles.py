@@ -161,21 +161,6 @@ def refuse_overwrite(outputs: Iterable[tuple[str, str | Path | None]],
                                "input; choose another output path")
 
 
-def refuse_output_dir(out: Path, inputs: list[Path], force: bool, flag: str) -> None:
-    """The checks before a command writes the directory `out`: not one of the directories it reads (nor a folder
-    holding one), not a file, and empty or absent unless `force`."""
-    if not out.exists():
-        return
-    for d in inputs:
-        if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
-            holds = "is" if out.resolve() == d.resolve() else "holds"
-            raise NmtError(f"{flag} {out} {holds} {d}, which this command reads; choose another output directory")
-    if not out.is_dir():
-        raise NmtError(f"{flag} {out} is a file; give the path of a directory to write")
-    if any(out.iterdir()) and not force:
-        raise NmtError(f"{flag} {out} exists and is not empty; choose another directory or pass --force to replace it")
-
-
 def _not_a_folder(path: Path, name: str = "") -> None:
     if path.is_dir():
         raise NmtError(f"{f'{name} {path}'.strip()}: is a folder; give the path of a file to write")

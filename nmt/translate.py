@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from nmt.batching import eval_batches, pad
-from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE, read_languages, write_directory
+from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE, check_output_dir, read_languages, write_directory
 from nmt.compat import bound_onednn_primitive_caches
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.decoding import (
@@ -50,7 +50,6 @@ from nmt.decoding import (
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
-from nmt.textfiles import refuse_output_dir
 from nmt.tokenizer import UNK, PairTokenizer
 
 # --- Translating with a model directory ------------------------------------------------------------------------------
@@ -507,7 +506,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     OUT is replaced only with `force`, and never when it is (or holds) MODEL_DIR."""
     require_ctranslate2()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    refuse_output_dir(out_dir, [model_dir], force, "OUT")
+    check_output_dir(out_dir, [model_dir], force, "OUT")
     model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
     tokenizer = PairTokenizer.load_for(model_dir, model.cfg)
     def write(partial: Path) -> None:

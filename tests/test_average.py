@@ -69,9 +69,9 @@ def test_average_replaces_a_used_directory_only_with_force_and_whole(run_dir, tm
     from nmt.cli import main
 
     out = tmp_path / "avg"
-    out.mkdir()
-    (out / "search.json").write_text('{"alpha": 1.7}')  # tuned for other weights
     argv = ["average", str(run_dir), "--last", "2", "-o", str(out)]
+    assert main(argv) == 0
+    (out / "search.json").write_text('{"alpha": 1.7}')  # tuned for other weights
     assert main(argv) == 2 and "exists and is not empty; choose another directory or pass --force" in \
         capsys.readouterr().err
     assert (out / "search.json").read_text() == '{"alpha": 1.7}'
@@ -80,6 +80,10 @@ def test_average_replaces_a_used_directory_only_with_force_and_whole(run_dir, tm
                                                      "training.json"]  # no stale search.json
     assert Translator.from_pretrained(out).search_defaults == {}
     assert [p.name for p in tmp_path.iterdir()] == ["avg"]  # no temporary or old directory left
+    (out / "notes.txt").write_text("mine")  # no longer only what nmt wrote
+    assert main([*argv, "--force"]) == 2
+    assert f"-o {out} holds what nmt did not write (notes.txt)" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_average_of_checkpoints_with_other_names_is_refused(tmp_path):

@@ -156,25 +156,52 @@ def test_user_errors_are_one_line(trained, exported, tmp_path, capsys):
                                                    str(tmp_path / "a.png")])
 
 
-def test_export_replaces_a_used_directory_only_with_force_and_never_the_model(tmp_path, capsys):
+def test_force_replaces_only_what_nmt_wrote_and_never_the_model(tmp_path, capsys, monkeypatch):
     pytest.importorskip("ctranslate2")
     from helpers import model_dir
 
     model = model_dir(tmp_path / "model")
     before = {p.name: p.read_bytes() for p in model.iterdir()}
+
+    def export(out, *force: str) -> str:
+        """The one error line of the export, or "" when it wrote OUT."""
+        code = main(["export", str(model), "--to", "ctranslate2", str(out), *force])
+        err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        assert code == (2 if err else 0) and len(err) <= 1, (code, err)
+        return err[0] if err else ""
+
     out = tmp_path / "ct2"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    argv = ["export", str(model), "--to", "ctranslate2", str(out)]
-    assert main(argv) == 2 and "exists and is not empty" in capsys.readouterr().err
-    assert (out / "notes.txt").read_text() == "mine"
-    assert main([*argv, "--force"]) == 0
-    assert (out / "model.bin").is_file() and not (out / "notes.txt").exists()
+    assert export(out) == "" and (out / "model.bin").is_file()
+    assert "exists and is not empty" in export(out)
+    (out / "model.bin").write_bytes(b"an older export")
+    assert export(out, "--force") == "" and (out / "model.bin").read_bytes() != b"an older export"
+
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "thesis.tex").write_text("mine")
+    (thesis / "config.json").write_text("{}")
+    assert "holds what nmt did not write (thesis.tex)" in export(thesis, "--force")
+    link = tmp_path / "link"
+    link.symlink_to(thesis, target_is_directory=True)  # before: written, then rmtree of the link failed
+    assert f"OUT {link} is a symbolic link (to {thesis})" in export(link, "--force")
+    run = tmp_path / "run"  # another run's folder: kept, moved aside
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 1\n")
+    (run / "notes.txt").write_text("mine")
+    assert export(run, "--force") == ""
+    assert (run / "model.bin").is_file() and (tmp_path / "run.replaced-1" / "notes.txt").read_text() == "mine"
     for target, words in ((model, f"OUT {model} is {model}"), (tmp_path, f"OUT {tmp_path} holds {model}")):
-        assert main(["export", str(model), "--to", "ctranslate2", str(target), "--force"]) == 2
-        assert f"{words}, which this command reads" in capsys.readouterr().err
+        assert f"{words}, which this command reads" in export(target, "--force")
+    monkeypatch.chdir(thesis)
+    assert "OUT . is the working directory" in export(".", "--force")
+    assert f"OUT {tmp_path} holds {thesis}, the working directory" in export(tmp_path, "--force")
+    monkeypatch.chdir(out)
+    monkeypatch.setenv("HOME", str(thesis))
+    assert f"OUT {thesis} is your home folder" in export(thesis, "--force")
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "model"]  # no temporary or old directory left
+    assert (thesis / "thesis.tex").read_text() == "mine" and sorted(p.name for p in thesis.iterdir()) == [
+        "config.json", "thesis.tex"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "link", "model", "run", "run.replaced-1", "thesis"]
 
 
 def test_missing_ctranslate2_names_the_install_command(trained, tmp_path, capsys, monkeypatch):
