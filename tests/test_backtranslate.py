@@ -150,3 +150,29 @@ def test_the_loop_trains_a_forward_model_on_real_and_weighted_tagged_synthetic_p
     assert (result.model_dir / "tokenizer.json").is_file()
     hyps = Translator.from_pretrained(result.model_dir).translate(["<bt> " + corpus.splits["test"]["src"][0]])
     assert "<bt>" not in hyps[0]
+
+
+def test_languages_from_the_model_directory_name_no_file_outside_the_output_folder(model_dir, mono, tmp_path, capsys):
+    import json
+    import shutil
+
+    planted = tmp_path / "planted"
+    shutil.copytree(model_dir, planted)
+    summary = json.loads((planted / "training.json").read_text(encoding="utf-8"))
+    summary["config"]["data"]["tgt_lang"] = "de/../../victimdir/notes.txt"  # before: victimdir/notes.txt was replaced
+    (planted / "training.json").write_text(json.dumps(summary), encoding="utf-8")
+    (tmp_path / "victimdir").mkdir()
+    (tmp_path / "victimdir" / "notes.txt").write_text("mine")
+    syn = tmp_path / "syn"
+    syn.mkdir()
+    (syn / "bt.en").symlink_to(tmp_path / "victimdir" / "notes.txt")
+    cases = [([str(planted)], "training.json: config.data.tgt_lang: 'de/../../victimdir/notes.txt' is not a language"),
+             ([str(model_dir), "--src-lang", "../x"], "--src-lang: '../x' is not a language code"),
+             ([str(model_dir)], f"--output {syn / 'bt.en'} resolves to {tmp_path / 'victimdir' / 'notes.txt'}, outside")]
+    for args, needle in cases:
+        assert main(["backtranslate", *args, "--input", str(mono), "--output", str(syn / "bt")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+    assert (tmp_path / "victimdir" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in syn.iterdir()) == ["bt.en"] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "mono.en", "planted", "syn", "victimdir"]

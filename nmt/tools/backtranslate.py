@@ -12,10 +12,12 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nmt.checkpoint import SUMMARY_FILE, language_code
 from nmt.errors import NmtError
 from nmt.textfiles import atomic_file, refuse_overwrite
 
@@ -39,23 +41,28 @@ class BacktranslateResult:
 
 
 def model_languages(model_dir: str | Path) -> tuple[str, str] | None:
-    """(source, target) language codes the model was trained with (training.json), if it says."""
-    path = Path(model_dir) / "training.json"
+    """(source, target) language codes the model was trained with (training.json), if it says; a value there that
+    is not a language code (`nmt.checkpoint.language_code`) is an NmtError, since it becomes a file name."""
+    path = Path(model_dir) / SUMMARY_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))["config"]["data"]
-        return data["src_lang"], data["tgt_lang"]
+        langs = data["src_lang"], data["tgt_lang"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return tuple(language_code(lang, f"{path}: config.data.{side}") for lang, side in zip(langs, ("src_lang", "tgt_lang")))
 
 
 def output_paths(prefix: str | Path, model_dir: str | Path, src_lang: str | None, tgt_lang: str | None,
                  input_path: str | Path) -> tuple[Path, Path]:
-    """PREFIX.<src> for the translations and PREFIX.<tgt> for the monolingual copy.
+    """PREFIX.<src> for the translations and PREFIX.<tgt> for the monolingual copy, in PREFIX's folder.
 
     The reverse model translates its source language (the forward model's target) into its target language
-    (the forward model's source); codes not given come from the model's training.json.
+    (the forward model's source); codes not given come from the model's training.json. Both files must resolve
+    (links followed) into the folder PREFIX names.
     """
-    langs = model_languages(model_dir)
+    src_lang = src_lang and language_code(src_lang, "--src-lang")
+    tgt_lang = tgt_lang and language_code(tgt_lang, "--tgt-lang")
+    langs = None if src_lang and tgt_lang else model_languages(model_dir)
     src_lang = src_lang or (langs[1] if langs else None)
     tgt_lang = tgt_lang or (langs[0] if langs else None)
     if not src_lang or not tgt_lang:
@@ -64,6 +71,11 @@ def output_paths(prefix: str | Path, model_dir: str | Path, src_lang: str | None
     if src_lang == tgt_lang:
         raise NmtError(f"--src-lang and --tgt-lang are both {src_lang!r}: the two files would be one")
     src_path, tgt_path = Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}")
+    folder = Path(os.path.realpath(Path(prefix).parent))
+    for path in (src_path, tgt_path):
+        if Path(os.path.realpath(path)).parent != folder:
+            raise NmtError(f"--output {path} resolves to {os.path.realpath(path)}, outside {folder}; backtranslate "
+                           "writes only into the folder --output names: remove the link or choose another prefix")
     refuse_overwrite([("--output", src_path), ("--output", tgt_path)],
                      [("--input", input_path), ("MODEL_DIR", model_dir)])
     return src_path, tgt_path
