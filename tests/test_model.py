@@ -1,5 +1,7 @@
-"""The model's invariants, as properties over random tiny models and batches: causality, padding,
-batch splitting, cached decoding, the batch-leading contract, variants, save/load and bf16."""
+"""The model chapter (nmt.model): the encoder-decoder's properties (causality, padding and batch splits change
+nothing, cached decoding equals recomputation, the batch-leading contract), its model directories, the
+label-smoothed loss (sums over real tokens that add up over any split) and the training objective (Seq2SeqLoss,
+and nmt.kernels' packed CPU variant giving the same sums)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,23 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import ATOL, PAD, chunks_at, one_thread, src_batch, tgt_in_batch, tiny_model  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_model, save_model
 
 from nmt.batching import Collator
-from nmt.model import CONFIG_FILE, WEIGHTS_FILE, Seq2SeqLoss, Seq2SeqTransformer
+from nmt.kernels import PackedLoss, use_cpu_kernels
+from nmt.model import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    LossSums,
+    Seq2SeqLoss,
+    Seq2SeqTransformer,
+    label_smoothed_nll,
+    unwrap_objective,
+)
 
 V = 24
 PROPERTY = settings(max_examples=30, deadline=None)
@@ -421,3 +434,150 @@ def test_compile_true_compiles_the_objective_whole_with_few_graphs_and_matches_e
     eager, compiled = losses(False), losses(True)
     assert 1 <= counters["stats"]["unique_graphs"] <= 2
     assert max(abs(a - b) for a, b in zip(eager, compiled)) < 1e-4
+
+
+# --- the label-smoothed loss ---------------------------------------------------------------------------------------
+
+LOSS_V = 11  # a small vocabulary for the loss's own logits
+
+
+def logit_batch(seed: int, B: int = 5, T: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits (B,T,LOSS_V), labels (B,T)) with rows of 1..T real labels then padding."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, T, LOSS_V, generator=gen) * 3
+    labels = torch.randint(1, LOSS_V, (B, T), generator=gen)
+    lengths = torch.randint(1, T + 1, (B,), generator=gen)
+    labels[torch.arange(T)[None, :] >= lengths[:, None]] = PAD
+    return logits, labels
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_smoothing_is_cross_entropy_over_real_tokens(seed):
+    logits, labels = logit_batch(seed)
+    loss, nll, n_tokens = label_smoothed_nll(logits, labels, PAD, smoothing=0.0)
+    expected = F.cross_entropy(logits.view(-1, LOSS_V), labels.view(-1), ignore_index=PAD, reduction="sum")
+    torch.testing.assert_close(loss, expected, atol=1e-4, rtol=1e-6)
+    torch.testing.assert_close(nll, expected, atol=1e-4, rtol=1e-6)
+    assert n_tokens == int(labels.ne(PAD).sum())
+
+
+def test_smoothing_matches_its_formula():
+    """(1 - eps) * nll + eps * (mean over the vocabulary of -log p), summed over real tokens."""
+    logits, labels = logit_batch(3)
+    eps = 0.1
+    loss, nll, _ = label_smoothed_nll(logits, labels, PAD, smoothing=eps)
+    real = labels.ne(PAD)
+    lp = torch.log_softmax(logits[real], dim=-1)
+    expected = ((1 - eps) * -lp.gather(1, labels[real][:, None]).squeeze(1) - eps * lp.mean(-1)).sum()
+    torch.testing.assert_close(loss, expected, atol=1e-4, rtol=1e-6)
+    assert not torch.isclose(loss, nll)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_padding_positions_do_not_contribute(smoothing):
+    logits, labels = logit_batch(4)
+    noisy = logits.clone()
+    noisy[labels.eq(PAD)] = torch.randn_like(noisy[labels.eq(PAD)]) * 100
+    assert labels.eq(PAD).any()
+    a, b = label_smoothed_nll(logits, labels, PAD, smoothing), label_smoothed_nll(noisy, labels, PAD, smoothing)
+    torch.testing.assert_close(a[0], b[0], atol=0, rtol=0)
+    assert a[2] == b[2]
+    noisy.requires_grad_(True)
+    label_smoothed_nll(noisy, labels, PAD, smoothing)[0].backward()
+    assert noisy.grad[labels.eq(PAD)].abs().max() == 0
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("cut", [1, 2, 4])
+def test_sums_over_parts_of_a_batch_add_up_to_the_whole(smoothing, cut):
+    """Per-token normalisation happens once per optimizer step, so the loss sums and token counts of
+    micro-batches must add up exactly to those of the whole logit_batch (also with different padded widths)."""
+    logits, labels = logit_batch(5)
+    whole = label_smoothed_nll(logits, labels, PAD, smoothing)
+    # the second part trimmed to its own longest row, as its collator would pad it
+    width = int(labels[cut:].ne(PAD).sum(1).max())
+    parts = [label_smoothed_nll(logits[:cut], labels[:cut], PAD, smoothing),
+             label_smoothed_nll(logits[cut:, :width], labels[cut:, :width], PAD, smoothing)]
+    torch.testing.assert_close(parts[0][0] + parts[1][0], whole[0], atol=1e-4, rtol=1e-6)
+    torch.testing.assert_close(parts[0][1] + parts[1][1], whole[1], atol=1e-4, rtol=1e-6)
+    assert parts[0][2] + parts[1][2] == whole[2]
+    mean_of_means = (parts[0][0] / parts[0][2] + parts[1][0] / parts[1][2]) / 2
+    assert not torch.isclose(mean_of_means, whole[0] / whole[2])  # why sums: means of parts would differ
+
+
+def test_all_padding_gives_zero():
+    loss, nll, n = label_smoothed_nll(torch.randn(2, 3, LOSS_V), torch.zeros(2, 3, dtype=torch.long), PAD, 0.1)
+    assert float(loss) == 0.0 and float(nll) == 0.0 and n == 0
+
+
+def test_bf16_logits_get_a_bf16_gradient_and_a_float32_loss():
+    logits, labels = logit_batch(7)
+    x = logits.bfloat16().requires_grad_(True)
+    loss, nll, _ = label_smoothed_nll(x, labels, PAD, 0.1)
+    assert loss.dtype == nll.dtype == torch.float32
+    loss.backward()
+    assert x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all()
+
+
+# --- the training objective ----------------------------------------------------------------------------------------
+
+class LogitsOnly(torch.nn.Module):
+    """nmt's model seen through the generic contract only: forward -> logits, nothing else."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.pad_id = model, 0
+
+    def forward(self, src_ids, tgt_in_ids):
+        return self.inner(src_ids, tgt_in_ids)
+
+
+def objective_batch():
+    src_ids = torch.tensor([[5, 6, 7, 3], [8, 9, 3, PAD]])
+    tgt_in_ids = torch.tensor([[2, 5, 6], [2, 7, PAD]])
+    labels = torch.tensor([[5, 6, 3], [7, 3, PAD]])
+    return src_ids, tgt_in_ids, labels
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_packed_cpu_objective_and_any_models_give_the_same_sums(smoothing):
+    model = tiny_model(seed=0, vocab=V, dropout=0.0)
+    objective = use_cpu_kernels(Seq2SeqLoss(model, smoothing), packed_loss=True)
+    assert type(objective) is PackedLoss and type(use_cpu_kernels(LogitsOnly(model))) is LogitsOnly
+    packed = objective(*objective_batch())
+    plain = Seq2SeqLoss(LogitsOnly(model), smoothing)(*objective_batch())
+    src_ids, tgt_in_ids, labels = objective_batch()
+    reference = label_smoothed_nll(model(src_ids, tgt_in_ids), labels, PAD, smoothing)
+    assert isinstance(packed, LossSums) and packed.tokens == plain.tokens == reference[2] == 5
+    for got in (packed, plain):
+        torch.testing.assert_close(got.loss, reference[0], atol=1e-5, rtol=1e-6)
+        torch.testing.assert_close(got.nll, reference[1], atol=1e-5, rtol=1e-6)
+    assert packed.loss.requires_grad and not packed.nll.requires_grad
+
+
+def test_pad_id_comes_from_the_model():
+    model = LogitsOnly(tiny_model(seed=0, vocab=V))
+    model.pad_id = 1
+    assert Seq2SeqLoss(model).pad_id == 1
+    assert Seq2SeqLoss(tiny_model(seed=0, vocab=V)).pad_id == 0  # from model.cfg.pad_id
+
+
+def test_state_dict_is_the_plain_models(tmp_path):
+    """Checkpoints written through the objective load into a bare model, and old ones into the objective."""
+    model = tiny_model(seed=0, vocab=V)
+    objective = Seq2SeqLoss(model)
+    assert list(objective.state_dict()) == list(model.state_dict())
+    save_model(objective, str(tmp_path / "new.safetensors"))  # as accelerate's save_state writes it
+    bare = tiny_model(seed=1, vocab=V)
+    assert load_model(bare, str(tmp_path / "new.safetensors")) == (set(), [])
+    save_model(tiny_model(seed=2, vocab=V), str(tmp_path / "old.safetensors"))  # a model file written before
+    restored = Seq2SeqLoss(tiny_model(seed=3, vocab=V))
+    load_model(restored, str(tmp_path / "old.safetensors"))  # strict: missing or unexpected names raise
+    for a, b in zip(tiny_model(seed=2, vocab=V).state_dict().values(), restored.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert unwrap_objective(restored) is restored.model and unwrap_objective(model) is model
+
+
+def test_fsdp_keeps_the_prefix():
+    objective = Seq2SeqLoss(tiny_model(seed=0, vocab=V), flat_state_dict=False)
+    assert all(k.startswith("model.") for k in objective.state_dict())
