@@ -76,10 +76,10 @@ def uses_packed_linears(model: nn.Module) -> bool:
 
 
 def _usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (AVAILABLE and weight.numel() >= MIN_WEIGHT and x.device.type == "cpu"
+    return (not torch.compiler.is_compiling()  # first: a compiled graph takes F.linear and asks nothing else
+            and AVAILABLE and weight.numel() >= MIN_WEIGHT and x.device.type == "cpu"
             and x.dtype == weight.dtype == torch.float32
-            and not torch.is_grad_enabled() and not weight.is_inference() and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling())
+            and not torch.is_grad_enabled() and not weight.is_inference() and not torch.is_autocast_enabled("cpu"))
 
 
 class PackedLinear:
