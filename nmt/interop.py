@@ -3,7 +3,12 @@
 Import (`nmt import HF_DIR OUT`, `Seq2SeqTransformer.from_hf`) reads a `MarianMTModel` (OPUS-MT) or an
 `M2M100ForConditionalGeneration` (M2M100, NLLB) directory into an nmt model directory. The weights map one to
 one: nmt's options (`ModelConfig.positions`, `scale_embedding`, `activation`, `final_logits_bias`, `pre_norm`)
-say what the architecture does, and token ids are the model's own (pad, end and decoder start included).
+say what the architecture does, and token ids are the model's own (pad, end and decoder start included). A
+directory to import is untrusted: nmt reads and checks config.json before transformers sees it (a supported
+model_type, no auto_map, no quantizer, attention eager or sdpa), transformers is then called with
+trust_remote_code=False, use_safetensors=True, attn_implementation="eager" and local_files_only=True, pickled
+weights (pytorch_model.bin) are refused with the command that converts them, and the tokenizer is read from its
+fixed file names only.
 
 Export (`nmt export --to transformers MODEL_DIR OUT`) writes the architecture the nmt model is exactly:
 post-norm -> Marian; pre-norm with final norms -> Pegasus (sinusoids in halves, no offset) or, for positions
@@ -14,6 +19,7 @@ away from the halves layout; a permutation applied to every weight that reads or
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -23,6 +29,12 @@ from nmt.errors import NmtError
 
 INSTALL_HINT = "pip install 'nmt[hf]' (transformers, sentencepiece and protobuf)"
 MARIAN, M2M100, PEGASUS = "marian", "m2m_100", "pegasus"
+SUPPORTED = (MARIAN, M2M100, PEGASUS)  # the model types nmt imports (config.json's model_type)
+ATTENTION = ("eager", "sdpa")  # transformers' built-in attention; nmt imports with eager
+REFUSED_KEYS = ("auto_map", "custom_pipelines", "quantization_config")  # config.json keys naming code or a quantizer
+ATTENTION_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
+                  "experts_implementation", "_experts_implementation", "_experts_implementation_internal")
+SHARD = re.compile(r"[\w.-]+\.safetensors")  # a weights shard's file name, in the directory itself
 
 
 def require_transformers():
@@ -38,18 +50,59 @@ def require_transformers():
 
 
 def _hf_config(hf_dir: Path):
+    """The transformers config of `hf_dir`, read by nmt first (`_check_hf_config`) and only then by transformers,
+    which then runs no code and fetches nothing."""
     transformers = require_transformers()
-    if not (hf_dir / "config.json").is_file():
-        raise NmtError(f"{hf_dir}: no config.json; give a directory written by save_pretrained (a MarianMTModel "
-                       "or M2M100ForConditionalGeneration)")
+    _check_hf_config(hf_dir)
     try:
-        config = transformers.AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+        return transformers.AutoConfig.from_pretrained(str(hf_dir), local_files_only=True, trust_remote_code=False)
     except (ValueError, OSError, KeyError) as e:
         raise NmtError(f"{hf_dir}/config.json: transformers cannot read it ({str(e).splitlines()[0]})") from None
-    if config.model_type not in (MARIAN, M2M100, PEGASUS):
-        raise NmtError(f"{hf_dir}: model_type {config.model_type!r} is not supported; nmt imports marian "
+
+
+def _check_hf_config(hf_dir: Path) -> None:
+    """config.json as nmt imports it: a JSON object of a supported model type, naming no code of its own (auto_map),
+    no quantizer and no attention or experts implementation but transformers' built-in eager and sdpa (another one
+    is a kernel fetched from the Hub)."""
+    from nmt.checkpoint import read_json
+
+    path = hf_dir / "config.json"
+    if not path.is_file():
+        raise NmtError(f"{hf_dir}: no config.json; give a directory written by save_pretrained (a MarianMTModel "
+                       "or M2M100ForConditionalGeneration)")
+    raw = read_json(path)
+    for key in REFUSED_KEYS:
+        if key in raw:
+            raise NmtError(f"{path}: {key} {str(raw[key])[:80]}: nmt runs no code and loads no quantizer from a model "
+                           f"directory, and {', '.join(SUPPORTED)} need neither; remove the key")
+    for key in ATTENTION_KEYS:
+        if raw.get(key) not in (None, *ATTENTION):
+            raise NmtError(f"{path}: {key} {str(raw[key])[:80]!r}: nmt imports with transformers' own attention "
+                           f"({' or '.join(ATTENTION)}); remove the key")
+    if raw.get("model_type") not in SUPPORTED:
+        raise NmtError(f"{hf_dir}: model_type {str(raw.get('model_type'))[:80]!r} is not supported; nmt imports marian "
                        "(OPUS-MT), m2m_100 (M2M100, NLLB) and pegasus (what nmt exports pre-norm models as) models")
-    return config
+
+
+def _check_hf_weights(hf_dir: Path) -> None:
+    """The weights as safetensors (one model.safetensors, or shards its index names in `hf_dir`): never a pickle."""
+    from nmt.checkpoint import read_json
+
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        shards = set(weight_map.values()) if isinstance(weight_map, dict) else {None}
+        bad = [s for s in shards if not (isinstance(s, str) and SHARD.fullmatch(s) and (hf_dir / s).is_file())]
+        if bad:
+            raise NmtError(f"{index}: shard {str(bad[0])[:80]!r} is not a .safetensors file in {hf_dir}; save the model "
+                           "again with save_pretrained")
+    elif not (hf_dir / "model.safetensors").is_file():
+        pickled = sorted(p.name for p in hf_dir.glob("pytorch_model*.bin"))
+        if pickled:
+            raise NmtError(f"{hf_dir}: the weights are a pickle ({pickled[0]}), which nmt never reads (loading one can "
+                           "run code); convert them where you trust the file: transformers.AutoModelForSeq2SeqLM."
+                           "from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)")
+        raise NmtError(f"{hf_dir}: no model.safetensors; give a directory written by save_pretrained")
 
 
 def _same(config, a: str, b: str) -> int:
@@ -87,9 +140,11 @@ def model_from_hf(hf_dir: str | Path):
 
     hf_dir = Path(hf_dir)
     config = _hf_config(hf_dir)
+    _check_hf_weights(hf_dir)
     transformers = require_transformers()
-    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(hf_dir), local_files_only=True,
-                                                            dtype=torch.float32).eval()
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        str(hf_dir), config=config, local_files_only=True, trust_remote_code=False, use_safetensors=True,
+        attn_implementation="eager", dtype=torch.float32).eval()
     cfg = model_config_from_hf(config)
     inner = hf.get_encoder(), hf.get_decoder()
     enc, dec = inner
@@ -149,6 +204,7 @@ def tokenizer_from_hf(hf_dir: str | Path, config=None, src_lang: str | None = No
     SentencePiece models (source.spm, target.spm) are converted by transformers' converter with the ids of the
     joint vocab.json, one tokenizer per side. With `src_lang`/`tgt_lang` (M2M100, NLLB) the source starts with
     its language token and the target with its own, as transformers' tokenizer does with src_lang/tgt_lang.
+    Only these fixed names are read: no file a tokenizer_config.json names, and no tokenizer code.
     """
     from nmt.tokenizer import PairTokenizer, read_tokenizer, with_template
 

@@ -85,6 +85,53 @@ def marian_nmt(marian_dir, tmp_path_factory) -> Path:
     return out
 
 
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_directory_naming_code_of_its_own_runs_none_of_it(tmp_path, capsys, monkeypatch):
+    """Before, transformers asked on stdin whether to run the directory's code, and ran it on "y"."""
+    import io
+    import json
+
+    hf, marker = tmp_path / "hf", tmp_path / "ran"
+    hf.mkdir()
+    (hf / "evil.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n")
+    (hf / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": {
+        "AutoConfig": "evil.EvilConfig", "AutoModelForSeq2SeqLM": "evil.EvilModel"}}))
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 4))
+    assert main(["import", str(hf), str(tmp_path / "out")]) == 2
+    line = _one_error_line(capsys)
+    assert "config.json: auto_map" in line and "nmt runs no code" in line, line
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_an_attention_kernel_or_pickled_weights_are_refused_before_transformers_loads(marian_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    kernel, pickled = tmp_path / "kernel", tmp_path / "pickled"
+    for d in (kernel, pickled):
+        shutil.copytree(marian_dir, d)
+    config = json.loads((kernel / "config.json").read_text())
+    (kernel / "config.json").write_text(json.dumps(config | {"attn_implementation": "kernels-community/flash-attn"}))
+    assert main(["import", str(kernel), str(tmp_path / "out")]) == 2  # before: transformers tried to fetch it
+    assert "attn_implementation 'kernels-community/flash-attn'" in _one_error_line(capsys)
+
+    class Planted:  # unpickling it would create the marker
+        def __reduce__(self):
+            return open, (str(tmp_path / "ran"), "w")
+
+    (pickled / "model.safetensors").unlink()
+    torch.save({"model.shared.weight": Planted()}, pickled / "pytorch_model.bin")
+    assert main(["import", str(pickled), str(tmp_path / "out")]) == 2
+    line = _one_error_line(capsys)
+    assert "pytorch_model.bin), which nmt never reads" in line and "save_pretrained(DIR, safe_serialization=True)" in line
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
+
+
 def test_an_imported_marian_tokenizer_gives_transformers_ids(marian_dir, marian_nmt):
     ours, theirs = PairTokenizer.load(marian_nmt), transformers.MarianTokenizer.from_pretrained(marian_dir)
     assert ours.joint and not ours.one_file  # one segmenter per side, over one joint vocabulary
