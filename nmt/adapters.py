@@ -11,12 +11,13 @@ A LoRA run's model directory is its base model directory (config.json, the uncha
 model.safetensors, the tokenizer) plus peft's adapter files, adapter_config.json and adapter_model.safetensors
 (keys as `PeftModel.save_pretrained` writes them). `Seq2SeqTransformer.from_pretrained` merges the adapter in
 when it finds one, so translate, evaluate and serve take such a directory as it is; `merge_adapter_dir`
-(`nmt merge-adapter`) writes the merged weights as a plain model directory.
+(`nmt merge-adapter`) writes the merged weights as a plain model directory. Such a directory is untrusted: nmt
+reads adapter_config.json itself and builds plain LoRA from the settings its training writes
+(`adapter_settings`), initialisation off, then loads the weights; peft never reads the file.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -79,9 +80,11 @@ def freeze(model: torch.nn.Module, parts: list[str]) -> list[str]:
 # --- LoRA ----------------------------------------------------------------------------------------------------------
 
 
-def lora_config(cfg: FinetuneConfig):
+def lora_config(cfg: FinetuneConfig, init: bool = True):
+    """peft's LoraConfig of `cfg`: plain LoRA; `init` False leaves the matrices for weights loaded after."""
     return _peft("finetune.lora_r").LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                               target_modules=list(cfg.lora_targets), bias="none")
+                                               target_modules=list(cfg.lora_targets), bias="none",
+                                               init_lora_weights=init)
 
 
 def add_lora(model: torch.nn.Module, cfg: FinetuneConfig) -> torch.nn.Module:
@@ -130,27 +133,82 @@ def has_adapter(directory: str | Path) -> bool:
     return (Path(directory) / ADAPTER_CONFIG).is_file()
 
 
+# An adapter directory is untrusted: its adapter_config.json is read by nmt, not by peft, and the adapter is built
+# from the few keys below (as `add_lora` builds one for training), initialisation off, before its weights are loaded.
+# Any other setting (pissa/olora/... initialisation, DoRA, rsLoRA, rank patterns, modules to save) would make peft
+# compute or alter something nmt did not train, so it must be off (null, false, {} or []).
+LORA_KEYS = ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "bias", "init_lora_weights")
+INERT_KEYS = ("base_model_name_or_path", "revision", "task_type", "inference_mode", "peft_version", "auto_mapping",
+              "megatron_core", "qalora_group_size")  # names and settings of switches that must be off: no effect here
+
+
+def adapter_settings(directory: Path, model: torch.nn.Module) -> FinetuneConfig:
+    """The LoRA settings of `directory`'s adapter_config.json, checked against what nmt's training writes: peft_type
+    LORA, a rank that the adapter's weights have, alpha and dropout in FinetuneConfig's ranges, target modules among
+    `model`'s linears, no bias, initialisation true or false (the weights are loaded after), every other setting off."""
+    from nmt.checkpoint import read_json
+
+    path = directory / ADAPTER_CONFIG
+    raw = read_json(path)
+
+    def refuse(key: str, wants: str) -> NmtError:
+        return NmtError(f"{path}: {key} {str(raw.get(key))[:80]!r}: {wants}; nmt loads the LoRA adapters its "
+                        "training writes (copy adapter_config.json from the run's model/ again)")
+
+    if raw.get("peft_type") != "LORA":
+        raise refuse("peft_type", "nmt loads LoRA adapters only (peft_type LORA)")
+    on = [k for k, v in raw.items() if k not in LORA_KEYS + INERT_KEYS and v not in (None, False, {}, [])]
+    if on:
+        raise refuse(on[0], "a peft setting nmt does not train with; it must be off (null)")
+    r, alpha, dropout, targets = (raw.get(k) for k in ("r", "lora_alpha", "lora_dropout", "target_modules"))
+    if not (isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= 65536):
+        raise refuse("r", "the rank is an integer in [1, 65536]")
+    if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 < alpha <= 1e6):
+        raise refuse("lora_alpha", "alpha is a number in (0, 1e6]")
+    if not (isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and 0 <= dropout < 1):
+        raise refuse("lora_dropout", "dropout is a number in [0, 1)")
+    linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    if not (isinstance(targets, list) and targets and all(t in linears for t in targets)):
+        raise refuse("target_modules", f"a list of the model's linears ({', '.join(linears)})")
+    if raw.get("bias", "none") != "none":
+        raise refuse("bias", "LoRA adapters of nmt's train no bias (none)")
+    if raw.get("init_lora_weights", True) not in (True, False):
+        raise refuse("init_lora_weights", "an initialisation that changes the base weights; it must be true or false")
+    return FinetuneConfig(lora_r=r, lora_alpha=float(alpha), lora_dropout=float(dropout), lora_targets=targets)
+
+
 def load_adapter(model: torch.nn.Module, directory: str | Path, merge: bool = True) -> torch.nn.Module:
     """`model` (the base weights of `directory`) with the adapter of `directory`: merged into the base weights
-    (a plain model, as fast as one), or kept as LoRA layers (`merge=False`: the model as it trained)."""
-    from safetensors import SafetensorError
+    (a plain model, as fast as one), or kept as LoRA layers (`merge=False`: the model as it trained). The adapter is
+    built from its checked settings (`adapter_settings`), its size from the weights file's header, before any
+    tensor of it is read."""
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     directory = Path(directory)
     peft = _peft(f"{directory} holds a LoRA adapter ({ADAPTER_CONFIG}); loading it")
+    settings = adapter_settings(directory, model)
+    weights = directory / ADAPTER_WEIGHTS
     try:
-        config = peft.LoraConfig.from_pretrained(str(directory))
-        state = load_file(str(directory / ADAPTER_WEIGHTS))
-    except (OSError, ValueError, TypeError, json.JSONDecodeError, SafetensorError) as e:
-        raise NmtError(f"{directory}: cannot read its adapter ({e}); copy {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
-                       "from the run's model/ again") from None
-    tuner = peft.LoraModel(model, config, ADAPTER)
-    state = {k.removeprefix(PEFT_PREFIX): v for k, v in state.items()}
-    expected = set(peft.get_peft_model_state_dict(model, adapter_name=ADAPTER))
-    if set(state) != expected:
-        odd = sorted(set(state) ^ expected)[:3]
-        raise NmtError(f"{directory / ADAPTER_WEIGHTS}: its tensors are not those of {ADAPTER_CONFIG}'s adapter "
-                       f"(e.g. {odd}); copy both files from the same run")
+        with safe_open(str(weights), framework="pt") as f:
+            shapes = {k.removeprefix(PEFT_PREFIX): tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (OSError, SafetensorError) as e:
+        raise NmtError(f"{weights}: cannot read it ({e}); copy {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} from the run's "
+                       "model/ again") from None
+    ranks = {shape[0] for k, shape in shapes.items() if k.endswith(".lora_A.weight")}
+    if ranks != {settings.lora_r}:
+        raise NmtError(f"{weights}: its LoRA matrices have rank {sorted(ranks) or 'none'}, {ADAPTER_CONFIG} says r "
+                       f"{settings.lora_r}; copy both files from the same run")
+    tuner = peft.LoraModel(model, lora_config(settings, init=False), ADAPTER)
+    expected = {k: tuple(v.shape) for k, v in peft.get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
+    if shapes != expected:
+        odd = sorted(k for k in set(shapes) | set(expected) if shapes.get(k) != expected.get(k))[:3]
+        raise NmtError(f"{weights}: its tensors are not those of {ADAPTER_CONFIG}'s adapter (e.g. {odd}); copy both "
+                       "files from the same run")
+    try:
+        state = {k.removeprefix(PEFT_PREFIX): v for k, v in load_file(str(weights)).items()}
+    except (OSError, SafetensorError) as e:
+        raise NmtError(f"{weights}: cannot read it ({e}); copy it from the run's model/ again") from None
     peft.set_peft_model_state_dict(model, state, adapter_name=ADAPTER)
     if not merge:
         return model

@@ -136,6 +136,28 @@ def test_merge_adapter_refuses_to_replace_a_directory_and_a_model_without_adapte
     assert "no adapter_config.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("key, value, needle", [
+    ("init_lora_weights", "pissa", "an initialisation that changes the base weights"),  # before: merged, weights off by 1.24
+    ("init_lora_weights", "olora", "an initialisation that changes the base weights"),
+    ("peft_type", "IA3", "nmt loads LoRA adapters only"),  # before: an AttributeError
+    ("use_rslora", True, "a peft setting nmt does not train with"),
+    ("target_modules", ["tgt_embed"], "a list of the model's linears"),
+    ("r", 64, "its LoRA matrices have rank [8]"),
+])
+def test_merge_adapter_builds_the_adapter_from_settings_nmt_writes_only(lora_run, tmp_path, capsys, key, value, needle):
+    import json
+    import shutil
+
+    planted = tmp_path / "planted"
+    shutil.copytree(lora_run / "model", planted)
+    config = json.loads((planted / "adapter_config.json").read_text())
+    (planted / "adapter_config.json").write_text(json.dumps(config | {key: value}))
+    assert main(["merge-adapter", str(planted), str(tmp_path / "merged")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and str(planted) in err[0], err
+    assert not (tmp_path / "merged").exists()
+
+
 @pytest.mark.parametrize("which", ["lora", "frozen"])
 def test_a_resumed_run_continues_exactly_as_the_uninterrupted_one(which, lora_run, frozen_run, corpus_dir, base,
                                                                     tmp_path):
