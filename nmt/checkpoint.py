@@ -2,12 +2,14 @@
 info` and the path checks of nmt.validate name these files cheaply; the functions that read weights import torch
 and Accelerate inside.
 
-In reading order: the files of a model directory (output_dir/model, output_dir/best, `nmt average -o DIR`) and
-reading its JSON with named errors; step_N checkpoints, written under a temporary name and renamed into place, so
+In reading order: the files of a model directory (output_dir/model, output_dir/best, `nmt average -o DIR`),
+reading its JSON with named errors and its language codes by one rule (a model directory is untrusted: a code
+becomes a file suffix and a tag); step_N checkpoints, written under a temporary name and renamed into place, so
 a directory named step_N is always complete (`latest` is the newest such directory), with the sha256
 fingerprints of the data they were trained on and of their tokenizer file(s) (`FINGERPRINTS`), so a resume on
 other data and a model directory with another tokenizer are named instead of silently misread; whether a
-checkpoint is whole before Accelerate loads it; and checkpoint averaging.
+checkpoint is whole before Accelerate loads it; a directory written whole by export, import, average and
+merge-adapter, over only what nmt wrote (`check_output_dir`); and checkpoint averaging.
 """
 
 from __future__ import annotations

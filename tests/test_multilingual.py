@@ -146,6 +146,23 @@ def test_translate_asks_for_the_target_language(run, corpus_dir, tmp_path, capsy
         translator.translate(lines, tgt_lang="de")
 
 
+@pytest.mark.parametrize("change, needle", [
+    ({"tags": {"en": "</s>", "xx": "<2xx>"}}, "tags['en'] is '</s>'"),  # before: </s> started every source
+    ({"target_languages": ["en", "../xx"]}, "target_languages[1]: '../xx' is not a language code"),
+])
+def test_a_planted_languages_json_is_refused_in_one_line(run, corpus_dir, tmp_path, capsys, change, needle):
+    import shutil
+
+    _, out = run
+    model = tmp_path / "model"
+    shutil.copytree(out / "model", model)
+    record = json.loads((model / "languages.json").read_text())
+    (model / "languages.json").write_text(json.dumps(record | change))
+    assert main(["translate", str(model), "--tgt-lang", "en", "--input", str(corpus_dir / "test.xx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "languages.json" in err[0], err
+
+
 def test_every_piece_of_a_split_source_starts_with_the_tag(run, monkeypatch):
     import nmt.translate
 
