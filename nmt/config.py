@@ -16,6 +16,7 @@ Launch settings (processes, precision, GPUs) live in accelerate_configs/, not he
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -34,10 +35,12 @@ from nmt.errors import NmtError
 # What values a config key or flag allows: an interval for every numeric key, a kind for every path key.
 #
 # A dataclass field declares them in its metadata (`ranged`, `path_key`), and `check_fields` checks an
-# instance in one place, naming the key, the value and what is allowed. The same call expands `~` and
-# environment variables in its path keys (`expand_paths`): every config, from YAML, flags or Python, holds the
-# paths it names, and no later reader expands them again. No torch and no filesystem here: path keys are checked
-# against the disk by `nmt.validate` at the start of training and `nmt check`.
+# instance in one place, naming the key, the value and what is allowed. The same call expands a leading `~` in its
+# path keys (`expand_home`), whichever way the config was built. Environment variables (`$VAR`, `${VAR}`; `$$` for
+# a literal `$`) are expanded in the values of config files only (`expand_file_paths`, called by `load_config`):
+# a flag's value has been through the shell already, and a value given in Python is the path it says. No torch and
+# no filesystem here: path keys are checked against the disk by `nmt.validate` at the start of training and
+# `nmt check`.
 
 RANGE, PATH = "range", "path"  # the metadata keys
 # what each path kind must be on disk: the README table's "allowed" column and nmt.validate's messages
@@ -103,12 +106,12 @@ def allowed_text(f: dataclasses.Field) -> str:
 
 
 def check_fields(obj: Any, prefix: str = "", noun: str = "config key") -> None:
-    """Refuse the first field of dataclass `obj` whose value lies outside its declared range, after expanding its
-    path keys (`expand_paths`).
+    """Refuse the first field of dataclass `obj` whose value lies outside its declared range, after expanding a
+    leading `~` in its path keys (`expand_home`).
 
     The message names the key (`prefix` + field name), the value and the allowed interval.
     """
-    expand_paths(obj, prefix, noun)
+    expand_home(obj)
     for f in dataclasses.fields(obj):
         allowed = f.metadata.get(RANGE)
         value = getattr(obj, f.name)
@@ -119,30 +122,84 @@ def check_fields(obj: Any, prefix: str = "", noun: str = "config key") -> None:
                 raise NmtError(f"{noun} '{prefix}{f.name}': {value!r} is outside the allowed range {allowed}")
 
 
-def expand_paths(obj: Any, prefix: str = "", noun: str = "config key") -> None:
-    """Replace `~` and `$VAR` / `${VAR}` in the path keys of dataclass `obj` (each item of a list) by what they
-    stand for. Idempotent: a path without them is left as it is. A variable that is not set is an error naming
-    the key, rather than a folder named `$VAR` made later."""
+def expand_home(obj: Any) -> None:
+    """Replace a leading `~` (or `~user`) in the path keys of dataclass `obj` (each item of a list) by the home folder
+    it stands for. Idempotent, so a config checked again is unchanged; `./~` names a folder called `~`."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if PATH not in f.metadata or value is None:
             continue
-        key = f"{noun} '{prefix}{f.name}'"
-        expanded = [expand_path(v, key) for v in value] if isinstance(value, list) else expand_path(value, key)
+        home = lambda v: os.path.expanduser(v) if isinstance(v, str) else v  # a non-string is the type check's
+        expanded = [home(v) for v in value] if isinstance(value, list) else home(value)
         if expanded != value:
             setattr(obj, f.name, expanded)
 
 
+VARIABLE = re.compile(r"\$(?:\$|(\w+)|\{([^}]*)\})")  # $$ (a literal $), $VAR, ${VAR}
+
+
 def expand_path(text: Any, key: str) -> Any:
-    """`text` with `~` and environment variables expanded (a non-string is returned as it is, for the type check)."""
+    """`text`, a path as a config file gives it, with a leading `~`, `$VAR` and `${VAR}` expanded and `$$` read as
+    one `$` (as docker-compose and make do); a non-string is returned as it is, for the type check. A variable that
+    is not set is an error naming the key, rather than a folder named `$VAR` made later."""
     if not isinstance(text, str):
         return text
-    out = os.path.expanduser(os.path.expandvars(text))
-    unset = [m[1] or m[2] for m in re.finditer(r"\$(?:(\w+)|\{([^}]*)\})", out) if (m[1] or m[2]) not in os.environ]
-    if unset:
-        raise NmtError(f"{key}: {text!r} names the environment variable ${unset[0]}, which is not set; set it or "
-                       "write the path out")
-    return out
+
+    def value(m: re.Match) -> str:
+        if m[0] == "$$":
+            return "$"
+        name = m[1] or m[2]
+        if name not in os.environ:
+            raise NmtError(f"{key}: {text!r} names the environment variable ${name}, which is not set; set it, write "
+                           "the path out, or write $$ for a literal $")
+        return os.environ[name]
+
+    user = re.match(r"~[^/]*", text)  # expanded apart: the home folder's own name is not read for variables
+    if user is None:
+        return VARIABLE.sub(value, text)
+    return os.path.expanduser(user[0]) + VARIABLE.sub(value, text[user.end():])
+
+
+def expand_file_paths(cls: type, data: dict, where: str = "") -> None:
+    """Expand (`expand_path`) every path value of `data`, a config file's mapping for dataclass `cls`, in place;
+    `where` (the file) starts each message."""
+    _map_paths(cls, data, lambda text, key: expand_path(text, f"{where}{': ' if where else ''}config key {key!r}"))
+
+
+def escape_paths(cls: type, data: dict) -> None:
+    """The inverse for a file nmt writes (config.yaml): each `$` of a path value doubled, so that reading the file
+    as a config gives the path back as it was."""
+    _map_paths(cls, data, lambda text, key: text.replace("$", "$$"))
+
+
+def _map_paths(cls: type, data: Any, fn: Any, prefix: str = "") -> None:
+    """Replace each string of a path key in `data` (plain data for dataclass `cls`: sections, lists, corpus items)
+    by fn(text, dotted key), in place. What is not of the expected shape is left to `from_dict` to name."""
+    if not isinstance(data, dict):
+        return
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        key, value = f"{prefix}{f.name}", data[f.name]
+        if dataclasses.is_dataclass(hints[f.name]):
+            _map_paths(hints[f.name], value, fn, key + ".")
+        elif PATH in f.metadata:
+            data[f.name] = _map_path(value, key, fn)
+
+
+def _map_path(value: Any, key: str, fn: Any) -> Any:
+    if isinstance(value, str):
+        return fn(value, key)
+    if isinstance(value, list):  # data.train: paths and corpus items
+        out = []
+        for i, item in enumerate(value):
+            if isinstance(item, dict):
+                item = dict(item)
+                _map_paths(CorpusSpec, item, fn, f"{key}[{i}].")
+            out.append(_map_path(item, f"{key}[{i}]", fn) if isinstance(item, str) else item)
+        return out
+    return value
 
 
 def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
@@ -158,6 +215,17 @@ def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, A
 # --- The configuration tree ------------------------------------------------------------------------------------------
 BUILTIN = "builtin:synthetic"  # the embedded corpus (nmt.synthetic)
 LANG = re.compile(r"[A-Za-z0-9_-]+")  # a language code: a file suffix and a tag <2xx>
+MAX_LANG_CODE = 32  # characters of a language code (BCP 47 tags and NLLB's eng_Latn are far shorter)
+
+
+def check_lang_code(value: Any, where: str) -> str:
+    """`value` when it is a language code (`LANG`: letters, digits, _ or -, at most MAX_LANG_CODE characters), else
+    NmtError naming `where` (e.g. "config key 'data.tgt_lang'", "--tgt-lang"). The one rule for every language code
+    nmt is given: a code names files (PREFIX.<lang>) and a tag <2lang>, so it may hold neither a path nor a space."""
+    if not (isinstance(value, str) and len(value) <= MAX_LANG_CODE and LANG.fullmatch(value)):
+        raise NmtError(f"{where}: {str(value)[:60]!r} is not a language code (letters, digits, _ or -, at most "
+                       f"{MAX_LANG_CODE} characters, e.g. de or pt_BR)")
+    return value
 
 
 @dataclass
@@ -217,6 +285,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "data.")
+        for side in ("src_lang", "tgt_lang"):
+            check_lang_code(getattr(self, side), f"config key 'data.{side}'")
         n_train = 1 if isinstance(self.train, str) else len(self.train)
         _check(n_train > 0, "data.train", "needs at least one corpus")
         if self.weights is not None:
@@ -230,9 +300,8 @@ class DataConfig:
                     check_fields(item, f"data.{name}[{i}].")
                     _check(bool(item.path), f"data.{name}[{i}].path", "is required: the corpus to read")
                     for side in ("src_lang", "tgt_lang"):
-                        lang = getattr(item, side)
-                        _check(lang is None or bool(LANG.fullmatch(lang)), f"data.{name}[{i}].{side}",
-                               f"{lang!r} is not a language code (letters, digits, _ or -, e.g. de or pt_BR)")
+                        if getattr(item, side) is not None:
+                            check_lang_code(getattr(item, side), f"config key 'data.{name}[{i}].{side}'")
                     _check(item.weight is None or name == "train", f"data.{name}[{i}].weight",
                            "weights only the training corpora")
                     _check(item.weight is None or self.weights is None, f"data.{name}[{i}].weight",
@@ -484,11 +553,28 @@ def check_config(cfg: TrainConfig) -> None:
 
 
 # --- YAML files and command-line overrides -----------------------------------------------------------------------
+# YAML is read by PyYAML's SafeLoader (no tags that build objects, no `!!python`) with YAML 1.2's core schema for
+# plain scalars instead of PyYAML's YAML 1.1 one: `0777` is the int 777 (octal is `0o777`), `1:30` is the string
+# "1:30" (no base 60), `no`, `yes`, `on` and `off` are strings (only true and false are booleans), `1e-3` is a
+# float, a date is a string. A key given twice in one mapping is an error (YAML keeps the last silently), and so is
+# an integer of more than MAX_DIGITS digits (Python refuses to convert over 4,300; no key takes a tenth of that).
+
+CORE_SCHEMA = (  # (tag, pattern, the characters a match starts with): YAML 1.2's core schema, tried in this order
+    ("tag:yaml.org,2002:bool", r"true|True|TRUE|false|False|FALSE", "tTfF"),
+    ("tag:yaml.org,2002:int", r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),
+    ("tag:yaml.org,2002:float", r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)"
+                                r"|\.(nan|NaN|NAN)", "-+.0123456789"),
+)
+YAML_1_1_ONLY = {f"tag:yaml.org,2002:{name}" for name in ("bool", "int", "float", "timestamp", "value")}
+MAX_DIGITS = 100
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """A TrainConfig from a YAML file (optional) and `key.sub=value` overrides (applied in order)."""
+    """A TrainConfig from a YAML file (optional; its path keys expanded, `expand_file_paths`) and `key.sub=value`
+    overrides, applied in order, whose values are taken as they are given (the shell has expanded them)."""
     data = read_yaml(path) if path else {}
+    if path:
+        expand_file_paths(TrainConfig, data, str(path))
     for item in overrides or []:
         key, value = parse_override(item)
         set_path(data, key, value)
@@ -496,6 +582,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def read_yaml(path: str | Path) -> dict:
+    """The mapping a YAML file holds, as written (no path expanded)."""
     import yaml  # here, not at the top: `nmt --help` and `nmt info` read no YAML
 
     path = Path(path)
@@ -506,6 +593,8 @@ def read_yaml(path: str | Path) -> dict:
     except _DuplicateKey as e:
         raise NmtError(f"{path}:{e.line}: key {e.key!r} is given twice in one section (first on line {e.first}); "
                        "YAML would keep only the last silently: delete one") from None
+    except _LongNumber as e:
+        raise NmtError(f"{path}:{e.line}: {e}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise NmtError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if data is None:
@@ -519,13 +608,15 @@ def parse_override(item: str) -> tuple[str, Any]:
     """`model.d_model=256` -> ("model.d_model", 256); the value is read as YAML (numbers, lists, null)."""
     key, sep, raw = item.partition("=")
     if not sep or not key:
-        raise NmtError(f"override {item!r}: write it as key=value, e.g. model.d_model=256")
+        raise NmtError(f"override {item[:80]!r}: write it as key=value, e.g. model.d_model=256")
     import yaml
 
     try:
         value = _load_yaml(raw) if raw.strip() else ""
     except _DuplicateKey as e:
         raise NmtError(f"override {item!r}: key {e.key!r} is given twice; delete one") from None
+    except _LongNumber as e:
+        raise NmtError(f"override {key.strip().lstrip('-')!r}: {e}") from None
     except yaml.YAMLError:
         value = raw
     return key.strip().lstrip("-"), value
@@ -537,12 +628,33 @@ class _DuplicateKey(Exception):
         self.key, self.first, self.line = key, first, line
 
 
+class _LongNumber(Exception):
+    def __init__(self, digits: int, line: int):
+        super().__init__(f"a number of {digits:,} digits, more than any config key allows (at most {MAX_DIGITS}); "
+                         "give a value in the key's allowed range (nmt train --help lists them)")
+        self.line = line
+
+
 def _load_yaml(text: str) -> Any:
-    """`yaml.safe_load`, except that a key given twice in one mapping raises `_DuplicateKey` (PyYAML keeps the last
-    one without a word, so a second `lr:` further down would silently win)."""
+    """`yaml.safe_load` with YAML 1.2 core-schema scalars, except that a key given twice in one mapping raises
+    `_DuplicateKey` (PyYAML keeps the last one without a word, so a second `lr:` further down would silently win)
+    and an integer of more than MAX_DIGITS digits raises `_LongNumber`."""
     import yaml
 
+    return yaml.load(text, Loader=_yaml_classes()[0])
+
+
+@functools.cache
+def _yaml_classes() -> tuple[type, type]:
+    """(the loader, the dumper): SafeLoader and SafeDumper with YAML 1.2 core-schema resolvers of their own."""
+    import yaml
+
+    kept = {first: [(tag, rx) for tag, rx in pairs if tag not in YAML_1_1_ONLY]
+            for first, pairs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
     class UniqueKeyLoader(yaml.SafeLoader):
+        yaml_implicit_resolvers = {first: pairs for first, pairs in kept.items() if pairs}
+
         def construct_mapping(self, node, deep=False):
             if isinstance(node, yaml.MappingNode):
                 lines: dict = {}
@@ -558,7 +670,49 @@ def _load_yaml(text: str) -> Any:
                         continue
             return super().construct_mapping(node, deep)
 
-    return yaml.load(text, Loader=UniqueKeyLoader)
+    for tag, pattern, first in CORE_SCHEMA:
+        UniqueKeyLoader.add_implicit_resolver(tag, re.compile(rf"(?:{pattern})\Z"), list(first))  # PyYAML: re.match
+    UniqueKeyLoader.add_constructor("tag:yaml.org,2002:bool", _core_bool)
+    UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _core_int)
+    UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _core_float)
+
+    class CoreDumper(yaml.SafeDumper):
+        """Quotes a string that either schema would read as something else ("no" for YAML 1.1, "1e3" for 1.2), so
+        what nmt writes reads back the same with either."""
+
+        def resolve(self, kind, value, implicit):
+            tag = super().resolve(kind, value, implicit)
+            if kind is yaml.ScalarNode and implicit[0] and tag == "tag:yaml.org,2002:str":
+                return next((t for t, pattern, _ in CORE_SCHEMA if re.fullmatch(pattern, value)), tag)
+            return tag
+
+    return UniqueKeyLoader, CoreDumper
+
+
+def _core_scalar(loader: Any, node: Any, kind: str) -> str:
+    text = loader.construct_scalar(node)
+    pattern = next(p for t, p, _ in CORE_SCHEMA if t.endswith(kind))
+    if not re.fullmatch(pattern, text):
+        import yaml
+
+        raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not a YAML 1.2 {kind}", node.start_mark)
+    return text
+
+
+def _core_bool(loader: Any, node: Any) -> bool:
+    return _core_scalar(loader, node, "bool").lower() == "true"
+
+
+def _core_int(loader: Any, node: Any) -> int:
+    text = _core_scalar(loader, node, "int")
+    if len(text.lstrip("+-")) > MAX_DIGITS:
+        raise _LongNumber(len(text.lstrip("+-")), node.start_mark.line + 1)
+    return int(text[2:], 8) if text.startswith("0o") else int(text[2:], 16) if text.startswith("0x") else int(text, 10)
+
+
+def _core_float(loader: Any, node: Any) -> float:
+    text = _core_scalar(loader, node, "float")
+    return float(text.lower().replace(".inf", "inf").replace(".nan", "nan"))
 
 
 def set_path(data: dict, dotted: str, value: Any) -> None:
@@ -573,9 +727,13 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
 
 
 def save_yaml(cfg: Any, path: str | Path) -> None:
+    """`cfg` as a YAML file that `load_config` reads back as it was (each `$` of a path doubled, `escape_paths`)."""
     import yaml
 
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    data = to_dict(cfg)
+    if dataclasses.is_dataclass(cfg):
+        escape_paths(type(cfg), data)
+    Path(path).write_text(yaml.dump(data, Dumper=_yaml_classes()[1], sort_keys=False), encoding="utf-8")
 
 
 # --- Dataclasses from plain data and back, strictly ------------------------------------------------------------------
@@ -630,16 +788,11 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     return _scalar(tp, value, path)
 
 
-EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
 def _scalar(tp: Any, value: Any, path: str) -> Any:
     if tp is Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value) if abs(value) < 2**1023 else math.inf if value > 0 else -math.inf  # refused by its range
-    if tp is float and isinstance(value, str) and EXPONENT_FLOAT.fullmatch(value.strip()):
-        return float(value)  # 1e-3: YAML 1.1 (PyYAML) reads a float without a dot as a string
     if tp is int and isinstance(value, bool) or not isinstance(value, tp):
         raise NmtError(f"config key {path!r}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
     return value

@@ -29,6 +29,7 @@ def check_run(cfg: TrainConfig) -> None:
     after construction) and every path key against the disk. Called at the start of training and `nmt check`."""
     check_config(cfg)
     check_paths(cfg)
+    check_overwrite(cfg)
     if cfg.finetune.lora_r and not _installed("peft"):
         raise NmtError("finetune.lora_r needs peft: pip install 'nmt[lora]'")
 
@@ -51,6 +52,27 @@ def check_paths(cfg: TrainConfig) -> None:
                     PATH_CHECKS[kind](f"{key}[{i}].path", Path(item.path), own)
                 else:
                     PATH_CHECKS[kind](key, Path(str(item)), cfg)  # expanded where the config is read
+
+
+def check_overwrite(cfg: TrainConfig) -> None:
+    """`overwrite` moves a used output_dir aside as a whole, as `<output_dir>.old-<time>`: refuse an output_dir that
+    has no name of its own to move (`.`, `..`, `/`) or that holds the working directory or the home folder."""
+    if not cfg.overwrite:
+        return
+    out = Path(cfg.output_dir)
+    where, cwd, home = out.resolve(), Path.cwd().resolve(), Path(os.path.expanduser("~")).resolve()
+    if where == cwd:
+        what = "is the working directory"
+    elif where in cwd.parents:
+        what = "holds the working directory"
+    elif where == home or where in home.parents:
+        what = "is or holds your home folder"
+    elif out.name in ("", ".."):
+        what = "names no folder of its own"
+    else:
+        return
+    raise NmtError(f"config key 'output_dir': {cfg.output_dir} {what}, which --overwrite would move aside as a whole; "
+                   "give the run a folder of its own, e.g. --output_dir runs/NAME")
 
 
 def _refuse(key: str, path: Path, problem: str, kind: str) -> NmtError:
@@ -128,6 +150,9 @@ PATH_CHECKS: dict[str, Callable[[str, Path, TrainConfig], None]] = {
 # --- command-line numbers -------------------------------------------------------------------------
 
 
+MAX_NUMBER_CHARS = 100  # longer is no number of any flag's range
+
+
 class Number:
     """An argparse `type` that reads an int or float and refuses values outside an interval with argparse's own
     message and exit code 2. The interval is given ("[1, 1000]") or taken from the dataclass field the flag sets
@@ -147,6 +172,9 @@ class Number:
         return next(f for f in dataclasses.fields(cls) if f.name == name).metadata[RANGE]
 
     def __call__(self, text: str) -> Any:
+        if len(text) > MAX_NUMBER_CHARS:  # Python refuses ints over 4,300 digits; none of ours needs 100
+            raise argparse.ArgumentTypeError(f"a value of {len(text):,} characters is outside the allowed range "
+                                             f"{self.allowed}")
         try:
             value = self.kind(text)
         except ValueError:
@@ -161,16 +189,11 @@ class Number:
 
 
 def utf8_lines(stream: Iterable[bytes | str], name: str) -> Iterator[str]:
-    """The lines of a binary (or text) stream as str, refusing the first one that is not UTF-8 by its number."""
-    for n, raw in enumerate(stream, 1):
-        if isinstance(raw, str):
-            yield raw
-            continue
-        try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise NmtError(f"{name}:{n}: not valid UTF-8 (byte {e.start + 1} of the line); "
-                           "convert it, e.g. iconv -f latin1 -t utf-8") from None
+    """`nmt.textfiles.utf8_lines` (line ends kept), the one reader of text lines, imported when first called: the
+    command line imports this module for `nmt --help`, which needs no pyarrow."""
+    from nmt.textfiles import utf8_lines as lines
+
+    return lines(stream, name)
 
 
 # --- explaining exceptions ------------------------------------------------------------------------------

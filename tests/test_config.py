@@ -1,6 +1,7 @@
 """The config tree: YAML, overrides and Python build the same thing; bad keys and types are named."""
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from nmt.config import (
     from_dict,
     load_config,
     parse_override,
+    save_yaml,
     set_path,
     to_dict,
 )
@@ -69,7 +71,8 @@ def test_bad_keys_and_types_are_named(data, key):
 
 
 def test_floats_in_exponent_form_are_floats():
-    """PyYAML reads 1e-3 (no dot) as a string; `--optim.lr 1e-3` and `lr: 1e-3` in a file mean the number."""
+    """YAML 1.1 (PyYAML's) reads 1e-3 (no dot) as a string; `--optim.lr 1e-3` and `lr: 1e-3` in a file mean the
+    number."""
     cfg = load_config(None, ["optim.lr=1e-3", "optim.eps=1E-9"])
     assert (cfg.optim.lr, cfg.optim.eps) == (0.001, 1e-9)
     with pytest.raises(NmtError, match=r"'optim\.eps': -1e-09 is outside the allowed range"):
@@ -253,6 +256,42 @@ def test_a_key_given_twice_in_a_yaml_is_named_with_both_lines(tmp_path, capsys):
                    "would keep only the last silently: delete one"]
 
 
+def test_yaml_is_read_with_the_yaml_1_2_core_schema(tmp_path, capsys):
+    """No octal without 0o, no base 60, no yes/no/on/off booleans (YAML 1.1's: 511, 90 and False before)."""
+    from nmt.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  split_seed: 0777\n  tgt_lang: no\n  src_lang: on\nseed: 0o17\noptim:\n  lr: 1e-3\n")
+    cfg = load_config(path)
+    assert (cfg.data.split_seed, cfg.data.tgt_lang, cfg.data.src_lang, cfg.seed, cfg.optim.lr) == (777, "no", "on",
+                                                                                                   15, 0.001)
+    saved = tmp_path / "saved.yaml"
+    save_yaml(cfg, saved)
+    assert load_config(saved) == cfg and yaml.safe_load(saved.read_text())["data"]["tgt_lang"] == "no"
+    path.write_text(f"eval_every: 1:30\ndata:\n  train: {tmp_path / 'none'}\n")
+    assert main(["check", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "nmt check: error: config key 'eval_every': expected int, got '1:30' (str)"]
+    assert main(["check", "--config", str(path), "--eval_every", "10", "--tokenizer.joint", "yes"]) == 2
+    assert "config key 'tokenizer.joint': expected bool, got 'yes'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, key, value", [
+    (["--data.tgt_lang", "../../etc"], "data.tgt_lang", "../../etc"),
+    (["--data.src_lang", "e n"], "data.src_lang", "e n"),
+    (["data.tgt_lang=<2de>"], "data.tgt_lang", "<2de>"),
+    (["--data.train", "[{path: x, tgt_lang: a/b}]"], "data.train[0].tgt_lang", "a/b"),
+])
+def test_every_language_code_follows_one_rule(tmp_path, capsys, flags, key, value):
+    from nmt.cli import main
+
+    code = main(["check", "--data.train", str(tmp_path / "none"), *flags])  # before: top-level codes taken as given
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"nmt check: error: config key '{key}': {value!r} is not a language code (letters, digits, _ or -, at most "
+        "32 characters, e.g. de or pt_BR)"]
+
+
 @pytest.mark.usefixtures("fresh_accelerate_state")
 def test_home_and_environment_variables_in_path_keys_are_expanded_where_the_config_is_read(corpus_dir, tmp_path,
                                                                                           monkeypatch, capsys):
@@ -260,20 +299,26 @@ def test_home_and_environment_variables_in_path_keys_are_expanded_where_the_conf
 
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir(), cwd.mkdir()
+    corpus = tmp_path / "co$t"  # a literal $: $$ in a file, as it is in a flag
+    shutil.copytree(corpus_dir, corpus)
     monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("CORPUS", str(corpus_dir))
+    monkeypatch.setenv("CORPORA", str(tmp_path))
     monkeypatch.chdir(cwd)
     path = tmp_path / "c.yaml"
-    path.write_text("data:\n  train: $CORPUS/train\n  valid: ${CORPUS}/valid\n  test: $CORPUS/test\n"
+    path.write_text("data:\n  train: $CORPORA/co$$t/train\n  valid: ${CORPORA}/co$$t/valid\n"
                     "  cache_dir: ~/cache\noutput_dir: ~/runs/x\n")
+    out = home / "runs" / "$x"  # from a flag: the shell has expanded what it meant to, nmt expands nothing more
     argv = ["train", "--config", str(path), "--model.preset", "tiny", "--tokenizer.vocab_size", "300",
-            "--max_tokens", "400", "--max_steps", "2", "--eval_every", "2", "--eval_max_sentences", "4"]
-    assert main(argv) == 0, capsys.readouterr().err
-    assert (home / "runs" / "x" / "model" / "config.json").is_file() and (home / "cache").is_dir()
-    assert not list(cwd.iterdir())  # before: checked expanded, written to ./~/runs/x
-    saved = yaml.safe_load((home / "runs" / "x" / "config.yaml").read_text())
-    assert saved["output_dir"] == str(home / "runs" / "x") and saved["data"]["train"] == str(corpus_dir / "train")
-    assert TrainConfig(output_dir="~/py").output_dir == str(home / "py")  # a config built in Python alike
-    assert main([*argv, "--output_dir", "$NOT_SET_ANYWHERE/run"]) == 2
-    assert "'output_dir': '$NOT_SET_ANYWHERE/run' names the environment variable $NOT_SET_ANYWHERE, which is not " \
-           "set" in capsys.readouterr().err
+            "--max_tokens", "400", "--max_steps", "2", "--eval_every", "2", "--eval_max_sentences", "4",
+            "--data.test", f"{corpus}/test", "--output_dir", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err  # before: $t and $x are not set
+    assert (out / "model" / "config.json").is_file() and (home / "cache").is_dir()
+    assert not list(cwd.iterdir())  # before the expansion: checked expanded, written to ./~/runs/x
+    saved = load_config(out / "config.yaml")  # nmt's own config.yaml reads back as it was ($ written $$)
+    assert (saved.output_dir, saved.data.train, saved.data.test) == (str(out), f"{corpus}/train", f"{corpus}/test")
+    assert TrainConfig(output_dir="~/py").output_dir == str(home / "py")  # a leading ~ from Python alike
+    path.write_text("output_dir: $NOT_SET_ANYWHERE/run\n")
+    assert main(["check", "--config", str(path)]) == 2
+    assert f"{path}: config key 'output_dir': '$NOT_SET_ANYWHERE/run' names the environment variable " \
+           "$NOT_SET_ANYWHERE, which is not set; set it, write the path out, or write $$ for a literal $" in \
+           capsys.readouterr().err
