@@ -45,7 +45,7 @@ from nmt.compat import dataset_fingerprint, dataset_indices, generator_yielded_n
 from nmt.config import BUILTIN, DataConfig, DataSource, TokenizerConfig, lang_tag, to_dict
 from nmt.errors import NmtError
 from nmt.plan import vocab_size_for
-from nmt.textfiles import decode_line, text_pair_batches, tsv_batches, write_arrow
+from nmt.textfiles import text_pair_batches, tsv_batches, utf8_lines, write_arrow
 from nmt.tokenizer import PairTokenizer, bulk_threads, train_pair_tokenizer
 
 # --- A Dataset read through its Arrow table --------------------------------------------------------------------------
@@ -120,8 +120,7 @@ def column(ds: datasets.Dataset, name: str) -> np.ndarray:
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     with open(path, "rb") as f:
-        for i, raw in enumerate(f, 1):
-            yield i, decode_line(raw, path, i)
+        yield from enumerate(utf8_lines(f, path, keep_ends=False), 1)
 
 
 def read_text_pair(src: str, tgt: str) -> Iterator[dict]:
@@ -138,24 +137,46 @@ def read_tsv(path: str) -> Iterator[dict]:
             yield {"src": a, "tgt": b}
 
 
+class _KeyTwice(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's keys and values as a dict, refusing a key given twice (`json.loads` keeps the last)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _KeyTwice(key)
+        out[key] = value
+    return out
+
+
 def read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict]:
     for i, line in _lines(Path(path)):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise NmtError(f"{path}:{i}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+        except _KeyTwice as e:
+            raise NmtError(f"{path}:{i}: key {e.args[0]!r} is given twice in one object; JSON readers keep only the "
+                           "last silently: delete one") from None
         yield _pick_fields(record, src_lang, tgt_lang, f"{path}:{i}")
 
 
 def read_csv(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict]:
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    """A header row naming the columns (the languages, or source and target), then one pair per record; a quoted
+    field may span lines."""
+    with open(path, "rb") as f:
+        reader = csv.DictReader(utf8_lines(f, path))
         try:
-            for i, row in enumerate(csv.DictReader(f), 2):
-                yield _pick_fields(row, src_lang, tgt_lang, f"{path}:{i}")
-        except UnicodeDecodeError:
-            raise NmtError(f"{path}: not valid UTF-8; convert the file, e.g. iconv -f latin1 -t utf-8") from None
+            for row in reader:
+                yield _pick_fields(row, src_lang, tgt_lang, f"{path}:{reader.line_num}")
+        except csv.Error as e:  # a field over csv's limit, most often a quote left open
+            raise NmtError(f"{path}:{reader.line_num + 1}: the record that starts here is not CSV that can be read "
+                           f"({e}); fix or remove it (a field holds at most {csv.field_size_limit():,} characters), or "
+                           "give the corpus as .tsv or .jsonl") from None
 
 
 def _pick_fields(record: dict, src_lang: str, tgt_lang: str, where: str) -> dict:

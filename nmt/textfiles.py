@@ -1,6 +1,12 @@
-"""Plain-text corpora straight to Arrow, and files written all or nothing, never over their own inputs.
+"""Reading text lines, plain-text corpora straight to Arrow, and files written all or nothing, never over their own
+inputs.
 
-No `datasets` here: each reader writes an Arrow IPC stream (columns "src", "tgt") that nmt.data opens
+Every text input (training files, TSV, JSONL, CSV, `nmt translate --input` and stdin, `nmt evaluate`, `nmt score`,
+back-translation) is read as UTF-8 by the functions here, with one rule for a byte order mark: it is dropped from
+the start of line 1 (`without_bom`), where editors put it, and kept anywhere else, where it is text. A line that
+is not UTF-8 is an error naming it.
+
+No `datasets` here: each corpus reader writes an Arrow IPC stream (columns "src", "tgt") that nmt.data opens
 memory-mapped. Lines are decoded a chunk at a time (one `bytes.decode` per chunk, not per line); only a
 chunk that fails to decode is re-read line by line to name the line.
 
@@ -27,16 +33,37 @@ SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string())])
 CHUNK_LINES = 100_000
 
 
-def decode_line(raw: bytes, path: Path, line_no: int) -> str:
-    """One line as text, without its line ending (and without a BOM on line 1); names the line if not UTF-8."""
+BOM = "\ufeff"  # U+FEFF: a byte order mark at the start of a file, a zero-width no-break space anywhere else
+
+
+def without_bom(text: str, line_no: int) -> str:
+    """`text`, line `line_no` (from 1) of an input or a run of lines starting there, without a BOM at the start of
+    line 1: the one rule for every text input."""
+    return text.removeprefix(BOM) if line_no == 1 else text
+
+
+def decode_line(raw: bytes, path: str | Path, line_no: int, keep_end: bool = False) -> str:
+    """Line `line_no` of `path` as text, without a BOM on line 1 and (unless `keep_end`) its line ending; names the
+    line if it is not UTF-8."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise NmtError(f"{path}:{line_no}: not valid UTF-8 (byte {e.start + 1} of the line); "
-                       "convert the file, e.g. iconv -f latin1 -t utf-8") from None
-    if line_no == 1:
-        text = text.removeprefix("\ufeff")
-    return text.rstrip("\r\n")
+                       "convert it, e.g. iconv -f latin1 -t utf-8") from None
+    text = without_bom(text, line_no)
+    return text if keep_end else text.rstrip("\r\n")
+
+
+def utf8_lines(stream: Iterable[bytes | str], name: str | Path, keep_ends: bool = True) -> Iterator[str]:
+    """The lines of a binary stream (a file opened "rb", stdin's buffer; or text already decoded) as str, line ends
+    kept unless `keep_ends` is false, the BOM dropped from line 1, the first line that is not UTF-8 refused by its
+    number (`name`:N)."""
+    for n, raw in enumerate(stream, 1):
+        if isinstance(raw, str):
+            text = without_bom(raw, n)
+            yield text if keep_ends else text.rstrip("\r\n")
+        else:
+            yield decode_line(raw, name, n, keep_end=keep_ends)
 
 
 def decode_lines(lines: list[bytes], path: Path, first_line: int) -> pa.Array:
@@ -47,8 +74,7 @@ def decode_lines(lines: list[bytes], path: Path, first_line: int) -> pa.Array:
         for i, raw in enumerate(lines, first_line):
             decode_line(raw, path, i)  # raises, naming the line
         raise
-    if first_line == 1:
-        text = text.removeprefix("\ufeff")
+    text = without_bom(text, first_line)
     rows = text.split("\n")
     if text.endswith("\n"):
         rows.pop()

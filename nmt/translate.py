@@ -50,11 +50,17 @@ from nmt.decoding import (
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
+from nmt.textfiles import without_bom
 from nmt.tokenizer import UNK, PairTokenizer
 
 # --- Translating with a model directory ------------------------------------------------------------------------------
 
 log = logging.getLogger(__name__)
+
+# characters of a source kept per model position before tokenising: a subword is a few characters, so the first
+# max_positions subwords of a cut sentence are those of the whole one, and long_inputs="split" still translates
+# CHARS_PER_POSITION / 4 or so pieces (65,536 characters for max_positions 1024)
+CHARS_PER_POSITION = 64
 
 
 class Translator:
@@ -68,6 +74,7 @@ class Translator:
         self.device = torch.device(device)
         self.search_defaults = search_defaults or {}  # SearchConfig fields used unless a call gives them
         self.languages = languages  # the model directory's languages.json (nmt.checkpoint), None where it has none
+        self._cut_said = False  # whether a source cut before tokenising has been reported (`_cut_long`)
 
     @property
     def target_languages(self) -> list[str]:
@@ -155,6 +162,7 @@ class Translator:
         if self.backend != "torch" or isinstance(self.model, Ensemble):
             raise NmtError("attention pictures need one PyTorch model: use Translator.from_pretrained(MODEL_DIR)")
         limit = self.model.cfg.max_positions
+        text = self._cut_long(text, limit)
         ids = self._source_ids([text], limit, "truncate", tgt_lang)[0][0]
         search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
@@ -177,7 +185,8 @@ class Translator:
         `sampling` (a `SamplingConfig`) draws translations instead of beam search (nbest: samples per
         sentence); `search_kwargs` are `SearchConfig` fields (alpha, max_len_a, ...).
         A blank sentence (or one of which the tokenizer keeps nothing) is not given to the model: its
-        translation is "" (n-best: `nbest` times ("", 0.0)). A source longer than the model's max_positions is
+        translation is "" (n-best: `nbest` times ("", 0.0)). A source is cut to CHARS_PER_POSITION characters per
+        model position before it is tokenised (said once); one longer than the model's max_positions subwords is
         truncated (`long_inputs="truncate"`) or cut into pieces translated one after the other (`"split"`),
         with a warning either way; a split sentence's k-th hypothesis joins its pieces' k-th, scored by the
         sum of their scores. When the search finds fewer than `nbest` distinct hypotheses (a one-token length
@@ -219,9 +228,11 @@ class Translator:
 
     def _source_ids(self, texts: list[str], limit: int, how: str, tgt_lang: str | None) -> list[list[list[int]]]:
         """Each text's source ids fitted to `limit` (`fit_length`: one piece, or several when split), each piece
-        after the target-language tag of a multilingual model (`source_tag`)."""
+        after the target-language tag of a multilingual model (`source_tag`). A text is first cut to
+        CHARS_PER_POSITION characters per position (`cut_long`): tokenising a 64 MB line takes a minute, and no
+        model reads more than `limit` subwords of it."""
         tag = self.source_tag(tgt_lang)
-        encoded = self.tokenizer.encode_src(texts)
+        encoded = self.tokenizer.encode_src([self._cut_long(text, limit) for text in texts])
         if tag is None:
             return [fit_length(ids, limit, how) for ids in encoded]
         return [[[tag, *piece] for piece in fit_length(ids, limit - 1, how)] for ids in encoded]
@@ -293,6 +304,17 @@ class Translator:
                 out.append(self._failed_line(n, e, kwargs, failed))
         return out
 
+    def _cut_long(self, text: str, limit: int) -> str:
+        """`text` cut to `limit * CHARS_PER_POSITION` characters, said once per Translator on stderr (the log)."""
+        most = limit * CHARS_PER_POSITION
+        if len(text) <= most:
+            return text
+        if not self._cut_said:
+            log.warning("a source sentence of %d characters was cut to %d (%d per model position, max_positions=%d) "
+                        "before tokenising; later cuts are not reported", len(text), most, CHARS_PER_POSITION, limit)
+            self._cut_said = True
+        return text[:most]
+
     @staticmethod
     def _failed_line(n: int, error: Exception, kwargs: dict, failed: list[int] | None):
         log.warning("input line %d could not be translated (%s); writing an empty line", n, error)
@@ -310,25 +332,33 @@ class Translator:
 def arrived_lines(stream, name: str = "stdin", limit: int = 2000) -> Iterator[list[str]]:
     """The lines of a pipe or terminal in groups as they arrive: waits for the first complete line, then takes
     the lines already waiting too (up to `limit`), so a pipe fed all at once still gets batches and memory stays
-    flat however fast it is fed."""
-    fd, decoder, pending, eof, line_no = stream.fileno(), codecs.getincrementaldecoder("utf-8")(), "", False, 0
-    while not eof or pending:
+    flat however fast it is fed. Decoded as UTF-8, the BOM dropped from line 1 (`nmt.textfiles.without_bom`); the
+    text read is kept in pieces and joined once a line is complete, so a line of any length costs its length."""
+    fd, decoder, eof, line_no = stream.fileno(), codecs.getincrementaldecoder("utf-8")(), False, 0
+    pieces: list[str] = []  # what has been read since the last line given out
+    newlines = 0  # line ends in `pieces`
+    while not eof or pieces:
         ready = True
-        while ready and not eof and pending.count("\n") < limit:  # one blocking read, then what is already there
+        while ready and not eof and newlines < limit:  # one blocking read, then what is already there
             data = os.read(fd, 1 << 16)
             eof = not data
             try:
-                pending += decoder.decode(data, final=eof)
+                text = decoder.decode(data, final=eof)
             except UnicodeDecodeError as e:
-                bad = line_no + pending.count("\n") + data[: e.start].count(b"\n") + 1
+                bad = line_no + newlines + data[: e.start].count(b"\n") + 1
                 raise NmtError(f"{name}:{bad}: not valid UTF-8 ({e.reason}); convert it, e.g. iconv -f latin1 -t utf-8") \
                     from None
+            pieces.append(text)
+            newlines += text.count("\n")
             ready = bool(select.select([fd], [], [], 0)[0])
-        lines = pending.split("\n", limit)  # at most `limit` complete lines, then the rest
+        if not newlines and not eof:
+            continue  # the line goes on: read more before joining anything
+        lines = without_bom("".join(pieces), line_no + 1).split("\n", limit)  # at most `limit` whole lines, the rest
         pending = lines.pop()
         if eof and pending and "\n" not in pending:  # the last line, without a line end
             lines.append(pending)
             pending = ""
+        pieces, newlines = ([pending], pending.count("\n")) if pending else ([], 0)
         line_no += len(lines)
         if lines:
             yield lines

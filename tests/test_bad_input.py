@@ -91,6 +91,53 @@ def test_jsonl_missing_field(tmp_path, capsys):
     assert_error(*nmt_train(tmp_path, path, capsys), "d.jsonl:1: missing field", "'de'")
 
 
+def test_jsonl_key_given_twice(tmp_path, capsys):
+    path = tmp_path / "d.jsonl"
+    lines = [json.dumps({"en": s, "de": t}) for s, t in GOOD[:4]]
+    lines[2] = '{"en": "a dog", "de": "ein Hund", "de": "WRONG"}'  # json.loads keeps the last silently
+    path.write_text("\n".join(lines) + "\n")
+    assert_error(*nmt_train(tmp_path, path, capsys), "d.jsonl:3: key 'de' is given twice", "delete one")
+    nested = tmp_path / "n.jsonl"
+    nested.write_text('{"translation": {"en": "a", "de": "b", "en": "c"}}\n')
+    assert_error(*nmt_train(tmp_path, nested, capsys), "n.jsonl:1: key 'en' is given twice")
+
+
+def test_csv_field_over_the_csv_limit(tmp_path, capsys):
+    path = tmp_path / "c.csv"
+    rows = [f'"{s}","{t}"' for s, t in GOOD[:4]]
+    rows[2] = '"' + "x" * (128 * 1024 + 1) + '","ein Satz"'  # datasets' DatasetGenerationError before
+    path.write_text("en,de\n" + "\n".join(rows) + "\n")
+    assert_error(*nmt_train(tmp_path, path, capsys), "c.csv:4:", "131,072 characters", ".tsv or .jsonl")
+
+
+def test_a_number_of_5000_digits(tmp_path, capsys):
+    spec = pair_files(tmp_path, good_bytes(0), good_bytes(1))
+    code, err = nmt_train(tmp_path, spec, capsys, "--max_steps", "9" * 5000)  # a ValueError of int() before
+    assert_error(code, err, "override 'max_steps': a number of 5,000 digits", "allowed range")
+    assert len(err) < 400 and not (tmp_path / "run").exists()
+    config = tmp_path / "c.yaml"
+    config.write_text(f"optim:\n  warmup_steps: {'9' * 5000}\n")
+    assert_error(main(["check", "--config", str(config)]), capsys.readouterr().err, "c.yaml:2: a number of 5,000")
+    with pytest.raises(SystemExit) as exit_:
+        main(["translate", str(tmp_path), "--beam", "9" * 5000])
+    assert exit_.value.code == 2 and "a value of 5,000 characters is outside the allowed range" in \
+        capsys.readouterr().err
+
+
+def test_output_dir_that_is_the_working_directory_with_overwrite(tmp_path, capsys, monkeypatch):
+    spec = pair_files(tmp_path, good_bytes(0), good_bytes(1))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "thesis.tex").write_text("years of work")
+    monkeypatch.chdir(work)
+    argv = ["train", "--data.train", str(spec), "--data.src_lang", "en", "--data.tgt_lang", "de", "--max_steps", "1",
+            "--data.cache_dir", str(tmp_path / "cache"), "--overwrite"]
+    for out, what in ((".", "is the working directory"), ("..", "holds the working directory")):
+        code = main([*argv, "--output_dir", out])  # before: "PosixPath('.') has an empty name", exit 1
+        assert_error(code, capsys.readouterr().err, f"'output_dir': {out} {what}", "--output_dir runs/NAME")
+    assert sorted(p.name for p in work.iterdir()) == ["thesis.tex"]
+
+
 def test_empty_corpus_after_cleaning(tmp_path, capsys):
     spec = pair_files(tmp_path, b"\n  \n\t\n", b"a\n\n \n")
     assert_error(*nmt_train(tmp_path, spec, capsys), "no training pairs left after cleaning")
@@ -422,6 +469,34 @@ def test_translate_input_that_is_not_utf8(model_dir, tmp_path, capsys, monkeypat
     assert_error(main(["translate", str(model_dir)]), capsys.readouterr().err, "stdin:2: not valid UTF-8")
     code = main(["evaluate", str(model_dir), "--src", str(bad), "--ref", str(bad)])
     assert_error(code, capsys.readouterr().err, "in.txt:2: not valid UTF-8")
+
+
+def test_a_bom_on_line_1_is_dropped_by_translate_evaluate_and_score(model_dir, tmp_path, capsys, monkeypatch):
+    import os
+    import sys
+
+    plain, bom = tmp_path / "plain.txt", tmp_path / "bom.txt"
+    plain.write_text("".join(p[0] + "\n" for p in GOOD[:3]), encoding="utf-8")
+    bom.write_bytes("\ufeff".encode() + plain.read_bytes())
+
+    def out(*argv) -> str:
+        assert main([str(a) for a in argv]) == 0
+        return capsys.readouterr().out
+
+    nbest = ["--beam", "2", "--nbest", "2"]  # with scores: a line 1 read with its BOM (an <unk>) scores otherwise
+    expected = out("translate", model_dir, "--input", plain, *nbest)
+    assert out("translate", model_dir, "--input", bom, *nbest) == expected
+    read, write = os.pipe()
+    os.write(write, bom.read_bytes())
+    os.close(write)
+    with open(read, "rb") as pipe:
+        monkeypatch.setattr(sys, "stdin", pipe)
+        assert out("translate", model_dir, *nbest) == expected  # a pipe, read as its lines arrive
+    assert out("score", model_dir, "--src", bom, "--tgt", bom) == out("score", model_dir, "--src", plain, "--tgt", plain)
+    out("translate", model_dir, "--input", plain, "--output", tmp_path / "hyps.txt")
+    ref = tmp_path / "ref.txt"
+    ref.write_bytes("\ufeff".encode() + (tmp_path / "hyps.txt").read_bytes())  # the translations, with a BOM
+    assert "chrF 100.00" in out("evaluate", model_dir, "--src", bom, "--ref", ref)  # the BOM, a character, dropped
 
 
 def test_translate_input_that_is_missing_and_output_that_is_a_folder(model_dir, tmp_path, capsys):

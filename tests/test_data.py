@@ -63,7 +63,7 @@ def test_jsonl_translation_column_and_plain_fields(tmp_path):
 
 def test_csv_with_language_columns(tmp_path):
     path = tmp_path / "c.csv"
-    path.write_text("en,fr\n" + "".join(f'"{s}","{t}"\n' for s, t in PAIRS))
+    path.write_text("\ufeffen,fr\n" + "".join(f'"{s}","{t}"\n' for s, t in PAIRS))  # a BOM before the header
     assert texts(read_all(tmp_path, path)) == set(PAIRS)
 
 

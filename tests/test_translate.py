@@ -193,3 +193,44 @@ def test_cli_keeps_blank_lines_aligned(short, tmp_path):
                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout.split("\n") == expected + [""]
+
+
+def test_a_line_of_megabytes_is_cut_before_it_is_tokenised(short, tmp_path, monkeypatch, capsys, caplog):
+    """nmt translate, from a file and from a pipe: a line of megabytes reaches the tokenizer cut to
+    CHARS_PER_POSITION characters per model position (768 for max_positions 12), and the cut is said once."""
+    import threading
+
+    from nmt.cli import main
+    from nmt.tokenizer import PairTokenizer
+    from nmt.translate import CHARS_PER_POSITION
+
+    short.model.save_pretrained(tmp_path / "m")
+    short.tokenizer.save(tmp_path / "m")
+    seen: list[int] = []
+    encode_src = PairTokenizer.encode_src
+    monkeypatch.setattr(PairTokenizer, "encode_src", lambda self, texts: seen.extend(map(len, texts)) or
+                        encode_src(self, texts))
+    huge = " ".join([TEXTS[0]] * 100_000)  # megabytes: tokenising the whole line took seconds per MB
+    data = f"{huge}\n{TEXTS[1]}\n{huge}\n".encode()
+    (tmp_path / "in.txt").write_bytes(data)
+    argv = ["translate", str(tmp_path / "m"), "--beam", "1"]
+    assert main([*argv, "--input", str(tmp_path / "in.txt")]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert max(seen) == 12 * CHARS_PER_POSITION and len(seen) == 3
+    assert caplog.text.count("before tokenising") == 1
+    seen.clear()
+    read, write = os.pipe()
+
+    def feed():
+        with open(write, "wb") as pipe:
+            for start in range(0, len(data), 1 << 16):
+                pipe.write(data[start: start + (1 << 16)])
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    with open(read, "rb") as pipe:
+        monkeypatch.setattr(sys, "stdin", pipe)
+        assert main(argv) == 0  # a pipe: translated as its lines arrive
+    writer.join()
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert max(seen) == 12 * CHARS_PER_POSITION and len(seen) == 3

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nmt.checkpoint import SUMMARY_FILE, language_code
 from nmt.errors import NmtError
-from nmt.textfiles import atomic_file, refuse_overwrite
+from nmt.textfiles import atomic_file, refuse_overwrite, utf8_lines
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +82,14 @@ def output_paths(prefix: str | Path, model_dir: str | Path, src_lang: str | None
 
 
 def read_lines(path: str | Path) -> Iterator[str]:
-    """The lines of a UTF-8 file, streamed, without line ends; a bad byte names its line."""
+    """The lines of a UTF-8 file, streamed, without line ends (`nmt.textfiles.utf8_lines`); a bad byte names its
+    line."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
         raise NmtError(f"file not found: {path}") from None
     with f:
-        for n, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise NmtError(f"{path}:{n}: not valid UTF-8 ({e.reason}); convert the file, e.g. iconv -f latin1 "
-                               "-t utf-8") from None
-            yield (text.removeprefix("\ufeff") if n == 1 else text).rstrip("\r\n")
+        yield from utf8_lines(f, path, keep_ends=False)
 
 
 def backtranslate(translator, input_path: str | Path, src_path: Path, tgt_path: Path, tag: str | None = None,
