@@ -3,8 +3,8 @@ info` and the path checks of nmt.validate name these files cheaply; the function
 and Accelerate inside.
 
 In reading order: the files of a model directory (output_dir/model, output_dir/best, `nmt average -o DIR`),
-reading its JSON with named errors and its language codes by one rule (a model directory is untrusted: a code
-becomes a file suffix and a tag); step_N checkpoints, written under a temporary name and renamed into place, so
+reading its JSON with named errors and its language codes by config's one rule (a model directory is untrusted:
+a code becomes a file suffix and a tag); step_N checkpoints, written under a temporary name and renamed into place, so
 a directory named step_N is always complete (`latest` is the newest such directory), with the sha256
 fingerprints of the data they were trained on and of their tokenizer file(s) (`FINGERPRINTS`), so a resume on
 other data and a model directory with another tokenizer are named instead of silently misread; whether a
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nmt.config import LANG, ModelConfig, from_dict, lang_tag
+from nmt.config import ModelConfig, check_lang_code, from_dict, lang_tag
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
@@ -61,19 +61,6 @@ def read_json(path: Path) -> dict:
     return data
 
 
-MAX_LANG_CODE = 32  # characters of a language code (BCP 47 tags and NLLB's eng_Latn are far shorter)
-
-
-def language_code(value, where: str) -> str:
-    """`value` if it is a language code (letters, digits, `_` or `-`, at most MAX_LANG_CODE characters), else an
-    NmtError naming `where` it was read. A code becomes a file suffix and a tag, so a model directory's may name
-    neither a path nor a token of its own choosing."""
-    if not (isinstance(value, str) and len(value) <= MAX_LANG_CODE and LANG.fullmatch(value)):
-        raise NmtError(f"{where}: {str(value)[:60]!r} is not a language code (letters, digits, _ or -, at most "
-                       f"{MAX_LANG_CODE} characters, e.g. de or pt_BR); fix the file or give the language yourself")
-    return value
-
-
 def languages_record(pairs: list[str], targets: list[str], tags: list[str]) -> dict:
     """What languages.json holds: the pairs trained ("en-de"), the target languages, and their source-side tags."""
     return {"pairs": pairs, "target_languages": targets, "tags": dict(zip(targets, tags)) if tags else {}}
@@ -90,9 +77,9 @@ def read_languages(directory: str | Path) -> dict | None:
     if not (isinstance(pairs, list) and isinstance(targets, list) and isinstance(tags, dict)):
         raise NmtError(f"{path}: pairs and target_languages must be lists and tags an object, as training writes them")
     for i, pair in enumerate(pairs):
-        language_code(pair, f"{path}: pairs[{i}]")
+        check_lang_code(pair, f"{path}: pairs[{i}]")
     for i, lang in enumerate(targets):
-        language_code(lang, f"{path}: target_languages[{i}]")
+        check_lang_code(lang, f"{path}: target_languages[{i}]")
     for lang, tag in tags.items():
         if lang not in targets or tag != lang_tag(lang):
             raise NmtError(f"{path}: tags[{lang!r}] is {str(tag)[:60]!r}; training writes {lang_tag('xx')!r} for each "

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nmt.checkpoint import SUMMARY_FILE, language_code
+from nmt.checkpoint import SUMMARY_FILE
+from nmt.config import check_lang_code
 from nmt.errors import NmtError
 from nmt.textfiles import atomic_file, refuse_overwrite, utf8_lines
 
@@ -42,14 +43,14 @@ class BacktranslateResult:
 
 def model_languages(model_dir: str | Path) -> tuple[str, str] | None:
     """(source, target) language codes the model was trained with (training.json), if it says; a value there that
-    is not a language code (`nmt.checkpoint.language_code`) is an NmtError, since it becomes a file name."""
+    is not a language code (`nmt.config.check_lang_code`) is an NmtError, since it becomes a file name."""
     path = Path(model_dir) / SUMMARY_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))["config"]["data"]
         langs = data["src_lang"], data["tgt_lang"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return tuple(language_code(lang, f"{path}: config.data.{side}") for lang, side in zip(langs, ("src_lang", "tgt_lang")))
+    return tuple(check_lang_code(lang, f"{path}: config.data.{side}") for lang, side in zip(langs, ("src_lang", "tgt_lang")))
 
 
 def output_paths(prefix: str | Path, model_dir: str | Path, src_lang: str | None, tgt_lang: str | None,
@@ -60,8 +61,8 @@ def output_paths(prefix: str | Path, model_dir: str | Path, src_lang: str | None
     (the forward model's source); codes not given come from the model's training.json. Both files must resolve
     (links followed) into the folder PREFIX names.
     """
-    src_lang = src_lang and language_code(src_lang, "--src-lang")
-    tgt_lang = tgt_lang and language_code(tgt_lang, "--tgt-lang")
+    src_lang = src_lang and check_lang_code(src_lang, "--src-lang")
+    tgt_lang = tgt_lang and check_lang_code(tgt_lang, "--tgt-lang")
     langs = None if src_lang and tgt_lang else model_languages(model_dir)
     src_lang = src_lang or (langs[1] if langs else None)
     tgt_lang = tgt_lang or (langs[0] if langs else None)
