@@ -1,11 +1,10 @@
 """Opt-in CPU fast paths for nmt's model: a linear through oneDNN with its weight packed once, a dropout whose
-mask costs a quarter of torch's random draws, and a training objective that projects and scores only the real
-(non-pad) target positions. The model itself is plain PyTorch (`F.linear`, `nn.Dropout`); nothing
+mask costs a quarter of torch's random draws. The model itself is plain PyTorch (`F.linear`, `nn.Dropout`); nothing
 here runs until `use_cpu_kernels` switches it on for one model, and importing this module changes nothing global
 (no hooks on anyone's optimizers, no caches shared between models).
 
 Who opts in: `Translator.from_pretrained` on a CPU (packed linears: inference with a model directory's fixed
-weights) and a training run on the CPU (the fast dropout and the packed loss; not under torch.compile). Both swap
+weights) and a training run on the CPU (the fast dropout; not under torch.compile). Both swap
 modules of the plain model for subclasses defined here (and back), so the model's own code and signatures know
 nothing of them; on a GPU neither runs. Training never packs its linears: a fused optimizer step
 (torch.optim.AdamW(fused=True), what training uses) updates weights in place without bumping their version counter,
@@ -24,25 +23,20 @@ from torch import nn
 
 from nmt import compat
 from nmt.layers import FeedForward, Linear
-from nmt.model import LossSums, Seq2SeqLoss
 
 AVAILABLE = compat.mkldnn_packed_linear_available()
 MIN_WEIGHT = 256 * 256  # smaller weights take F.linear: oneDNN's ~0.1 ms set-up per call outweighs its gain
 INT64 = torch.iinfo(torch.int64)
 
 
-def use_cpu_kernels(model: nn.Module, packed_linears: bool = False, fast_dropout: bool = False,
-                    packed_loss: bool = False) -> nn.Module:
+def use_cpu_kernels(model: nn.Module, packed_linears: bool = False, fast_dropout: bool = False) -> nn.Module:
     """Switch `model`'s CPU fast paths on (True) or off (False), in place; returns `model`.
 
     `packed_linears`: every `nmt.layers.Linear` of the model becomes a `PackedLayerLinear` (the same parameters,
     multiplied through a `PackedLinear` of its own), and the model's output projection goes through one too.
     For inference only (see above). `fast_dropout`: every `nn.Dropout` of the model becomes a `FastDropout` (and
     back when False). Call it before adapters are added, so that their own layers stay torch's.
-    `packed_loss`: `model` is a `Seq2SeqLoss` of nmt's own model; it becomes a `PackedLoss` (and back when False).
     """
-    if isinstance(model, Seq2SeqLoss):
-        model.__class__ = PackedLoss if packed_loss and hasattr(model.model, "decode_hidden") else Seq2SeqLoss
     for module in model.modules():
         if type(module) in (Linear, PackedLayerLinear):
             module.__class__ = PackedLayerLinear if packed_linears else Linear
@@ -171,53 +165,3 @@ class FastDropout(nn.Dropout):
                 or torch.compiler.is_compiling()):
             return super().forward(x)
         return _CpuDropout.apply(x, self.p)
-
-
-# --- The packed loss ---------------------------------------------------------------------------------------------
-# The plain objective projects every (B, T) position to the vocabulary and scores it through F.cross_entropy; on a
-# CPU the (B*T, V) log-softmax and its gradient are a third of a training step. `PackedLoss` projects only the real
-# positions (a boolean selection: a host read of the labels, free on a CPU, a stall on a GPU, which is why it is
-# not the default) and scores them with a cross-entropy whose backward turns the log-probabilities into the
-# gradient in place: one (N, V) buffer instead of four.
-
-
-class PackedLoss(Seq2SeqLoss):
-    """`Seq2SeqLoss` of nmt's model, with only the real target positions projected and scored: the same sums."""
-
-    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor) -> LossSums:
-        m = self.model
-        hidden = m.decode_hidden(tgt_in_ids, m.encode(src_ids), src_ids)  # (B, T, D)
-        real = labels.ne(self.pad_id)
-        loss, nll = smoothed_cross_entropy(m.project(hidden[real]), labels[real], self.label_smoothing)  # (N,) each
-        return LossSums(loss.sum(), nll.sum(), real.sum())
-
-
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Per-row label-smoothed cross-entropy with a hand-written backward: softmax - (1 - eps) onehot - eps / V,
-    computed in the log-probabilities' own buffer."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, smoothing: float):
-        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V), fp32 also under autocast
-        nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
-        loss = (1.0 - smoothing) * nll - smoothing * lprobs.mean(-1) if smoothing > 0 else nll.clone()
-        ctx.save_for_backward(lprobs, target)
-        ctx.smoothing, ctx.dtype = smoothing, logits.dtype
-        ctx.mark_non_differentiable(nll)
-        return loss, nll
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, _grad_nll):
-        lprobs, target = ctx.saved_tensors  # a second backward fails the version check instead of going wrong
-        eps, g = ctx.smoothing, grad_loss[:, None]  # (N, 1)
-        grad = lprobs.exp_().mul_(g)  # softmax * g, in the log-probs' buffer
-        if eps > 0:
-            grad.sub_(g * (eps / grad.shape[1]))
-        grad.scatter_add_(1, target[:, None], g * -(1.0 - eps))
-        return grad.to(ctx.dtype), None, None
-
-
-def smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
-                           smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (N, V), target (N,) -> (smoothed loss (N,), nll (N,)), both fp32; the nll carries no gradient."""
-    return _SmoothedCrossEntropy.apply(logits, target, float(smoothing))

@@ -130,34 +130,3 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     assert not kernels.uses_packed_linears(model)
     kernels.use_cpu_kernels(model)  # off again
     assert not any(type(m) is kernels.FastDropout for m in model.modules())
-
-
-def loss_batch(seed: int, B: int = 5, T: int = 7, V: int = 11) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits (B,T,V), labels (B,T)) with rows of 1..T real labels then padding (id 0)."""
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(B, T, V, generator=gen) * 3
-    labels = torch.randint(1, V, (B, T), generator=gen)
-    lengths = torch.randint(1, T + 1, (B,), generator=gen)
-    labels[torch.arange(T)[None, :] >= lengths[:, None]] = 0
-    return logits, labels
-
-
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_hand_written_gradient_equals_autograd(smoothing):
-    """The loss's own backward (softmax - (1 - eps) onehot - eps / V, scaled per row) against autograd
-    through log_softmax in float64, with a different upstream gradient on every row."""
-    logits, labels = loss_batch(6)
-    real = labels.ne(0)
-    x = logits[real].double().requires_grad_(True)
-    y = logits[real].clone().requires_grad_(True)
-    lp = torch.log_softmax(x, -1)
-    nll = -lp.gather(1, labels[real][:, None]).squeeze(1)
-    weights = torch.rand(len(nll), dtype=torch.float64)
-    (((1 - smoothing) * nll - smoothing * lp.mean(-1)) * weights).sum().backward()
-    loss, got_nll = kernels.smoothed_cross_entropy(y, labels[real], smoothing)
-    (loss * weights.float()).sum().backward()
-    torch.testing.assert_close(y.grad, x.grad.float(), atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(got_nll, nll.detach().float(), atol=1e-5, rtol=1e-6)
-    assert not got_nll.requires_grad
-
-

@@ -1,7 +1,6 @@
 """The model chapter (nmt.model): the encoder-decoder's properties (causality, padding and batch splits change
 nothing, cached decoding equals recomputation, the batch-leading contract), its model directories, the
-label-smoothed loss (sums over real tokens that add up over any split) and the training objective (Seq2SeqLoss,
-and nmt.kernels' packed CPU variant giving the same sums)."""
+label-smoothed loss (sums over real tokens that add up over any split) and the training objective (Seq2SeqLoss)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from hypothesis import strategies as st
 from safetensors.torch import load_model, save_model
 
 from nmt.batching import Collator
-from nmt.kernels import PackedLoss, use_cpu_kernels
 from nmt.model import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -325,44 +323,6 @@ def test_batch_leading_contract():
 
 
 
-@settings(max_examples=20, deadline=None)
-@given(model=models(), batch=batches(), smoothing=st.sampled_from([0.0, 0.1]), shorter_labels=st.booleans())
-def test_loss_from_labels_equals_the_loss_of_the_logits(model, batch, smoothing, shorter_labels):
-    """The CPU's packed objective (nmt.kernels.PackedLoss: only real positions projected and scored) gives the
-    loss, nll, count and every parameter's gradient of label_smoothed_nll over the full (B, T, V) logits. Also when
-    labels are padding where tgt_in_ids are not (`shorter_labels`)."""
-    from nmt.kernels import use_cpu_kernels
-    from nmt.model import label_smoothed_nll
-
-    src_ids, tgt_in_ids = batch
-    lengths = tgt_in_ids.ne(PAD).sum(1)
-    labels = torch.cat([tgt_in_ids[:, 1:], torch.zeros_like(tgt_in_ids[:, :1])], 1)
-    labels[torch.arange(len(labels)), lengths - 1] = 3  # </s> after the last word, then padding
-    if shorter_labels:
-        labels[0, lengths[0] - 1] = PAD
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    results = []
-    for path in ("labels", "logits"):
-        model.load_state_dict(state)
-        model.zero_grad(set_to_none=True)
-        if path == "labels":
-            loss, nll, n = use_cpu_kernels(Seq2SeqLoss(model, smoothing), packed_loss=True)(src_ids, tgt_in_ids, labels)
-        else:
-            loss, nll, n = label_smoothed_nll(model(src_ids, tgt_in_ids), labels, PAD, smoothing)
-        if n:
-            loss.backward()
-        results.append((loss.detach(), nll, n, {k: p.grad for k, p in model.named_parameters()}))
-    (loss_a, nll_a, n_a, grads_a), (loss_b, nll_b, n_b, grads_b) = results
-    assert n_a == n_b == int(labels.ne(PAD).sum())
-    torch.testing.assert_close(loss_a, loss_b, atol=1e-5, rtol=1e-6)
-    torch.testing.assert_close(nll_a, nll_b, atol=1e-5, rtol=1e-6)
-    for name, grad in grads_a.items():
-        if grad is None or grads_b[name] is None:
-            assert grad is None and grads_b[name] is None, name
-        else:
-            torch.testing.assert_close(grad, grads_b[name], atol=1e-6, rtol=1e-5, msg=name)
-
-
 def test_model_without_sizes_is_named():
     """size 'auto' is resolved by train() from the corpus; a model built directly needs sizes or a preset."""
     from nmt import ModelConfig
@@ -418,7 +378,7 @@ def test_compile_true_compiles_the_objective_whole_with_few_graphs_and_matches_e
     def losses(compiled: bool) -> list[float]:
         model = tiny_model(seed=0, vocab=V, layers=2).train()
         objective = make_objective(model, TrainConfig(compile=compiled), torch.device("cpu"))
-        assert type(objective) is Seq2SeqLoss or not compiled  # eager on a CPU: nmt.kernels.PackedLoss
+        assert type(objective) is Seq2SeqLoss
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         out = []
         for i in range(20):
@@ -540,19 +500,17 @@ def objective_batch():
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_the_packed_cpu_objective_and_any_models_give_the_same_sums(smoothing):
+def test_the_objective_of_nmts_model_and_of_any_model_give_the_loss_of_the_logits(smoothing):
     model = tiny_model(seed=0, vocab=V, dropout=0.0)
-    objective = use_cpu_kernels(Seq2SeqLoss(model, smoothing), packed_loss=True)
-    assert type(objective) is PackedLoss and type(use_cpu_kernels(LogitsOnly(model))) is LogitsOnly
-    packed = objective(*objective_batch())
+    own = Seq2SeqLoss(model, smoothing)(*objective_batch())
     plain = Seq2SeqLoss(LogitsOnly(model), smoothing)(*objective_batch())
     src_ids, tgt_in_ids, labels = objective_batch()
     reference = label_smoothed_nll(model(src_ids, tgt_in_ids), labels, PAD, smoothing)
-    assert isinstance(packed, LossSums) and packed.tokens == plain.tokens == reference[2] == 5
-    for got in (packed, plain):
+    assert isinstance(own, LossSums) and own.tokens == plain.tokens == reference[2] == 5
+    for got in (own, plain):
         torch.testing.assert_close(got.loss, reference[0], atol=1e-5, rtol=1e-6)
         torch.testing.assert_close(got.nll, reference[1], atol=1e-5, rtol=1e-6)
-    assert packed.loss.requires_grad and not packed.nll.requires_grad
+    assert own.loss.requires_grad and not own.nll.requires_grad
 
 
 def test_pad_id_comes_from_the_model():
