@@ -523,7 +523,7 @@ class TrainConfig:
     average_last: int | None = ranged(None, "[0, 1e6]")  # average the last N checkpoints at the end, kept if no worse
     tune_alpha: list[float] | None = ranged(None, "[0, 10]")  # alphas tried on validation at the end (and 0.6); best wins
     pad_to_multiple_of: int | None = ranged(None, "[1, 4096]")  # pad batch lengths to a multiple of this (8: tensor cores)
-    compile: bool = False  # torch.compile the training objective whole (fullgraph); on a CPU the eager packed loss is faster
+    compile: bool = False  # torch.compile the training objective and the decoder step (fullgraph); slower on a CPU
     dist_timeout_minutes: float = ranged(30.0, "(0, 1e6]")  # process group timeout of a collective (data prep waits outside)
 
     def __post_init__(self) -> None:
