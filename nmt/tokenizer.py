@@ -2,6 +2,11 @@
 
 The one home of the `tokenizers` library. Ids 0-3 are <pad>, <unk>, <s>, </s> in every tokenizer; then come
 `tokenizer.reserved` tokens (e.g. a back-translation tag), kept whole and left out of decoded text.
+
+Control tokens are never typed: "</s>", "<pad>", a language tag or any reserved token written in a text is
+encoded as the characters it is made of (`PairTokenizer` reads added tokens in text as text). nmt inserts the
+control tokens by id: the final </s>, the target-language tag, and the tags that lead a training source (the
+ones nmt's data preparation and `nmt backtranslate --tag` write), which `split_leading_tags` takes off.
 """
 
 from __future__ import annotations
@@ -77,6 +82,20 @@ def _encode_batch(tok: Tokenizer, texts: list[str], specials: bool = False) -> l
     return (fast or tok.encode_batch)(texts, add_special_tokens=specials)
 
 
+def leading_tags(tok: Tokenizer) -> dict[str, int]:
+    """The tokens that may lead a training source as tags: every added token but <pad> <unk> <s> </s>."""
+    return {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.content not in SPECIALS}
+
+
+def split_leading_tags(text: str, tags: dict[str, int]) -> tuple[list[int], str]:
+    """The ids of the tags `text` starts with (glued or space-separated) and the text after them."""
+    ids: list[int] = []
+    while tags and (lead := next((t for t in tags if text.startswith(t)), None)):
+        ids.append(tags[lead])
+        text = text[len(lead):]
+    return ids, text
+
+
 PARALLELISM = "TOKENIZERS_PARALLELISM"
 _threads = {"set_by_nmt": False}
 
@@ -108,6 +127,8 @@ class PairTokenizer:
     source itself. An imported one (`nmt import`) keeps its model's ids, and where the model wants more than
     the final </s> (M2M100's language tags) its post-processor adds them: then the source's specials, and a
     target's leading tag, are the tokenizer's own.
+
+    Added tokens written in a text are text (`encode_special_tokens`, a run-time switch that is not saved).
     """
 
     def __init__(self, src: Tokenizer, tgt: Tokenizer | None = None):
@@ -115,6 +136,8 @@ class PairTokenizer:
         self.tgt = tgt or src
         self.src.no_truncation()
         self.src.no_padding()
+        self.src.encode_special_tokens = self.tgt.encode_special_tokens = True  # "</s>" in a text is 4 characters
+        self.lead_tags = {} if src.post_processor is not None else leading_tags(self.src)
         self.eos_id = self.tgt.token_to_id("</s>")
         self.unk_id = self.src.token_to_id("<unk>")
         self.src_specials = self.src.post_processor is not None  # the tokenizer adds the source's specials itself
@@ -142,15 +165,19 @@ class PairTokenizer:
         """Whether `other` gives every text the same ids (the same vocabularies, merges and pipeline)."""
         return (self.src.to_str(), self.tgt.to_str()) == (other.src.to_str(), other.tgt.to_str())
 
-    def encode_src(self, texts: list[str]) -> list[list[int]]:
-        """Source ids, each ending in </s>."""
+    def encode_src(self, texts: list[str], leading_tags: bool = True) -> list[list[int]]:
+        """Source ids, each ending in </s>. With `leading_tags`, the reserved tokens a text starts with (a training
+        source's "<2de><bt> ...") are their ids (`split_leading_tags`); any other control string is text."""
         if self.src_specials:
             return [e.ids for e in _encode_batch(self.src, texts, specials=True)]
-        return [e.ids + [self.eos_id] for e in _encode_batch(self.src, texts)]
+        if not (leading_tags and self.lead_tags):
+            return [e.ids + [self.eos_id] for e in _encode_batch(self.src, texts)]
+        leads, rests = zip(*(split_leading_tags(text, self.lead_tags) for text in texts)) if texts else ((), ())
+        return [lead + e.ids + [self.eos_id] for lead, e in zip(leads, _encode_batch(self.src, list(rests)))]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target ids without </s> (the collator adds the decoder start and </s>), after a target language tag where
-        the tokenizer adds one."""
+        the tokenizer adds one. A "</s>" written in a target is text: the words after it stay in the label."""
         return [e.ids for e in _encode_batch(self.tgt, texts, specials=True)]
 
     def src_tokens(self, text: str) -> list[str]:
@@ -237,17 +264,13 @@ class DropoutSegmenter:
         self.ranks = {pair: rank for rank, pair in enumerate(merges)}
         self.vocab: dict[str, int] = model["vocab"]
         self.tok, self.p = tok, p
-        self.specials = [t.content for t in tok.get_added_tokens_decoder().values()]
+        self.tags = leading_tags(tok)
 
-    def encode(self, text: str, rng: random.Random) -> list[int]:
-        """Subword ids of `text` (no specials added), drawing from `rng`. Tags that lead the text (a multilingual
-        run's <2de>, a back-translation's <bt>) keep their ids; the words after them are segmented with dropout."""
-        lead = next((s for s in self.specials if text.startswith(s) and text[len(s):].strip()), None)
-        if lead is not None:
-            return [self.tok.token_to_id(lead), *self.encode(text[len(lead):], rng)]
-        if any(s in text for s in self.specials):  # "<unk>" written in the text: the tokenizer's own ids
-            return self.tok.encode(text, add_special_tokens=False).ids
-        ids: list[int] = []
+    def encode(self, text: str, rng: random.Random, leading_tags: bool = True) -> list[int]:
+        """Subword ids of `text` (no specials added), drawing from `rng`. With `leading_tags`, tags that lead the
+        text (a multilingual run's <2de>, a back-translation's <bt>) keep their ids, as in `PairTokenizer.encode_src`;
+        the words after them, and any control string among them, are text segmented with dropout."""
+        ids, text = split_leading_tags(text, self.tags) if leading_tags else ([], text)
         for word, _ in self.tok.pre_tokenizer.pre_tokenize_str(self.tok.normalizer.normalize_str(text)):
             ids += [self.vocab.get(piece, UNK) for piece in self._merge(list(word), rng.random)]
         return ids

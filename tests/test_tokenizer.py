@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
 from nmt.synthetic import generate_pairs
-from nmt.tokenizer import DropoutSegmenter, PairTokenizer, train_pair_tokenizer, train_tokenizer
+from nmt.tokenizer import EOS, DropoutSegmenter, PairTokenizer, train_pair_tokenizer, train_tokenizer
 
 PAIRS = generate_pairs(400, seed=11)
 TEXTS = [s for pair in PAIRS for s in pair] + ["Ünïcödé ﬁ  doubled  spaces", "", "  ", "x"]
@@ -28,9 +28,9 @@ def test_the_trained_tokenizer_has_no_dropout_even_when_asked_for_it(tok):
 
 
 def test_dropout_zero_is_the_tokenizers_own_segmentation(tok):
-    plain = DropoutSegmenter(tok, 0.0)
+    plain, pair = DropoutSegmenter(tok, 0.0), PairTokenizer(tok)
     for text in TEXTS + ["unknown ☃ char", "a literal <unk> and </s>"]:
-        assert plain.encode(text, random.Random(0)) == tok.encode(text, add_special_tokens=False).ids, text
+        assert plain.encode(text, random.Random(0)) == pair.encode_tgt([text])[0], text
 
 
 def test_dropout_is_seeded_and_varies_with_the_seed(tok):
@@ -179,3 +179,42 @@ def test_long_words_are_segmented_in_n_log_n(tok):
     short, long = seconds(5_000), seconds(10_000)
     assert short < 0.5  # the sort-per-merge loop takes seconds here
     assert long < 3 * short  # n log n: 2.2x; quadratic: 4x
+
+
+CONTROL = "the dog <2fr> sees </s> a <pad> cat <unk> <s> <bt>"
+
+
+@pytest.fixture(scope="module")
+def tagged_pair():
+    """A joint tokenizer with a language tag and a back-translation tag reserved, trained on text that has < / >."""
+    texts = TEXTS + ["a <b> c/d", "unknown pads 2 fr bt"]
+    return PairTokenizer(train_tokenizer(texts, TokenizerConfig(vocab_size=300, reserved=["<2fr>", "<bt>"])))
+
+
+def test_control_strings_in_a_source_are_text(tagged_pair):
+    """</s>, <pad>, <unk>, <s> and reserved tags typed in a source are the characters they are made of: the ids hold
+    no control id but the final </s>, and decode back to the text."""
+    tok = tagged_pair
+    for ids in (tok.encode_src([CONTROL, "</s> <2fr> at the start"]),
+                tok.encode_src([CONTROL, "<2fr> at the start"], leading_tags=False)):
+        controls = set(range(4)) | {tok.src.token_to_id("<2fr>"), tok.src.token_to_id("<bt>")}
+        assert [i[-1] for i in ids] == [EOS, EOS] and not controls & {x for row in ids for x in row[:-1]}
+        assert tok.src.decode_batch([row[:-1] for row in ids])[0] == CONTROL
+        assert tok.src.decode_batch([row[:-1] for row in ids])[1].endswith("<2fr> at the start")
+    assert tok.src_tokens(CONTROL)[-1] == "</s>" and "</s>" not in tok.src_tokens(CONTROL)[:-1]
+
+
+def test_tags_that_lead_a_training_source_are_their_ids_and_the_rest_is_text(tagged_pair):
+    tok, text = tagged_pair, "the dog <2fr> sees"
+    tag, bt = tok.src.token_to_id("<2fr>"), tok.src.token_to_id("<bt>")
+    assert tok.encode_src([f"<2fr><bt> {text}"]) == [[tag, bt, *tok.encode_src([text])[0]]]
+    assert tok.encode_src([f"<2fr>{text}"], leading_tags=False)[0][0] != tag
+    seg = DropoutSegmenter(tok.src, 0.0)
+    assert seg.encode(f"<2fr><bt> {text}", random.Random(0)) + [EOS] == tok.encode_src([f"<2fr><bt> {text}"])[0]
+
+
+def test_a_training_target_with_an_end_of_sentence_inside_keeps_its_later_words(tagged_pair):
+    target = "the dog </s> sees <pad> a cat"
+    ids = tagged_pair.encode_tgt([target])[0]
+    assert EOS not in ids and 0 not in ids
+    assert tagged_pair.decode_tgt([ids + [EOS]]) == [target]

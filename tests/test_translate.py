@@ -234,3 +234,19 @@ def test_a_line_of_megabytes_is_cut_before_it_is_tokenised(short, tmp_path, monk
     writer.join()
     assert len(capsys.readouterr().out.splitlines()) == 3
     assert max(seen) == 12 * CHARS_PER_POSITION and len(seen) == 3
+
+
+def test_control_strings_typed_in_a_source_are_text_to_the_model():
+    """"the dog <2fr> sees </s> ...": the model sees the characters, with one </s> at the end, never a tag or an
+    end of sentence mid-source."""
+    pairs = generate_pairs(300, seed=1)
+    texts = [s for s, _ in pairs] + ["a <b> c/d", "pads unk 2 fr"]
+    tok = train_pair_tokenizer(lambda: iter(texts), lambda: (t for _, t in pairs),
+                               TokenizerConfig(vocab_size=160, reserved=["<2fr>"]))
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=16,
+                             n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.0)
+    text = "the dog <2fr> sees </s> a <pad> cat <unk>"
+    src_tokens, _, _ = Translator(Seq2SeqTransformer(cfg), tok).attention(text, beam_size=1)
+    assert src_tokens[-1] == "</s>" and not {"<2fr>", "</s>", "<pad>", "<unk>"} & set(src_tokens[:-1])
+    assert "".join(src_tokens[:-1]).replace("\u2581", " ").strip() == text
