@@ -324,7 +324,7 @@ def _dropout_batch(batch: dict, indices: list[int], segmenters: tuple[DropoutSeg
     src_ids, tgt_ids, cost = [], [], []
     for i, src, tgt, plain_src, plain_tgt in zip(indices, batch["src"], batch["tgt"], batch["src_ids"], batch["tgt_ids"]):
         rng = random.Random(f"{epoch_seed}:{i}")  # str seeds hash with SHA-512: the same in every process
-        s, t = segmenters[0].encode(src, rng) + [EOS], segmenters[1].encode(tgt, rng)
+        s, t = segmenters[0].encode(src, rng) + [EOS], segmenters[1].encode(tgt, rng, leading_tags=False)
         if pair_cost(s, t) > max_cost:
             s, t = plain_src, plain_tgt
         src_ids.append(s)

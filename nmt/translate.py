@@ -232,7 +232,8 @@ class Translator:
         CHARS_PER_POSITION characters per position (`cut_long`): tokenising a 64 MB line takes a minute, and no
         model reads more than `limit` subwords of it."""
         tag = self.source_tag(tgt_lang)
-        encoded = self.tokenizer.encode_src([self._cut_long(text, limit) for text in texts])
+        # a user's text is text throughout: a tag typed at its start is not the tag (that is inserted by id)
+        encoded = self.tokenizer.encode_src([self._cut_long(text, limit) for text in texts], leading_tags=False)
         if tag is None:
             return [fit_length(ids, limit, how) for ids in encoded]
         return [[[tag, *piece] for piece in fit_length(ids, limit - 1, how)] for ids in encoded]

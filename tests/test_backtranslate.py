@@ -110,7 +110,9 @@ def test_a_reserved_tag_stays_one_token_and_is_not_decoded():
     for kind in ("bpe", "unigram"):
         tok = PairTokenizer(train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=120, reserved=["<bt>"])))
         ids = tok.encode_src(["<bt> I am young."])[0]
-        assert ids[0] == 4 and 4 not in ids[1:] and tok.src_tokens("<bt> I am young.")[0] == "<bt>"
+        assert ids[0] == 4 and 4 not in ids[1:]  # training data's leading tag is the tag
+        if kind == "bpe":  # a unigram model segments typed text into its reserved piece still (issue 33, row 5)
+            assert 4 not in tok.encode_src(["<bt> I am young."], leading_tags=False)[0]  # typed by a user: text
         assert tok.decode_tgt([ids]) == tok.decode_tgt([ids[1:]])  # the tag never shows in translations
         plain = PairTokenizer(train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=120)))
         assert plain.src_tokens("<bt> I am young.")[0] != "<bt>"  # without reserved, the tag is ordinary text

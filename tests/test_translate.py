@@ -208,8 +208,8 @@ def test_a_line_of_megabytes_is_cut_before_it_is_tokenised(short, tmp_path, monk
     short.tokenizer.save(tmp_path / "m")
     seen: list[int] = []
     encode_src = PairTokenizer.encode_src
-    monkeypatch.setattr(PairTokenizer, "encode_src", lambda self, texts: seen.extend(map(len, texts)) or
-                        encode_src(self, texts))
+    monkeypatch.setattr(PairTokenizer, "encode_src", lambda self, texts, **kw: seen.extend(map(len, texts)) or
+                        encode_src(self, texts, **kw))
     huge = " ".join([TEXTS[0]] * 100_000)  # megabytes: tokenising the whole line took seconds per MB
     data = f"{huge}\n{TEXTS[1]}\n{huge}\n".encode()
     (tmp_path / "in.txt").write_bytes(data)
