@@ -5,8 +5,12 @@ Each mode starts its own `nmt serve MODEL_DIR --port 0` on 127.0.0.1, sends a fe
 `--clients` threads send `--requests` requests each (`--sentences` sentences per request, drawn in a fixed order
 from `--input` or the synthetic corpus), one after the other per client, and stops the server with SIGTERM.
 The third mode runs the same clients while `--hostile` more threads, for as long as the normal clients run,
-send bodies a byte at a time, headers a byte at a time, costly requests they leave at once, and oversized ones
-(by bytes and by decoding cost); it prints the normal clients' p50/p99 latency there over the quiet server's.
+send bodies a byte at a time, headers a byte at a time, costly requests they leave at once, oversized ones
+(by bytes and by decoding cost), a 1 MiB sentence of U+FDFA (which NFKC makes 18 characters), 256 sentences that
+NFKC expands past --max-chars and 256 long sentences to tokenise before their cost is refused; it prints the
+normal clients' p50/p99 latency there over the quiet server's. In every mode one more client asks GET /health
+every HEALTH_EVERY seconds while the normal clients run: its max and p99 latency show whether anything blocks
+the server's event loop (target: under 100 ms).
 
     python benchmarks/serve_load.py runs/default/model --clients 16 --requests 20 --hostile 16
 """
@@ -81,7 +85,9 @@ def load(port: int, work: list[list[list[str]]], beam: int) -> dict:
 
 
 HOSTILE_KINDS = ("slow body", "slow headers", "leaves mid-body", "costly request, leaves at once", "oversized body",
-                 "over the cost limit")
+                 "over the cost limit", "1 MiB of U+FDFA", "256 sentences over --max-chars after NFKC",
+                 "256 long sentences over the cost limit")
+HEALTH_EVERY = 0.01  # seconds between the health client's requests
 REQUEST_TIMEOUT = 2.0  # the server's --request-timeout in the hostile mode: slow clients are cut off after it
 HOSTILE_PAUSE = 0.05  # seconds a hostile client waits between attempts: each makes at most 20 a second
 
@@ -94,6 +100,10 @@ def hostile(port: int, kind: str, stop, outcomes: dict, pool: list[str]) -> None
     """One hostile client: does its `kind` of harm again and again until `stop`; counts what the server answered."""
     costly = json.dumps({"sentences": pool[:32], "beam": 8}).encode()
     over_cost = json.dumps({"sentences": [""] * 256, "beam": 1000}).encode()
+    expanding = {"1 MiB of U+FDFA": {"sentences": ["\ufdfa" * 349_000]},
+                 "256 sentences over --max-chars after NFKC": {"sentences": ["\ufdfa" * 1300] * 256},
+                 "256 long sentences over the cost limit": {"sentences": ["word " * 800] * 256, "beam": 16}}
+    bodies = {kind: json.dumps(body, ensure_ascii=False).encode() for kind, body in expanding.items()}
     while not stop.is_set():
         outcome = "left"
         try:
@@ -114,7 +124,7 @@ def hostile(port: int, kind: str, stop, outcomes: dict, pool: list[str]) -> None
                 elif kind == "costly request, leaves at once":
                     sock.sendall(_post_head(len(costly)) + costly)
                 else:
-                    body = b"x" * 65536 if kind == "oversized body" else over_cost
+                    body = b"x" * 65536 if kind == "oversized body" else bodies.get(kind, over_cost)
                     sock.sendall(_post_head(100_000_000 if kind == "oversized body" else len(body)) + body)
                     answer = sock.recv(64)
                     outcome = answer[9:12].decode() if answer.startswith(b"HTTP/1.1 ") else "closed"
@@ -136,6 +146,20 @@ def hostile_swarm(port: int, n: int, stop, results, pool: list[str]) -> None:
     results.put(outcomes)
 
 
+def health_client(port: int, stop: threading.Event, latencies: list[float]) -> None:
+    """GET /health every HEALTH_EVERY seconds until `stop`: how long the event loop keeps a client waiting."""
+    while not stop.is_set():
+        conn = http.client.HTTPConnection(HOST, port, timeout=600)
+        start = time.perf_counter()
+        try:
+            conn.request("GET", "/health")
+            conn.getresponse().read()
+            latencies.append(time.perf_counter() - start)
+        finally:
+            conn.close()
+        time.sleep(HEALTH_EVERY)
+
+
 def run_mode(args, batching: bool, work: list[list[list[str]]], hostiles: int = 0, pool: list[str] = ()) -> dict:
     flags = ["--max-queue", str(max(64, args.clients * 2)), "--max-wait-ms", str(args.max_wait_ms),
              "--threads", str(args.threads), "--request-timeout", str(REQUEST_TIMEOUT)]
@@ -150,8 +174,20 @@ def run_mode(args, batching: bool, work: list[list[list[str]]], hostiles: int = 
         if swarm:
             swarm.start()
             time.sleep(REQUEST_TIMEOUT + 1)  # the swarm is doing harm (slow clients cut off once) before measuring
-        figures = load(port, work, args.beam)
+        health: list[float] = []
+        health_stop = threading.Event()
+        prober = threading.Thread(target=health_client, args=(port, health_stop, health))
+        prober.start()
+        try:
+            figures = load(port, work, args.beam)
+        finally:
+            health_stop.set()
+            prober.join()
         stop.set()
+        health.sort()
+        figures["health"] = {"max ms": 1000 * health[-1], "p99 ms": 1000 * health[min(len(health) - 1,
+                                                                                      int(0.99 * len(health)))],
+                             "n": len(health)}
         if swarm:
             outcomes = results.get(timeout=60)
             swarm.join(timeout=60)
@@ -200,11 +236,15 @@ def main() -> None:
     rows = {"batching on": run_mode(args, True, work), "batching off": run_mode(args, False, work)}
     if args.hostile:
         rows["hostile"] = run_mode(args, True, work, args.hostile, pool)
-    keys = [k for k in next(iter(rows.values())) if k not in ("hostile", "dropped", "decoded for others")]
+    keys = [k for k in next(iter(rows.values())) if k not in ("hostile", "dropped", "decoded for others", "health")]
     print(f"{'':14}" + "".join(f"{k:>20}" for k in keys))
     for name, figures in rows.items():
         print(f"{name:14}" + "".join(f"{figures[k]:>20.1f}" if isinstance(figures[k], float) else f"{figures[k]:>20}"
                                      for k in keys))
+    for name, figures in rows.items():
+        h = figures["health"]
+        print(f"GET /health beside the clients, {name}: max {h['max ms']:.1f} ms, p99 {h['p99 ms']:.1f} ms over "
+              f"{h['n']} requests (target: under 100 ms)")
     on, off = rows["batching on"], rows["batching off"]
     print(f"batching on / off: {on['requests/s'] / off['requests/s']:.2f}x requests/s, "
           f"p99 {on['p99 ms'] / off['p99 ms']:.2f}x")

@@ -281,3 +281,31 @@ def test_full_queue_429_timeout_504_and_sigterm_lets_requests_in_flight_finish(m
     assert last[0][0] == 200 and len(last[0][1]["translations"]) == 1, last
     assert code == 0 and "stopping; 1 request(s) in flight get up to 10 s to finish" in err, err
     assert "nmt serve: stopped" in err and "gave up" not in err, err
+
+
+def test_health_is_answered_while_a_hostile_request_is_in_flight(model_dir):
+    """Requests that cost the server work before it refuses them (NFKC makes 18 characters of each U+FDFA; 256
+    long sentences to tokenise before their cost is known) get 413 JSON naming the limit, while GET /health, asked
+    again and again as each is in flight, answers at once: their work is bounded and off the event loop."""
+    fdfa = "\ufdfa"
+    hostile = [({"sentences": [fdfa * 349_000]}, "349000 characters; the limit is 4096 per sentence"),  # 1 MiB
+               ({"sentences": [fdfa * 1300] * 256}, "23400 characters after NFKC normalisation (1300 before); the "
+                "limit is 4096 per sentence"),
+               ({"sentences": ["word " * 800] * 256, "beam": 16}, "the request's decoding cost is")]
+    with serving(model_dir) as server:
+        for body, needle in hostile:
+            data = json.dumps(body, ensure_ascii=False).encode()
+            assert len(data) <= 1 << 20  # under --max-body-bytes: the body is read and parsed
+            answer: list = []
+            sender = threading.Thread(target=lambda out, d: out.append(server.call("POST", "/translate", d)),
+                                      args=(answer, data))
+            sender.start()
+            waits = []
+            while sender.is_alive() or len(waits) < 3:
+                start = time.perf_counter()
+                assert server.call("GET", "/health", timeout=30)[0] == 200
+                waits.append(time.perf_counter() - start)
+            sender.join()
+            assert max(waits) < 0.5, (needle, waits)
+            status, error = answer[0]
+            assert status == 413 and needle in error["error"], (status, error)

@@ -51,6 +51,8 @@ class ServeConfig:
     batching: bool = True  # --no-batching: every request runs alone (a baseline for benchmarks/serve_load.py)
     max_body_bytes: int = _flag(1 << 20, "a larger request body gets HTTP 413", "[1, 1e10]")
     max_sentences: int = _flag(256, "a request with more sentences gets HTTP 413", "[1, 1e6]")
+    max_chars: int = _flag(4096, "characters a sentence may have, before and after NFKC normalisation (as the "
+                           "tokenizer reads it); a longer one gets HTTP 413", "[1, 1e7]")
     max_cost: int = _flag(1 << 17, "decoding cost a request may ask for: the sum over its sentences of beam x length "
                           "limit (the output tokens each may get); more gets HTTP 413", "[1, 1e12]")
     max_queued_cost: int = _flag(1 << 20, "decoding cost waiting for the model; a request that would pass it gets "

@@ -7,11 +7,17 @@ Concurrent requests are batched by `nmt.tools.request_batcher.Batcher`; the one 
 Every request a client gets wrong is answered 4xx with {"error": "..."}; what a request may cost is bounded
 before it is queued (its decoding cost: sentences x beam x length limit), and what a client holds is bounded in
 time (headers and body deadlines, keep-alive, a connection limit). See docs/serving.md.
+
+The event loop only reads, parses and answers: a request's work (normalising, tokenising, decoding) runs in
+threads, in pieces bounded before they start. Sentences, characters per sentence (before and after NFKC, which
+expands one character into up to 18) and a lower bound of the decoding cost are checked on the loop, cheaply,
+before any of it; the exact cost once the sentences are tokenised, before they are queued.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
@@ -22,6 +28,7 @@ import os
 import signal
 import socket
 import sys
+import unicodedata
 
 import torch
 import uvicorn
@@ -87,6 +94,8 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
         except UnicodeEncodeError as e:
             raise BadRequest(400, f"sentence {i} is not valid Unicode (a lone surrogate at character {e.start})") \
                 from None
+        if len(s) > cfg.max_chars:  # the bound holds before NFKC too: its work grows with what it reads and writes
+            raise BadRequest(413, f"sentence {i} has {len(s)} characters; the limit is {cfg.max_chars} per sentence")
     options = {"beam_size": cfg.beam}
     for key, (keyword, kind) in OPTIONS.items():
         if key in data:
@@ -115,6 +124,17 @@ def _short(value) -> str:
         return f"an integer of {len(str(abs(value)))} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_normalised(sentences: list[str], max_chars: int) -> None:
+    """BadRequest 413 at the first sentence over `max_chars` characters after NFKC, as the tokenizer reads it. Each
+    sentence has at most `max_chars` characters already, so one call of the normaliser (which holds the GIL) makes
+    at most 18 x max_chars of them; stopping at the first refusal bounds the whole request's work likewise."""
+    for i, s in enumerate(sentences):
+        n = len(unicodedata.normalize("NFKC", s))
+        if n > max_chars:
+            raise BadRequest(413, f"sentence {i} has {n} characters after NFKC normalisation ({len(s)} before); the "
+                             f"limit is {max_chars} per sentence")
 
 
 def decoding_costs(translator, tokens: list[int], options: dict) -> list[int]:
@@ -162,6 +182,9 @@ class Api:
         self.info = {k: v for k, v in (info or {}).items() if k in PUBLIC_INFO}
         self.batcher = Batcher(translator.translate, cfg.batch_tokens, cfg.max_queue, cfg.max_wait_ms / 1000,
                                cfg.batching, max_cost=cfg.batch_cost, max_queued_cost=cfg.max_queued_cost)
+        # one thread prepares requests (NFKC, tokenising) one at a time: the event loop shares the GIL with it and the
+        # model's thread only, and hostile requests queue for it instead of taking every core
+        self.prepare = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nmt-prepare")
         self.loop: asyncio.AbstractEventLoop | None = None
         self.deadline: float | None = None  # loop time when a shutdown gives up on the requests in flight
         self.abandoned_call = False  # a shutdown left a model call running in its thread
@@ -182,16 +205,10 @@ class Api:
                 self.translator.source_tag(options.get("tgt_lang"))  # a language the model has, or none it needs
             except NmtError as e:
                 raise BadRequest(400, str(e).replace("(--tgt-lang, tgt_lang=)", "('tgt_lang')")) from None
-            tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(sentences)]
-            job = Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens,
-                      decoding_costs(self.translator, tokens, options))
-            if job.cost > self.cfg.max_cost:
-                self.batcher.stats.rejected_cost += 1
-                raise BadRequest(413, f"the request's decoding cost is {job.cost} (sentences x beam x length limit: "
-                                 f"{len(sentences)} sentences, beam {options['beam_size']}, up to "
-                                 f"{max(job.costs) // options['beam_size']} output tokens each); the limit is "
-                                 f"{self.cfg.max_cost}: send fewer or shorter sentences, a smaller beam or "
-                                 "max_new_tokens")
+            # a lower bound of the cost (every sentence one token long): a request over it costs no tokenising
+            self._check_cost(decoding_costs(self.translator, [1] * len(sentences), options), options, "at least ")
+            job = await self.loop.run_in_executor(self.prepare, self._job, sentences, options)  # the loop goes on
+            self._check_cost(job.costs, options)
             future = self.batcher.submit(job)
         except BadRequest as e:
             return _error(e.status, str(e))
@@ -219,6 +236,22 @@ class Api:
             return _error(500, f"translation failed: {e}")
         return JSONResponse({"translations": [_jsonable(o) for o in outputs], "batch": job.batch})
 
+    def _job(self, sentences: list[str], options: dict) -> Job:
+        """The request normalised, tokenised and costed (a worker thread; BadRequest 413 past --max-chars)."""
+        check_normalised(sentences, self.cfg.max_chars)
+        tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(sentences)]
+        return Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens,
+                   decoding_costs(self.translator, tokens, options))
+
+    def _check_cost(self, costs: list[int], options: dict, bound: str = "") -> None:
+        """BadRequest 413 when the sentences' decoding costs pass --max-cost."""
+        if sum(costs) > self.cfg.max_cost:
+            self.batcher.stats.rejected_cost += 1
+            raise BadRequest(413, f"the request's decoding cost is {bound}{sum(costs)} (sentences x beam x length "
+                             f"limit: {len(costs)} sentences, beam {options['beam_size']}, up to "
+                             f"{max(costs) // options['beam_size']} output tokens each); the limit is "
+                             f"{self.cfg.max_cost}: send fewer or shorter sentences, a smaller beam or max_new_tokens")
+
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "queued": sum(job.live for job in self.batcher.pending),
                              "in_flight": self.batcher.in_flight})
@@ -244,6 +277,7 @@ class Api:
         self.batcher.start()
         yield
         self.begin_shutdown()  # uvicorn has waited for the open requests, up to its own bound
+        self.prepare.shutdown(wait=False, cancel_futures=True)
         if not await self.batcher.close(max(0.0, self.deadline - self.loop.time())):
             self.abandoned_call = True
             print("nmt serve: the model call in progress is abandoned", file=sys.stderr, flush=True)
