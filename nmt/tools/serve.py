@@ -239,7 +239,7 @@ class Api:
     def _job(self, sentences: list[str], options: dict) -> Job:
         """The request normalised, tokenised and costed (a worker thread; BadRequest 413 past --max-chars)."""
         check_normalised(sentences, self.cfg.max_chars)
-        tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(sentences)]
+        tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(sentences, leading_tags=False)]
         return Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens,
                    decoding_costs(self.translator, tokens, options))
 
