@@ -181,3 +181,18 @@ class HostSyncs(torch.overrides.TorchFunctionMode):
 def _has_bool_index(index) -> bool:
     items = index if isinstance(index, tuple) else (index,)
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def in_fresh_interpreter(module: str, function: str) -> None:
+    """Run `function` of tests/`module`.py in a new Python process and fail if it fails. For torch.compile: its
+    worker pools and threads would stay in this process, and the multi-process tests fork it later."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join(p for p in (str(tests), str(tests.parent), os.environ.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-c", f"import {module}; {module}.{function}()"], cwd=tests,
+                          env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

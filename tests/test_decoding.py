@@ -287,6 +287,13 @@ def test_a_compiled_decoder_step_finds_what_eager_decoding_finds_with_few_graphs
     """compile_decoder (what `compile: true` does to the model validation decodes with): the cached decoder step
     compiled whole (fullgraph, dynamic sizes) gives beam search's and greedy's eager hypotheses on batches of
     other sizes and lengths, with a bounded number of graphs (the first step, the later ones, one beam group)."""
+    from helpers import in_fresh_interpreter
+
+    in_fresh_interpreter("test_decoding", "compiled_decoder_case")
+
+
+def compiled_decoder_case() -> None:
+    """The body of the test above, run in a fresh interpreter."""
     from torch._dynamo.utils import counters
 
     from nmt.decoding import compile_decoder

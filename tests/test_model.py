@@ -362,6 +362,13 @@ def test_compile_true_compiles_the_objective_whole_with_few_graphs_and_matches_e
     """`compile: true` (training's make_objective) compiles Seq2SeqLoss with fullgraph=True: over 20 steps of six
     bucketed batch shapes it builds at most two graphs (the first shape, then one with dynamic sizes) and its losses
     are the eager ones within 1e-4."""
+    from helpers import in_fresh_interpreter
+
+    in_fresh_interpreter("test_model", "compiled_objective_case")
+
+
+def compiled_objective_case() -> None:
+    """The body of the test above, run in a fresh interpreter."""
     from torch._dynamo.utils import counters
 
     from nmt.config import TrainConfig
