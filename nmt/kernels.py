@@ -43,8 +43,7 @@ def use_cpu_kernels(model: nn.Module, packed_linears: bool = False, fast_dropout
             module.packed = PackedLinear() if packed_linears else None
         elif type(module) in (FeedForward, PackedFeedForward) and isinstance(module.act, nn.ReLU):
             module.__class__ = PackedFeedForward if packed_linears else FeedForward
-    for module in model.modules():
-        if hasattr(module, "project") and hasattr(module, "tgt_embed"):  # nmt's Seq2SeqTransformer
+        elif hasattr(module, "project") and hasattr(module, "tgt_embed"):  # nmt's Seq2SeqTransformer
             if packed_linears:
                 module.project = PackedProjection(module)
             else:

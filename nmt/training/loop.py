@@ -380,12 +380,8 @@ def make_optim(model: torch.nn.Module, cfg: TrainConfig, current: Callable[[], T
     """AdamW with the config's warmup and schedule and clipping, as training steps it. `current`: the settings in
     force at each step (a run's `Run.cfg`, which follows its re-timed plan); by default `cfg` throughout."""
     optimizer = make_optimizer(model, cfg)
-    if current is None:
-        factor = schedule_of(cfg)
-    else:
-        def factor(step: int) -> float:
-            return schedule_of(current())(step)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    settings = current or (lambda: cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule_of(settings())(step))
     return Optim(optimizer, scheduler, cfg.optim.clip_norm)
 
 
