@@ -152,6 +152,29 @@ def marian_directory(d, pairs, vocab_size: int = 80, d_model: int = 32):
     return d
 
 
+def hub_cache_entry(cache, repo_id: str, files_from, ref: str = "main", commit: str | None = None) -> str:
+    """The files of folder `files_from` as huggingface_hub lays out a download in the cache folder `cache`:
+    models--ORG--NAME/blobs/<sha256>, snapshots/<commit>/<name> (a relative link to its blob) and refs/<ref> naming
+    the commit. Returns the commit (40 hex digits, from the files unless given)."""
+    import hashlib
+    import os
+    from pathlib import Path
+
+    files = sorted(p for p in Path(files_from).iterdir() if p.is_file())
+    commit = commit or hashlib.sha1(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()
+    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        blob = hashlib.sha256(p.read_bytes()).hexdigest()
+        (repo / "blobs" / blob).write_bytes(p.read_bytes())
+        (snapshot / p.name).symlink_to(os.path.join("..", "..", "blobs", blob))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
+    return commit
+
+
 class HostSyncs(torch.overrides.TorchFunctionMode):
     """Counts the calls that make the host wait for the device (on a GPU each stalls until its queue drains), seen
     on any device: reading a value (`bool`, `int`, `float`, `item`, `tolist`, `numpy`; a copy to the host from a
