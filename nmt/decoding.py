@@ -24,6 +24,7 @@ from nmt.batching import eval_batches
 from nmt.batching import pad as pad_rows
 from nmt.checkpoint import SEARCH_FILE
 from nmt.config import check_fields, ranged
+from nmt.constraints import Terms, going_first
 from nmt.errors import NmtError
 
 # --- Search: greedy, sampling and beam -------------------------------------------------------------------------------
@@ -72,12 +73,15 @@ def _ids(model, name: str) -> int:
 
 
 @torch.no_grad()
-def search(model, src_ids: torch.Tensor, cfg: SearchConfig,
-           sampling: SamplingConfig | None = None) -> list[list[Hypothesis]]:
+def search(model, src_ids: torch.Tensor, cfg: SearchConfig, sampling: SamplingConfig | None = None,
+           terms: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
     """src_ids (B, S) -> cfg.nbest hypotheses per sentence, best first: drawn by `sampling` when given
-    (cfg.nbest independent samples each), else found by beam search (greedy at beam size 1)."""
+    (cfg.nbest independent samples each), else found by beam search (greedy at beam size 1). `terms`: per
+    sentence, the target terms (token ids) its translation must hold (`nmt.constraints`; beam search only)."""
+    if terms is not None and sampling is not None:
+        raise NmtError("a glossary needs beam search: leave sampling off (--sampling) to use one")
     if sampling is None:
-        return beam_search(model, src_ids, cfg)
+        return beam_search(model, src_ids, cfg, terms)
     n = cfg.nbest
     drawn = greedy(model, src_ids.repeat_interleave(n, 0) if n > 1 else src_ids, cfg, sampling)
     return [sorted(drawn[i * n: (i + 1) * n], key=lambda h: -h.score) for i in range(src_ids.shape[0])]
@@ -130,15 +134,21 @@ def _penalty(length, alpha: float):
 
 
 @torch.no_grad()
-def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
+def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig,
+                terms: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
     """Batched beam search; returns the cfg.nbest best hypotheses per sentence, best first.
 
     A sentence is done once it has beam_size finished hypotheses (or hits its length limit); its
     rows then leave the batch and the cache. The first step runs one row per sentence (all beams
     would be identical); the K beams branch from it. Finished hypotheses are kept on the device
     (`Finished`) and read once, at the end.
+
+    `terms` (per sentence, target terms as token ids; None or all empty: the plain search) constrains the
+    search: every term appears in each hypothesis that ends before its length limit (`nmt.constraints.Terms`:
+    its state per row, and the beam filled by dynamic beam allocation).
     """
-    if cfg.beam_size == 1:
+    terms = Terms(terms, src_ids.device) if terms is not None and any(terms) else None
+    if cfg.beam_size == 1 and terms is None:
         return [[h] for h in greedy(model, src_ids, cfg)]
     pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
     B, K, dev = src_ids.shape[0], cfg.beam_size, src_ids.device
@@ -154,12 +164,22 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
         N, W = scores.shape
         at = limits.index_select(0, sent)
         lp = _constrain(dec.step(last), at.repeat_interleave(W) <= t + 1, never, eos, forced if t == 0 else None)
+        if terms is not None:
+            terms.forbid_eos(lp, at.repeat_interleave(W) <= t + 1, eos)
         top, beam, tok = _best_continuations(scores, lp, 2 * K)  # (N, 2K): at most K are </s>, K others remain
-        finished.add(sent, top[:, :K], beam[:, :K], tok[:, :K].eq(eos), history.view(N, W, t), eos, cfg.alpha)
-        top, pick = top.masked_fill(tok.eq(eos), -torch.inf).topk(K, dim=1)  # (N, K) best non-</s> continuations
+        if terms is not None:  # the same number of candidates, in dynamic beam allocation's order
+            top, beam, tok = terms.allocate(scores, lp, sent, top, beam, tok)
+        finished.add(sent, top[:, :K], beam[:, :K], tok[:, :K].eq(eos), history.view(N, W, t), eos, cfg.alpha,
+                     None if terms is None else terms.unmet().view(N, W).gather(1, beam[:, :K]))
+        if terms is None:
+            top, pick = top.masked_fill(tok.eq(eos), -torch.inf).topk(K, dim=1)  # (N, K) best non-</s> continuations
+        else:
+            top, pick = going_first(top, tok, eos, K)
         rows = (torch.arange(N, device=dev)[:, None] * W + beam.gather(1, pick)).view(-1)
         last, scores = tok.gather(1, pick).view(-1), top
         history = torch.cat([history.index_select(0, rows), last[:, None]], 1)
+        if terms is not None:
+            terms.update(rows, last)
         going = ((finished.count.index_select(0, sent) < K) & (at > t + 1)).tolist()  # the step's one read
         if all(going):
             dec.reorder(rows, None, K)  # the first step turns each sentence's row into K rows
@@ -170,6 +190,8 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig) -> list[list[Hy
         kept_rows = (keep[:, None] * K + torch.arange(K, device=dev)).view(-1)
         rows, sent, scores = rows.index_select(0, kept_rows), sent[keep], scores[keep]
         last, history = last[kept_rows], history[kept_rows]
+        if terms is not None:
+            terms.keep(kept_rows)
         dec.reorder(rows, keep, K)
     return finished.best(cfg.nbest)
 
@@ -178,7 +200,8 @@ class Finished:
     """The finished hypotheses of B sentences, K slots each, held on the device until the search ends.
 
     A step's </s> candidates fill a sentence's free slots in rank order; those beyond its K go to one spare
-    slot (K) that is never read, so filling them needs no look at how many there were.
+    slot (K) that is never read, so filling them needs no look at how many there were. In a constrained search
+    each also keeps how many terms it missed (`missing`): the fewer, the better, before the score.
     """
 
     def __init__(self, B: int, K: int, steps: int, pad: int, device):
@@ -188,11 +211,13 @@ class Finished:
         self.logprob = torch.zeros(B, K + 1, device=device)
         self.length = torch.zeros(B, K + 1, dtype=torch.long, device=device)
         self.tokens = torch.full((B, K + 1, steps), pad, dtype=torch.long, device=device)
+        self.missing: torch.Tensor | None = None  # (B, K + 1) terms each missed (constrained search only)
 
     def add(self, sent: torch.Tensor, top: torch.Tensor, beam: torch.Tensor, ends: torch.Tensor,
-            history: torch.Tensor, eos: int, alpha: float) -> None:
+            history: torch.Tensor, eos: int, alpha: float, missing: torch.Tensor | None = None) -> None:
         """Candidates (N, K) of sentences `sent` (N,): total log-probability `top`, the row they extend `beam`
-        (within its sentence's W rows of `history`, (N, W, t)), and whether they end in </s> (`ends`)."""
+        (within its sentence's W rows of `history`, (N, W, t)), whether they end in </s> (`ends`) and, in a
+        constrained search, how many terms they miss (`missing`)."""
         N, t = ends.shape[0], history.shape[2]
         ends = ends & top.isfinite()
         slot = self.count.index_select(0, sent)[:, None] + ends.long().cumsum(1) - 1  # (N, K)
@@ -206,15 +231,24 @@ class Finished:
         self.tokens[rows, slot, :t] = prefix
         self.tokens[rows, slot, t] = eos
         self.count.index_add_(0, sent, taken.sum(1))
+        if missing is not None:
+            if self.missing is None:
+                self.missing = torch.zeros_like(self.length)
+            self.missing[rows, slot] = missing
 
     def best(self, n: int) -> list[list[Hypothesis]]:
         """The n best finished hypotheses of each sentence, best first (read from the device once)."""
         count, score, logprob = self.count.tolist(), self.score.tolist(), self.logprob.tolist()
         length, tokens = self.length.tolist(), self.tokens.tolist()
+        missing = self.missing.tolist() if self.missing is not None else None
         out = []
         for s, c in enumerate(count):
             hyps = [Hypothesis(tokens[s][j][: length[s][j]], score[s][j], logprob[s][j], True) for j in range(c)]
-            out.append(sorted(hyps, key=lambda h: -h.score)[:n])
+            if missing is None:
+                out.append(sorted(hyps, key=lambda h: -h.score)[:n])
+            else:  # those that hold every term first
+                ranked = sorted(range(c), key=lambda j: (missing[s][j], -hyps[j].score))
+                out.append([hyps[j] for j in ranked[:n]])
         return out
 
 
@@ -250,15 +284,17 @@ def _never(pad: int, bos: int, eos: int, device) -> torch.Tensor:
 
 def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: torch.Tensor, eos: int,
                forced: int | None = None) -> torch.Tensor:
-    """Never emit the ids `never` (<pad>, <s>); rows (N,) at their length limit may only emit </s>; `forced`
-    (the first step of a model with `forced_bos_id`) is the only choice, at log-probability 0 as in
-    transformers' ForcedBOSTokenLogitsProcessor. In place, and without reading the device."""
+    """Never emit the ids `never` (<pad>, <s>); rows (N,) at their length limit may only emit </s>, at
+    log-probability 0; `forced` (the first step of a model with `forced_bos_id`) is the only choice, at
+    log-probability 0. A forced token adds nothing to a hypothesis' score, as in transformers' ForcedEOS- and
+    ForcedBOSTokenLogitsProcessor, so beams cut at the limit rank by what the model chose. In place, and without
+    reading the device."""
     if forced is not None:
         lp.fill_(-torch.inf)
         lp[:, forced] = 0.0
         return lp
     lp.index_fill_(1, never, -torch.inf)
-    eos_lp = lp[:, eos].clone()
+    eos_lp = lp[:, eos].masked_fill(at_limit, 0.0)
     lp.masked_fill_(at_limit[:, None], -torch.inf)
     lp[:, eos] = eos_lp
     return lp
@@ -289,22 +325,26 @@ def search_defaults(directory: Path) -> dict:
 
 def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tokens: int,
                    rank: int = 0, world_size: int = 1, device=None,
-                   sampling: SamplingConfig | None = None, stop=None) -> dict[int, list[Hypothesis]]:
+                   sampling: SamplingConfig | None = None, stop=None,
+                   terms: list[list[list[int]]] | None = None) -> dict[int, list[Hypothesis]]:
     """Hypotheses for this process's share of `src_ids`, keyed by input position.
 
     Inputs are sorted by length into batches of at most `batch_tokens` padded source tokens, and the
     batches dealt round robin to `world_size` processes: each input is decoded exactly once overall.
     With `sampling`, batch number k draws with seed `sampling.seed + k`. `stop` (a function): checked before each
-    batch; when it returns True the inputs decoded so far are returned.
+    batch; when it returns True the inputs decoded so far are returned. `terms` (one list per input: its target
+    terms' ids): a batch in which some input has terms is searched under them, any other by the plain search.
     """
     out: dict[int, list[Hypothesis]] = {}
     lengths = [len(s) for s in src_ids]
     for k, batch in enumerate(eval_batches(lengths, batch_tokens, rank, world_size)):
         if stop is not None and stop():
             break
-        ids = pad_rows([src_ids[i] for i in batch]).to(device)
+        ids = pad_rows([src_ids[i] for i in batch], _ids(model, "pad_id")).to(device)
         draw = sampling if sampling is None or sampling.seed is None else replace(sampling, seed=sampling.seed + k)
-        for i, hyps in zip(batch.tolist(), search(model, ids, cfg, draw)):
+        rows = batch.tolist()
+        held = None if terms is None or not any(terms[i] for i in rows) else [terms[i] for i in rows]
+        for i, hyps in zip(rows, search(model, ids, cfg, draw, held)):
             out[i] = hyps
     return out
 
