@@ -13,7 +13,7 @@ _HOMES = {  # public name -> the module that defines it
     "DataConfig": "nmt.config", "FinetuneConfig": "nmt.config", "ModelConfig": "nmt.config", "OptimConfig": "nmt.config",
     "TokenizerConfig": "nmt.config", "TrainConfig": "nmt.config", "load_config": "nmt.config",
     "NmtError": "nmt.errors", "SamplingConfig": "nmt.decoding", "launch": "nmt.launch",
-    "Seq2SeqTransformer": "nmt.model", "SearchConfig": "nmt.decoding",
+    "Seq2SeqTransformer": "nmt.model", "open_model": "nmt.loading", "SearchConfig": "nmt.decoding",
     "TrainResult": "nmt.train", "train": "nmt.train", "Translator": "nmt.translate",
 }
 __all__ = sorted(_HOMES)

@@ -9,7 +9,7 @@ modules, so the low-rank term takes part). Only the adapter is trained.
 
 A LoRA run's model directory is its base model directory (config.json, the unchanged base weights in
 model.safetensors, the tokenizer) plus peft's adapter files, adapter_config.json and adapter_model.safetensors
-(keys as `PeftModel.save_pretrained` writes them). `Seq2SeqTransformer.from_pretrained` merges the adapter in
+(keys as `PeftModel.save_pretrained` writes them). `nmt.loading.open_model` merges the adapter in
 when it finds one, so translate, evaluate and serve take such a directory as it is; `merge_adapter_dir`
 (`nmt merge-adapter`) writes the merged weights as a plain model directory. Such a directory is untrusted: nmt
 reads adapter_config.json itself and builds plain LoRA from the settings its training writes
@@ -18,7 +18,6 @@ reads adapter_config.json itself and builds plain LoRA from the settings its tra
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -216,28 +215,3 @@ def load_adapter(model: torch.nn.Module, directory: str | Path, merge: bool = Tr
     if hasattr(merged, "peft_config"):
         del merged.peft_config
     return merged
-
-
-def merge_adapter_dir(source: str | Path, out: str | Path, force: bool = False) -> Path:
-    """A plain model directory `out` with the adapter of `source` (a LoRA run's model/, or the run folder) merged
-    into its weights; the tokenizer, training.json and search.json are copied as they are (the merged model
-    computes what the adapted one did). Written whole or not at all; an existing non-empty `out` only with `force`."""
-    from nmt.checkpoint import SEARCH_FILE, SUMMARY_FILE, check_output_dir, tokenizer_files, write_directory
-    from nmt.model import Seq2SeqTransformer
-
-    source, out = Path(source), Path(out)
-    if not has_adapter(source) and has_adapter(source / "model"):
-        source = source / "model"
-    if not has_adapter(source):
-        raise NmtError(f"{source}: no {ADAPTER_CONFIG}; give the model/ of a LoRA run (finetune.lora_r > 0) or "
-                       "its run folder")
-    check_output_dir(out, [source], force, "OUT")
-    model = Seq2SeqTransformer.from_pretrained(source)  # merged
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        for path in [*tokenizer_files(source), source / SUMMARY_FILE, source / SEARCH_FILE]:
-            if path.is_file():
-                shutil.copy2(path, tmp / path.name)
-
-    return write_directory(out, write)

@@ -14,13 +14,11 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import stat
 import sys
 import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from nmt.errors import NmtError
 from nmt.validate import Number, error_line, utf8_lines
@@ -570,59 +568,14 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> int:
 
 def cmd_average(args: argparse.Namespace, extra: list[str]) -> int:
     no_extra(extra)
+    from nmt.loading import average_run
+
     print(f"averaged model written to {average_run(args.run_dir, args.last, args.output, force=args.force)}")
     return 0
 
 
-def average_run(run_dir: str | Path, last: int, out: str | Path, force: bool = False) -> Path:
-    """Average the last `last` checkpoints of a run into a new model directory `out`.
-
-    The architecture and tokenizer come from the run's model/ (or best/) directory, and so does the adapter of a
-    LoRA run (its checkpoints' base and LoRA weights are averaged, and written as an adapter directory again, which
-    `nmt merge-adapter` merges); its search.json is not copied
-    (an alpha tuned for other weights). `out` is written as a sibling temporary directory and renamed into place:
-    an existing non-empty `out` only with `force`, and never one the average is read from."""
-    from nmt.adapters import has_adapter, save_adapted
-    from nmt.checkpoint import (
-        LANGUAGES_FILE,
-        SUMMARY_FILE,
-        average_weights,
-        check_output_dir,
-        list_checkpoints,
-        load_into,
-        write_directory,
-    )
-    from nmt.model import Seq2SeqTransformer
-    from nmt.tokenizer import PairTokenizer
-
-    run_dir, out = Path(run_dir), Path(out)
-    found = list_checkpoints(run_dir)[-last:]
-    if len(found) < 2:
-        raise NmtError(f"{run_dir}: {len(found)} complete checkpoint(s) in checkpoints/; averaging needs 2 or more")
-    source = next((d for d in (run_dir / "model", run_dir / "best") if d.is_dir()), None)
-    if source is None:
-        raise NmtError(f"{run_dir}: no model/ or best/ to take the config and tokenizer from")
-    check_output_dir(out, [source, *found], force, "-o")
-    adapted = has_adapter(source)  # a LoRA run: its checkpoints hold the base and LoRA layers, averaged as such
-    model = Seq2SeqTransformer.from_pretrained(source, merge_adapter=False)
-    load_into(model, average_weights(found))
-
-    def write(tmp: Path) -> None:
-        if adapted:  # like the run's model/: the base weights and the averaged adapter
-            save_adapted(model, tmp)
-        else:
-            model.save_pretrained(tmp)
-        PairTokenizer.load(source).save(tmp)
-        summary = {"averaged": [str(d) for d in found], "from": str(source)}
-        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-        if (source / LANGUAGES_FILE).is_file():  # a multilingual model's target languages and tags
-            shutil.copy2(source / LANGUAGES_FILE, tmp / LANGUAGES_FILE)
-
-    return write_directory(out, write)
-
-
 def cmd_merge_adapter(args: argparse.Namespace, extra: list[str]) -> int:
-    from nmt.adapters import merge_adapter_dir
+    from nmt.loading import merge_adapter_dir
 
     no_extra(extra)
     out = merge_adapter_dir(args.model_dir, args.out, force=args.force)

@@ -453,14 +453,13 @@ def export_transformers(model_dir: str | Path, out: str | Path, force: bool = Fa
     export leaves OUT as it was; an existing non-empty OUT only with `force`, never MODEL_DIR). Returns OUT and the
     transformers architecture chosen."""
     from nmt.checkpoint import check_output_dir, write_directory
-    from nmt.model import Seq2SeqTransformer
-    from nmt.tokenizer import PairTokenizer
+    from nmt.loading import open_model
 
     require_transformers()
     model_dir, out = Path(model_dir), Path(out)
     check_output_dir(out, [model_dir], force, "OUT")
-    model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
-    tokenizer = PairTokenizer.load_for(model_dir, model.cfg)
+    opened = open_model(model_dir)
+    model, tokenizer = opened.model.eval(), opened.tokenizer
     hf_tok = hf_tokenizer_from_nmt(tokenizer, model.cfg)
     hf = hf_model_from_nmt(model)
     def write(partial: Path) -> None:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.batching import special_id
-from nmt.checkpoint import ADAPTER_CONFIG, CONFIG_FILE, WEIGHTS_FILE, load_model_config  # noqa: F401  (load_model_config: re-exported)
+from nmt.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from nmt.config import ModelConfig, to_dict
 from nmt.errors import NmtError
 from nmt.layers import DecoderLayer, EncoderLayer, key_attend, sinusoids
@@ -139,116 +139,6 @@ class Seq2SeqTransformer(nn.Module):
         if self.src_embed is self.tgt_embed:
             state.pop("src_embed.weight", None)  # shared tensors are stored once
         save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-
-    @classmethod
-    def from_hf(cls, hf_dir: str | Path) -> Seq2SeqTransformer:
-        """The model of a transformers MarianMTModel or M2M100ForConditionalGeneration directory, computing the
-        same logits (see `nmt.interop`; `nmt import` also converts the tokenizer into a model directory)."""
-        from nmt.interop import model_from_hf  # the one home of transformers, imported only when used
-
-        return model_from_hf(hf_dir)
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu",
-                        cfg: ModelConfig | None = None, merge_adapter: bool = True) -> Seq2SeqTransformer:
-        """Load what `save_pretrained` wrote. Reads JSON and safetensors only: no code runs.
-
-        `cfg` builds the model instead of the directory's config.json (the same sizes, e.g. another dropout).
-        The config is checked against the safetensors header before anything of its size is allocated: the
-        sizes the weights fix (vocabularies, d_model, layers, d_ff) must be the config's, the position table
-        (the one tensor computed, not stored) is bounded, and then every tensor's shape and dtype must be the
-        model's. The model remembers `pretrained_from` (the directory), so training can check its tokenizer.
-        """
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        source = "the given config" if cfg is not None else str(directory / CONFIG_FILE)
-        cfg = cfg or load_model_config(directory)
-        path = directory / WEIGHTS_FILE
-        stored = _stored_tensors(path)
-        _check_sizes(cfg, stored, path, source)
-        with torch.device(map_location):
-            model = cls(cfg)
-        _check_tensors(model, stored, path, source)
-        model.pretrained_from = str(directory)
-        try:
-            state = load_file(str(path), device=str(map_location))
-        except (SafetensorError, OSError) as e:
-            raise NmtError(f"{path}: cannot read the weights ({e}); re-export the model") from None
-        if model.src_embed is model.tgt_embed:
-            state.setdefault("src_embed.weight", state["tgt_embed.weight"])
-        model.load_state_dict(state)  # names and shapes are checked; halves are cast to float32
-        if (directory / ADAPTER_CONFIG).is_file():
-            from nmt.adapters import load_adapter  # peft is imported only for a directory that holds an adapter
-
-            model = load_adapter(model, directory, merge=merge_adapter)
-            model.pretrained_from = str(directory)
-        return model
-
-
-# --- checking a weights file against the model a config builds, from the safetensors header alone -----------
-
-MAX_POSITION_TABLE_BYTES = 1 << 30  # the sinusoidal table: 1 GiB is 262,144 positions at d_model 1024
-FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}  # safetensors' names of the dtypes a weight may be stored in
-
-
-def _stored_tensors(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """{name: (shape, safetensors dtype)} of a weights file, read from its header (no tensor data)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise NmtError(f"{path}: cannot read the weights ({e}); re-export the model") from None
-
-
-def _check_sizes(cfg: ModelConfig, stored: dict, path: Path, source: str) -> None:
-    """The config's size fields against what the stored tensors fix, before a model of the config's size is
-    built: a config.json that is not the weights' (edited, copied from another model) allocates nothing."""
-    if "tgt_embed.weight" not in stored:
-        raise NmtError(f"{path}: no tgt_embed.weight; it was not written by nmt (nmt average and training write "
-                       "model directories)")
-    def shown(key: str) -> str:
-        return f"{key} has shape {list(stored[key][0])}"
-
-    (vocab, d_model), key = stored["tgt_embed.weight"][0], "tgt_embed.weight"
-    fixed = {"tgt_vocab_size": (vocab, shown(key)), "d_model": (d_model, shown(key))}
-    if "src_embed.weight" in stored:
-        fixed["src_vocab_size"] = (stored["src_embed.weight"][0][0], shown("src_embed.weight"))
-    for side in ("encoder", "decoder"):
-        layers = {k.split(".")[1] for k in stored if k.startswith(side + ".")}
-        fixed[f"n_{side}_layers"] = (len(layers), f"{side}.0 to {side}.{len(layers) - 1}")
-    if "encoder.0.ff.up.weight" in stored:
-        fixed["d_ff"] = (stored["encoder.0.ff.up.weight"][0][0], shown("encoder.0.ff.up.weight"))
-    for name, (value, evidence) in fixed.items():
-        if getattr(cfg, name) != value:
-            raise NmtError(f"{source}: model.{name} is {getattr(cfg, name)} but the weights in {path} have {value} "
-                           f"({evidence}); copy the config.json saved with these weights")
-    table = cfg.max_positions * cfg.d_model * 4
-    if table > MAX_POSITION_TABLE_BYTES:
-        raise NmtError(f"{source}: max_positions={cfg.max_positions} at d_model={cfg.d_model} asks for a "
-                       f"{table / 2**30:.1f} GiB position table (at most {MAX_POSITION_TABLE_BYTES >> 30} GiB); "
-                       "copy the config.json saved with these weights")
-
-
-def _check_tensors(model: Seq2SeqTransformer, stored: dict, path: Path, source: str) -> None:
-    """Every tensor of `model` stored, with its shape, as a floating-point type; nothing else stored."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if model.src_embed is model.tgt_embed and "src_embed.weight" not in stored:
-        expected.pop("src_embed.weight")  # shared tensors are stored once
-    missing, unexpected = sorted(expected.keys() - stored.keys()), sorted(stored.keys() - expected.keys())
-    if missing or unexpected:
-        raise NmtError(f"{path}: its tensors are not those of the model {source} describes (missing {missing[:3]}, "
-                       f"unexpected {unexpected[:3]}); copy the config.json saved with these weights")
-    for key, shape in expected.items():
-        file_shape, dtype = stored[key]
-        if file_shape != shape:
-            raise NmtError(f"{path}: {key} has shape {list(file_shape)} in the file but {list(shape)} in the model "
-                           f"{source} describes; copy the config.json saved with these weights")
-        if dtype not in FLOAT_DTYPES:
-            raise NmtError(f"{path}: {key} is stored as {dtype}, not as floating point; re-export the model")
 
 
 # --- The decoder's key/value cache -----------------------------------------------------------------------------------

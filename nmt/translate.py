@@ -49,6 +49,7 @@ from nmt.decoding import (
 )
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
+from nmt.loading import open_model
 from nmt.model import Seq2SeqTransformer
 from nmt.textfiles import without_bom
 from nmt.tokenizer import UNK, PairTokenizer
@@ -116,9 +117,9 @@ class Translator:
             return cls._ensemble([Path(d) for d in directory], device)
         directory = Path(directory)
         bound_onednn_primitive_caches()  # before the first packed linear (nmt.compat)
-        model = use_cpu_kernels(Seq2SeqTransformer.from_pretrained(directory), packed_linears=True)  # fixed weights
-        tokenizer = PairTokenizer.load_for(directory, model.cfg)
-        return cls(model, tokenizer, device, search_defaults(directory), read_languages(directory))
+        opened = open_model(directory)
+        model = use_cpu_kernels(opened.model, packed_linears=True)  # fixed weights
+        return cls(model, opened.tokenizer, device, opened.search, opened.languages)
 
     @classmethod
     def _ensemble(cls, directories: list[Path], device) -> Translator:
@@ -538,8 +539,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     require_ctranslate2()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     check_output_dir(out_dir, [model_dir], force, "OUT")
-    model = Seq2SeqTransformer.from_pretrained(model_dir).eval()
-    tokenizer = PairTokenizer.load_for(model_dir, model.cfg)
+    opened = open_model(model_dir)
+    model, tokenizer = opened.model.eval(), opened.tokenizer
     def write(partial: Path) -> None:
         save_ctranslate2(model, vocabulary(tokenizer, "src"), vocabulary(tokenizer, "tgt"), partial, quantization,
                          {"exported_from": str(model_dir.resolve())})

@@ -16,7 +16,7 @@ from nmt import Translator, train
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.config import FinetuneConfig, ModelConfig, OptimConfig, TokenizerConfig
-from nmt.model import Seq2SeqTransformer
+from nmt.loading import open_model
 from nmt.synthetic import generate_pairs
 from nmt.tokenizer import PairTokenizer
 from tests.conftest import tiny_config
@@ -116,13 +116,13 @@ def test_a_merged_adapter_is_a_plain_model_directory_translating_as_the_adapted_
     (tmp_path / "in.txt").write_text("\n".join(src) + "\n", encoding="utf-8")
     assert main(["translate", str(out), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt"),
                  "--beam", "2"]) == 0
-    adapted = Seq2SeqTransformer.from_pretrained(lora_run / "model", merge_adapter=False)  # LoRA layers, unmerged
+    adapted = open_model(lora_run / "model", merge_adapter=False).model  # LoRA layers, unmerged
     assert any("lora_A" in name for name, _ in adapted.named_parameters())
     expected = Translator(adapted, PairTokenizer.load(lora_run / "model")).translate(src, beam_size=2)
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == expected
     ids = torch.tensor([[5, 6, 7, 8, 0]])
     with torch.no_grad():
-        torch.testing.assert_close(Seq2SeqTransformer.from_pretrained(out).eval()(ids, ids), adapted.eval()(ids, ids),
+        torch.testing.assert_close(open_model(out).model.eval()(ids, ids), adapted.eval()(ids, ids),
                                    atol=1e-5, rtol=0)
 
 
@@ -183,7 +183,7 @@ def test_average_of_a_lora_run_is_an_adapter_directory_of_the_mean_adapter(lora_
         torch.testing.assert_close(value, (points[0][name] + points[1][name]) / 2, atol=0, rtol=0)
     imported = _weights(base)
     assert all(torch.equal(_weights(out)[k], v) for k, v in imported.items())  # the base as it was
-    merged = Seq2SeqTransformer.from_pretrained(out).state_dict()  # the averaged adapter merged on loading
+    merged = open_model(out).model.state_dict()  # the averaged adapter merged on loading
     assert not torch.equal(merged["encoder.0.attn.qkv.weight"], imported["encoder.0.attn.qkv.weight"])
 
 

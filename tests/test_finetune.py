@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from nmt import Seq2SeqTransformer, train
+from nmt import train
 from nmt.config import ModelConfig, OptimConfig, TokenizerConfig
 from nmt.errors import NmtError
+from nmt.loading import open_model
 from nmt.synthetic import generate_pairs
 from nmt.tools.check import preflight
 from tests.conftest import tiny_config, write_pairs
@@ -73,8 +74,8 @@ def test_fine_tuning_on_a_new_domain_raises_its_bleu_and_keeps_the_tokenizer(dom
     bleu = bleu_by_step(cfg.output_dir)
     assert bleu[80] > bleu[20] + 8 and bleu[80] > bleu[40], bleu  # the questions are learnt (measured 4 -> 21)
     assert (result.model_dir / "tokenizer.json").read_bytes() == (statements_model / "tokenizer.json").read_bytes()
-    assert Seq2SeqTransformer.from_pretrained(result.model_dir).cfg == Seq2SeqTransformer.from_pretrained(
-        statements_model).cfg  # the architecture of the model fine-tuned
+    assert open_model(result.model_dir).model.cfg == open_model(
+        statements_model).model.cfg  # the architecture of the model fine-tuned
     rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["lr"] < cfg.optim.lr  # a fresh schedule: warming up again
 
@@ -102,7 +103,7 @@ def test_mismatches_with_the_model_directory_are_named(domains, statements_model
 
 def test_a_pretrained_model_with_another_tokenizer_is_refused(domains, statements_model, tmp_path):
     cfg = domain_config(domains, "b", tmp_path, model=ModelConfig(), tokenizer=TokenizerConfig(vocab_size=400))
-    model = Seq2SeqTransformer.from_pretrained(statements_model)
+    model = open_model(statements_model).model
     with pytest.raises(NmtError, match=r"another tokenizer.*init_from="):
         train(cfg, model=model)  # before: a new tokenizer of the same size, ids silently meaning other subwords
 
@@ -115,4 +116,4 @@ def test_check_reports_the_old_tokenizer_on_the_new_corpus(domains, statements_m
     assert "subwords/word" in line and "on its own training data" in line and "<unk>" in line, line
     own = json.loads((statements_model / "training.json").read_text())["segmentation"]
     assert report.fit["old"] == own and report.fit["new"]["src"]["subwords_per_word"] > 1.0
-    assert report.n_params == sum(p.numel() for p in Seq2SeqTransformer.from_pretrained(statements_model).parameters())
+    assert report.n_params == sum(p.numel() for p in open_model(statements_model).model.parameters())

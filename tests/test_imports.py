@@ -90,8 +90,11 @@ LAYERS = [
     {"layers"},
     {"model"},
     {"kernels"},  # CPU stand-ins for the plain model's modules and objective
+    {"constraints"},  # glossaries and the constraint state beam search carries
     {"decoding", "attention"},
-    {"interop", "adapters"},
+    {"adapters"},
+    {"loading"},  # the one loader of model directories (and average / merge-adapter, which make one from others)
+    {"interop"},
     {"translate", "tools.info"},
     {"tools.backtranslate", "tools.request_batcher"},
     {"tools.serve"},
@@ -106,8 +109,6 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 UPWARD = {  # the imports that point up on purpose, and why
     ("layers", "model"): "the annotation of a decoder layer's cache (SelfKV), imported under TYPE_CHECKING only",
     ("model", "decoding"): "Seq2SeqTransformer.generate, a convenience entry, calls search inside the method",
-    ("model", "interop"): "Seq2SeqTransformer.from_hf, a convenience entry, calls interop inside the method",
-    ("model", "adapters"): "Seq2SeqTransformer.from_pretrained merges a directory's LoRA adapter inside the method",
 }
 HOMES = {  # third-party library -> the only modules that import it (one home per library)
     "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},

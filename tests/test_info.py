@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
 
-from nmt import Seq2SeqTransformer, train
+from nmt import train
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.config import TokenizerConfig
 from nmt.errors import NmtError
+from nmt.loading import open_model
 from nmt.tokenizer import PairTokenizer, train_tokenizer
 from nmt.tools.info import command_line, describe, lines
 from tests.conftest import tiny_config
@@ -33,7 +34,7 @@ def test_describe_reports_the_model_and_its_training(model_dir):
     summary = json.loads((model_dir / "training.json").read_text())
     assert info["architecture"] == json.loads((model_dir / "config.json").read_text())
     assert info["architecture"]["d_model"] == 32 and info["architecture"]["n_encoder_layers"] == 1
-    assert info["parameters"] == Seq2SeqTransformer.from_pretrained(model_dir).num_parameters()
+    assert info["parameters"] == open_model(model_dir).model.num_parameters()
     assert info["dtypes"] == {"F32": info["tensors"]}
     tok = PairTokenizer.load(model_dir)
     assert info["vocab"] == {"joint": True, "src": tok.src_vocab_size, "tgt": tok.tgt_vocab_size}

@@ -13,6 +13,8 @@ from helpers import ATOL, marian_directory, marian_model, one_thread, randomize,
 from nmt import Translator, train
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
+from nmt.interop import model_from_hf
+from nmt.loading import open_model
 from nmt.model import Seq2SeqTransformer
 from nmt.synthetic import generate_pairs
 from nmt.tokenizer import PairTokenizer
@@ -54,7 +56,7 @@ def _m2m100(vocab: int = 60, d_model: int = 16, layers: int = 1, **kw):
 def test_an_imported_marian_model_computes_transformers_logits(d_model, layers, tied, act, scale, tmp_path):
     hf = marian_model(d_model=d_model, layers=layers, tied=tied, activation_function=act, scale_embedding=scale)
     hf.save_pretrained(tmp_path)
-    model = Seq2SeqTransformer.from_hf(tmp_path)
+    model = model_from_hf(tmp_path)
     assert model.cfg.share_embeddings == tied and model.cfg.bos_id == model.cfg.pad_id == 59
     _assert_same_logits(hf, model, pad=59, eos=0, start=59)
 
@@ -63,7 +65,7 @@ def test_an_imported_marian_model_computes_transformers_logits(d_model, layers, 
 def test_an_imported_m2m100_model_computes_transformers_logits(d_model, layers, act, tmp_path):
     hf = _m2m100(d_model=d_model, layers=layers, activation_function=act)
     hf.save_pretrained(tmp_path)
-    model = Seq2SeqTransformer.from_hf(tmp_path)
+    model = model_from_hf(tmp_path)
     assert (model.cfg.pre_norm, model.cfg.positions) == (True, "m2m100")
     _assert_same_logits(hf, model, pad=1, eos=2, start=2)
 
@@ -154,13 +156,13 @@ def test_an_imported_marian_model_translates_as_transformers_generates(marian_di
 
 
 def test_an_imported_marian_model_fine_tunes_through_init_from(marian_nmt, corpus_dir, tmp_path, fresh_accelerate_state):
-    before = Seq2SeqTransformer.from_pretrained(marian_nmt)
+    before = open_model(marian_nmt).model
     code = main(["train", "--init-from", str(marian_nmt), "--data.train", str(corpus_dir / "train"),
                  "--data.valid", str(corpus_dir / "valid"), "--data.test", str(corpus_dir / "test"),
                  "--data.cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "run"),
                  "--max_steps", "3", "--max_tokens", "400", "--eval_max_sentences", "4"])
     assert code == 0
-    after = Seq2SeqTransformer.from_pretrained(tmp_path / "run" / "model")
+    after = open_model(tmp_path / "run" / "model").model
     assert after.cfg == before.cfg  # Marian's architecture and ids kept
     assert not torch.equal(after.tgt_embed.weight, before.tgt_embed.weight)  # trained
     assert torch.equal(after.final_logits_bias, before.final_logits_bias)  # a buffer, as in Marian
@@ -212,7 +214,7 @@ def test_an_exported_model_computes_nmt_logits_and_imports_back(pre_norm, act, a
     from helpers import model_dir
 
     directory = model_dir(tmp_path / "m", seed=4, layers=2)
-    model = tiny_model(seed=4, vocab=Seq2SeqTransformer.from_pretrained(directory).cfg.src_vocab_size, layers=2,
+    model = tiny_model(seed=4, vocab=open_model(directory).model.cfg.src_vocab_size, layers=2,
                        pre_norm=pre_norm, activation=act)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -223,7 +225,7 @@ def test_an_exported_model_computes_nmt_logits_and_imports_back(pre_norm, act, a
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == arch
     _assert_same_logits(hf, model, pad=0, eos=3, start=2)
-    back = Seq2SeqTransformer.from_hf(tmp_path / "hf")
+    back = model_from_hf(tmp_path / "hf")
     src, tgt = _batch(0, 3, 2)
     with torch.no_grad():
         torch.testing.assert_close(back(src, tgt), model(src, tgt), atol=ATOL, rtol=0)

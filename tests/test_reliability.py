@@ -18,6 +18,7 @@ from nmt import Seq2SeqTransformer, train
 from nmt.checkpoint import COMPLETE, list_checkpoints
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
+from nmt.loading import open_model
 
 ROOT = Path(__file__).parent.parent
 
@@ -198,10 +199,10 @@ def test_malicious_pickle_in_a_model_dir_is_never_run(tmp_path):
     model = Seq2SeqTransformer(ModelConfig.preset("tiny", src_vocab_size=50, tgt_vocab_size=50))
     model.save_pretrained(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(pickle.dumps(Boom()))  # planted beside: never read
-    Seq2SeqTransformer.from_pretrained(tmp_path)
+    open_model(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(pickle.dumps(Boom()))  # planted in place of the weights
     with pytest.raises(NmtError, match="cannot read the weights"):
-        Seq2SeqTransformer.from_pretrained(tmp_path)
+        open_model(tmp_path)
     assert not MARKER.exists()
 
 

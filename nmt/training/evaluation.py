@@ -18,6 +18,7 @@ from nmt.checkpoint import SEARCH_FILE
 from nmt.compat import is_fsdp
 from nmt.data import column
 from nmt.decoding import SearchConfig, search_encoded
+from nmt.loading import open_model
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqTransformer
 from nmt.training.state import Run, log_metrics, plain_weights, save_model_dir
@@ -193,7 +194,7 @@ def tune_alpha(run: Run, model_dir: Path) -> dict:
     if not isinstance(run.model, Seq2SeqTransformer):
         log.warning("tune_alpha: only nmt's own model can be reloaded for tuning; skipped", main_process_only=True)
         return {}
-    kept = Seq2SeqTransformer.from_pretrained(model_dir).to(accelerator.device).eval()  # every process: its share
+    kept = open_model(model_dir, accelerator.device).model.eval()  # every process: its share
     default, share = SearchConfig().alpha, (accelerator.process_index, accelerator.num_processes)
     bleu = {alpha: score_valid(run, kept, SearchConfig(beam_size=cfg.eval_beam, alpha=alpha), share)["bleu"]
             for alpha in sorted({*cfg.tune_alpha, default})}

@@ -46,6 +46,7 @@ from nmt.decoding import compile_decoder
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.launch import main_process_first
+from nmt.loading import open_model
 from nmt.metrics import corpus_scores
 from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
 from nmt.plan import Plan, open_keys
@@ -373,7 +374,7 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
     if model is not None:
         check_same_tokenizer(model, tokenizer)
     elif cfg.init_from:  # fine-tuning: the directory's weights (its sizes are cfg.model's, see finetune.pretrained)
-        model = Seq2SeqTransformer.from_pretrained(cfg.init_from, cfg=cfg.model)
+        model = open_model(cfg.init_from, cfg=cfg.model).model
     else:
         model = Seq2SeqTransformer(cfg.model)
     if isinstance(model, Seq2SeqTransformer) and default_device().type == "cpu":  # before LoRA's own dropout
