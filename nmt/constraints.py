@@ -156,11 +156,13 @@ def _shown(value) -> str:
 class Terms:
     """The target terms (token ids) of a batch's sentences and, per search row, its progress through each.
 
-    `terms[b]` lists sentence b's terms, each a non-empty list of target token ids. Shapes: B sentences, C terms
+    `terms[b]` lists sentence b's terms, each a non-empty list of target token ids. `joins` (V,) marks the target
+    tokens that continue the word before them (a subword without the word-start mark): none may follow a term's
+    last token, so a term stays a whole word ("Bruder" never becomes "Bruderer"). Shapes: B sentences, C terms
     at most per sentence, L tokens at most per term, R rows of the search (one per sentence to begin with).
     """
 
-    def __init__(self, terms: list[list[list[int]]], device):
+    def __init__(self, terms: list[list[list[int]]], device, joins: torch.Tensor | None = None):
         B, C = len(terms), max(1, max(len(t) for t in terms))
         L = max([len(ids) for ts in terms for ids in ts] or [1])
         ids = torch.full((B, C, L), -1, dtype=torch.long)  # -1 after a term's end: never a token
@@ -172,15 +174,19 @@ class Terms:
         self.ids, self.length = ids.to(device), length.to(device)  # (B, C, L), (B, C)
         self.row_sent = torch.arange(B, device=device)  # (R,) sentence of each row
         self.progress = torch.zeros(B, C, dtype=torch.long, device=device)  # (R, C) tokens of each term just produced
+        self.ended = torch.zeros(B, dtype=torch.bool, device=device)  # (R,) whether a row's last token ended a term
+        self.joins = None if joins is None else joins.to(device)
 
     def unmet(self) -> torch.Tensor:
         """(R,) how many of its sentence's terms each row has not met."""
         return self.progress.lt(self.length.index_select(0, self.row_sent)).sum(1)
 
-    def forbid_eos(self, lp: torch.Tensor, at_limit: torch.Tensor, eos: int) -> torch.Tensor:
+    def restrict(self, lp: torch.Tensor, at_limit: torch.Tensor, eos: int) -> torch.Tensor:
         """lp (R, V) with </s> made impossible for rows that have not met all their terms, unless at their length
-        limit (`at_limit` (R,)); in place."""
+        limit (`at_limit` (R,)), and after a term's last token no token that would continue its word; in place."""
         lp[:, eos] = lp[:, eos].masked_fill(self.unmet().gt(0) & ~at_limit, -torch.inf)
+        if self.joins is not None:
+            lp.masked_fill_(self.ended[:, None] & self.joins[None, :], -torch.inf)
         return lp
 
     def advance(self, progress: torch.Tensor, sent: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
@@ -241,11 +247,15 @@ class Terms:
     def update(self, rows: torch.Tensor, last: torch.Tensor) -> None:
         """The search continues with rows `rows` (R',) of the current ones, which emitted `last` (R',)."""
         self.row_sent = self.row_sent.index_select(0, rows)
-        self.progress = self.advance(self.progress.index_select(0, rows), self.row_sent, last)
+        before = self.progress.index_select(0, rows)
+        self.progress = self.advance(before, self.row_sent, last)
+        length = self.length.index_select(0, self.row_sent)
+        self.ended = (self.progress.ge(length) & before.lt(length)).any(1)
 
     def keep(self, rows: torch.Tensor) -> None:
         """Only rows `rows` of the current ones go on (finished sentences leave)."""
         self.row_sent, self.progress = self.row_sent.index_select(0, rows), self.progress.index_select(0, rows)
+        self.ended = self.ended.index_select(0, rows)
 
 
 def going_first(top: torch.Tensor, tok: torch.Tensor, eos: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nmt.batching import eval_batches
+from nmt.batching import eval_batches, special_id
 from nmt.batching import pad as pad_rows
 from nmt.checkpoint import SEARCH_FILE
 from nmt.config import check_fields, ranged
@@ -68,20 +68,17 @@ def _most(model) -> int | None:
     return cfg.max_positions - 1 if cfg is not None and hasattr(cfg, "max_positions") else None
 
 
-def _ids(model, name: str) -> int:
-    return getattr(model.cfg, name) if hasattr(model, "cfg") else getattr(model, name)
-
-
 @torch.no_grad()
 def search(model, src_ids: torch.Tensor, cfg: SearchConfig, sampling: SamplingConfig | None = None,
-           terms: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+           terms: list[list[list[int]]] | None = None, joins: torch.Tensor | None = None) -> list[list[Hypothesis]]:
     """src_ids (B, S) -> cfg.nbest hypotheses per sentence, best first: drawn by `sampling` when given
     (cfg.nbest independent samples each), else found by beam search (greedy at beam size 1). `terms`: per
-    sentence, the target terms (token ids) its translation must hold (`nmt.constraints`; beam search only)."""
+    sentence, the target terms (token ids) its translation must hold, `joins` (V,) the tokens that continue a word
+    (`nmt.constraints.Terms`; beam search only)."""
     if terms is not None and sampling is not None:
         raise NmtError("a glossary needs beam search: leave sampling off (--sampling) to use one")
     if sampling is None:
-        return beam_search(model, src_ids, cfg, terms)
+        return beam_search(model, src_ids, cfg, terms, joins)
     n = cfg.nbest
     drawn = greedy(model, src_ids.repeat_interleave(n, 0) if n > 1 else src_ids, cfg, sampling)
     return [sorted(drawn[i * n: (i + 1) * n], key=lambda h: -h.score) for i in range(src_ids.shape[0])]
@@ -97,7 +94,7 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
     """Best-first decoding (or, with `sampling`, each token drawn), one hypothesis per sentence; finished
     rows leave the batch. A hypothesis' logprob is the model's own (before sampling's temperature)."""
     cfg = cfg or SearchConfig(beam_size=1)
-    pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
+    pad, bos, eos = special_id(model, "pad_id"), special_id(model, "bos_id"), special_id(model, "eos_id")
     B, dev = src_ids.shape[0], src_ids.device
     limits = length_limits(src_ids, pad, cfg, _most(model))
     steps, never, forced = int(limits.max()), _never(pad, bos, eos, dev), _forced(model)
@@ -134,8 +131,8 @@ def _penalty(length, alpha: float):
 
 
 @torch.no_grad()
-def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig,
-                terms: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig, terms: list[list[list[int]]] | None = None,
+                joins: torch.Tensor | None = None) -> list[list[Hypothesis]]:
     """Batched beam search; returns the cfg.nbest best hypotheses per sentence, best first.
 
     A sentence is done once it has beam_size finished hypotheses (or hits its length limit); its
@@ -145,12 +142,13 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig,
 
     `terms` (per sentence, target terms as token ids; None or all empty: the plain search) constrains the
     search: every term appears in each hypothesis that ends before its length limit (`nmt.constraints.Terms`:
-    its state per row, and the beam filled by dynamic beam allocation).
+    its state per row, and the beam filled by dynamic beam allocation); `joins` (V,): the tokens that continue a
+    word, which never follow a term's last token.
     """
-    terms = Terms(terms, src_ids.device) if terms is not None and any(terms) else None
+    terms = Terms(terms, src_ids.device, joins) if terms is not None and any(terms) else None
     if cfg.beam_size == 1 and terms is None:
         return [[h] for h in greedy(model, src_ids, cfg)]
-    pad, bos, eos = _ids(model, "pad_id"), _ids(model, "bos_id"), _ids(model, "eos_id")
+    pad, bos, eos = special_id(model, "pad_id"), special_id(model, "bos_id"), special_id(model, "eos_id")
     B, K, dev = src_ids.shape[0], cfg.beam_size, src_ids.device
     limits = length_limits(src_ids, pad, cfg, _most(model))
     steps = int(limits.max())
@@ -165,7 +163,7 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig,
         at = limits.index_select(0, sent)
         lp = _constrain(dec.step(last), at.repeat_interleave(W) <= t + 1, never, eos, forced if t == 0 else None)
         if terms is not None:
-            terms.forbid_eos(lp, at.repeat_interleave(W) <= t + 1, eos)
+            terms.restrict(lp, at.repeat_interleave(W) <= t + 1, eos)
         top, beam, tok = _best_continuations(scores, lp, 2 * K)  # (N, 2K): at most K are </s>, K others remain
         if terms is not None:  # the same number of candidates, in dynamic beam allocation's order
             top, beam, tok = terms.allocate(scores, lp, sent, top, beam, tok)
@@ -304,7 +302,7 @@ def generate(model, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: i
     """(B, S) source ids -> (B, L) best translation ids, each ending in </s> (unless cut), then padding."""
     cfg = SearchConfig(beam_size=beam_size, max_new_tokens=max_new_tokens, **kwargs)
     best = [h[0].tokens for h in beam_search(model, src_ids, cfg)]
-    return pad_rows(best, _ids(model, "pad_id")).to(src_ids.device)
+    return pad_rows(best, special_id(model, "pad_id")).to(src_ids.device)
 
 
 # --- a model directory's own search defaults -----------------------------------------------------
@@ -325,26 +323,27 @@ def search_defaults(directory: Path) -> dict:
 
 def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tokens: int,
                    rank: int = 0, world_size: int = 1, device=None,
-                   sampling: SamplingConfig | None = None, stop=None,
-                   terms: list[list[list[int]]] | None = None) -> dict[int, list[Hypothesis]]:
+                   sampling: SamplingConfig | None = None, stop=None, terms: list[list[list[int]]] | None = None,
+                   joins: torch.Tensor | None = None) -> dict[int, list[Hypothesis]]:
     """Hypotheses for this process's share of `src_ids`, keyed by input position.
 
     Inputs are sorted by length into batches of at most `batch_tokens` padded source tokens, and the
     batches dealt round robin to `world_size` processes: each input is decoded exactly once overall.
     With `sampling`, batch number k draws with seed `sampling.seed + k`. `stop` (a function): checked before each
     batch; when it returns True the inputs decoded so far are returned. `terms` (one list per input: its target
-    terms' ids): a batch in which some input has terms is searched under them, any other by the plain search.
+    terms' ids; `joins` as for `beam_search`): a batch in which some input has terms is searched under them, any
+    other by the plain search.
     """
     out: dict[int, list[Hypothesis]] = {}
     lengths = [len(s) for s in src_ids]
     for k, batch in enumerate(eval_batches(lengths, batch_tokens, rank, world_size)):
         if stop is not None and stop():
             break
-        ids = pad_rows([src_ids[i] for i in batch], _ids(model, "pad_id")).to(device)
+        ids = pad_rows([src_ids[i] for i in batch], special_id(model, "pad_id")).to(device)
         draw = sampling if sampling is None or sampling.seed is None else replace(sampling, seed=sampling.seed + k)
         rows = batch.tolist()
         held = None if terms is None or not any(terms[i] for i in rows) else [terms[i] for i in rows]
-        for i, hyps in zip(rows, search(model, ids, cfg, draw, held)):
+        for i, hyps in zip(rows, search(model, ids, cfg, draw, held, joins)):
             out[i] = hyps
     return out
 
