@@ -67,3 +67,20 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict:
             if not isinstance(text, str):
                 raise NmtError(f"{name} {index} is {type(text).__name__}, not a string")
     return load_metric().compute(predictions=hypotheses, references=references)
+
+
+def scores_by_pair(hypotheses: list[str], references: list[str], blocks: list[tuple[str, int]]) -> dict:
+    """BLEU and chrF of a set that holds several language pairs one after the other (`blocks`: (pair, rows) in
+    order): {"bleu_en-de": .., "chrf_en-de": .., ...} for each pair with rows, and "bleu"/"chrf" their means (each
+    pair counts once, however many rows it has). A set of one pair: that pair's scores as "bleu"/"chrf"."""
+    blocks = [(pair, n) for pair, n in blocks if n]
+    if len(blocks) < 2:
+        found = corpus_scores(hypotheses, references)
+        return {"bleu": found["bleu"], "chrf": found["chrf"], "bleu_signature": found["bleu_signature"]}
+    out, start = {}, 0
+    for pair, n in blocks:
+        found = corpus_scores(hypotheses[start: start + n], references[start: start + n])
+        out[f"bleu_{pair}"], out[f"chrf_{pair}"] = found["bleu"], found["chrf"]
+        start += n
+    means = {m: sum(out[f"{m}_{pair}"] for pair, _ in blocks) / len(blocks) for m in ("bleu", "chrf")}
+    return {**means, **out, "bleu_signature": found["bleu_signature"]}

@@ -19,7 +19,7 @@ from nmt.compat import is_fsdp
 from nmt.data import column
 from nmt.decoding import SearchConfig, search_encoded
 from nmt.loading import open_model
-from nmt.metrics import corpus_scores
+from nmt.metrics import scores_by_pair
 from nmt.model import Seq2SeqTransformer
 from nmt.training.state import Run, log_metrics, plain_weights, save_model_dir
 
@@ -97,17 +97,7 @@ def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) ->
     if -1 in gathered:
         return None
     hyps, refs = run.corpus.tokenizer.decode_tgt([gathered[i] for i in range(n)]), picked["tgt"]
-    if len(rows) == 1:
-        scores = corpus_scores(hyps, refs)
-        return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
-    out, start = {}, 0
-    for pair, idx in rows:
-        scores = corpus_scores(hyps[start: start + len(idx)], refs[start: start + len(idx)])
-        out[f"bleu_{pair}"], out[f"chrf_{pair}"] = scores["bleu"], scores["chrf"]
-        start += len(idx)
-    per_pair = [out[f"bleu_{pair}"] for pair, _ in rows], [out[f"chrf_{pair}"] for pair, _ in rows]
-    return {"bleu": sum(per_pair[0]) / len(rows), "chrf": sum(per_pair[1]) / len(rows), **out,
-            "bleu_signature": scores["bleu_signature"]}
+    return scores_by_pair(hyps, refs, [(pair, len(idx)) for pair, idx in rows])
 
 
 def valid_rows(run: Run) -> list[tuple[str, list[int]]]:

@@ -47,7 +47,7 @@ from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.launch import main_process_first
 from nmt.loading import open_model
-from nmt.metrics import corpus_scores
+from nmt.metrics import corpus_scores, scores_by_pair
 from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
 from nmt.plan import Plan, open_keys
 from nmt.textfiles import atomic_file
@@ -526,19 +526,16 @@ def score_test(run: Run, model_dir: Path) -> dict:
 
 def _score_pairs(translator, test, blocks: list[list]) -> dict:
     """Test BLEU/chrF per language pair of a multilingual run (its sources start with their tags, which the
-    translator adds itself from tgt_lang), and their means."""
-    scores, start, sources, refs = {}, 0, list(test["src"]), list(test["tgt"])
-    for pair, n in blocks:
+    translator adds itself from tgt_lang), and their means (`nmt.metrics.scores_by_pair`)."""
+    hyps, start, sources = [], 0, list(test["src"])
+    for _, n in blocks:
         if n:
             tag = sources[start][: sources[start].index(">") + 1]  # "<2de>..." -> <2de>, de
-            hyps = translator.translate([s[len(tag):] for s in sources[start: start + n]], beam_size=4,
-                                        tgt_lang=tag[2:-1])
-            found = corpus_scores(hyps, refs[start: start + n])
-            scores[f"bleu_{pair}"], scores[f"chrf_{pair}"] = found["bleu"], found["chrf"]
+            hyps += translator.translate([s[len(tag):] for s in sources[start: start + n]], beam_size=4,
+                                         tgt_lang=tag[2:-1])
         start += n
-    pairs = [pair for pair, n in blocks if n]
-    return {"bleu": sum(scores[f"bleu_{p}"] for p in pairs) / len(pairs),
-            "chrf": sum(scores[f"chrf_{p}"] for p in pairs) / len(pairs), **scores, "pairs": start}
+    scores = scores_by_pair(hyps, list(test["tgt"])[:start], [(pair, n) for pair, n in blocks])
+    return {k: v for k, v in scores.items() if k != "bleu_signature"} | {"pairs": start}
 
 
 def commands(cfg: TrainConfig, model_dir: Path) -> list[str]:
