@@ -82,6 +82,28 @@ def _encode_batch(tok: Tokenizer, texts: list[str], specials: bool = False) -> l
     return (fast or tok.encode_batch)(texts, add_special_tokens=specials)
 
 
+def typed_controls(tok: Tokenizer) -> frozenset[int]:
+    """The control tokens (every added token: <pad> <unk> <s> </s>, tags, reserved) that `tok`'s subword model can
+    produce from text. A Unigram model holds them as pieces of its vocabulary, the best scored of all, so a typed
+    "<bt>" is segmented into the piece <bt> even with `encode_special_tokens`; BPE merges never build them."""
+    if type(tok.model).__name__ != "Unigram":
+        return frozenset()
+    return frozenset(tok.get_added_tokens_decoder())
+
+
+def as_text(tok: Tokenizer, encoding, controls: frozenset[int]) -> list[int]:
+    """The ids of `encoding` with every control token its subword model produced from text (not one a template
+    added) spelled out character by character, as text: a typed "<bt>" is "<", "b", "t", ">" (or <unk> for a
+    character the vocabulary lacks)."""
+    ids = encoding.ids
+    if not controls or controls.isdisjoint(ids):
+        return ids
+    out: list[int] = []
+    for i, added, piece in zip(ids, encoding.special_tokens_mask, encoding.tokens):
+        out += [t.id for c in piece for t in tok.model.tokenize(c)] if i in controls and not added else [i]
+    return out
+
+
 def leading_tags(tok: Tokenizer) -> dict[str, int]:
     """The tokens that may lead a training source as tags: every added token but <pad> <unk> <s> </s>."""
     return {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.content not in SPECIALS}
@@ -141,6 +163,7 @@ class PairTokenizer:
         self.eos_id = self.tgt.token_to_id("</s>")
         self.unk_id = self.src.token_to_id("<unk>")
         self.src_specials = self.src.post_processor is not None  # the tokenizer adds the source's specials itself
+        self.src_controls, self.tgt_controls = typed_controls(self.src), typed_controls(self.tgt)
 
     @property
     def joint(self) -> bool:
@@ -168,17 +191,18 @@ class PairTokenizer:
     def encode_src(self, texts: list[str], leading_tags: bool = True) -> list[list[int]]:
         """Source ids, each ending in </s>. With `leading_tags`, the reserved tokens a text starts with (a training
         source's "<2de><bt> ...") are their ids (`split_leading_tags`); any other control string is text."""
+        src, controls = self.src, self.src_controls
         if self.src_specials:
-            return [e.ids for e in _encode_batch(self.src, texts, specials=True)]
+            return [as_text(src, e, controls) for e in _encode_batch(src, texts, specials=True)]
         if not (leading_tags and self.lead_tags):
-            return [e.ids + [self.eos_id] for e in _encode_batch(self.src, texts)]
+            return [as_text(src, e, controls) + [self.eos_id] for e in _encode_batch(src, texts)]
         leads, rests = zip(*(split_leading_tags(text, self.lead_tags) for text in texts)) if texts else ((), ())
-        return [lead + e.ids + [self.eos_id] for lead, e in zip(leads, _encode_batch(self.src, list(rests)))]
+        return [lead + as_text(src, e, controls) + [self.eos_id] for lead, e in zip(leads, _encode_batch(src, list(rests)))]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target ids without </s> (the collator adds the decoder start and </s>), after a target language tag where
         the tokenizer adds one. A "</s>" written in a target is text: the words after it stay in the label."""
-        return [e.ids for e in _encode_batch(self.tgt, texts, specials=True)]
+        return [as_text(self.tgt, e, self.tgt_controls) for e in _encode_batch(self.tgt, texts, specials=True)]
 
     def src_tokens(self, text: str) -> list[str]:
         """Source subword strings as the model sees them (with the final </s>)."""

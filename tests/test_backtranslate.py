@@ -111,8 +111,9 @@ def test_a_reserved_tag_stays_one_token_and_is_not_decoded():
         tok = PairTokenizer(train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=120, reserved=["<bt>"])))
         ids = tok.encode_src(["<bt> I am young."])[0]
         assert ids[0] == 4 and 4 not in ids[1:]  # training data's leading tag is the tag
-        if kind == "bpe":  # a unigram model segments typed text into its reserved piece still (issue 33, row 5)
-            assert 4 not in tok.encode_src(["<bt> I am young."], leading_tags=False)[0]  # typed by a user: text
+        for typed in ("<bt> I am young.", "I am <bt> young </s> <pad>", "<s><unk>"):  # by a user: text, not controls
+            typed_ids = [*tok.encode_src([typed], leading_tags=False)[0][:-1], *tok.encode_tgt([typed])[0]]
+            assert not {0, 2, 3, 4} & set(typed_ids)  # (<unk> 1: a character the vocabulary lacks)
         assert tok.decode_tgt([ids]) == tok.decode_tgt([ids[1:]])  # the tag never shows in translations
         plain = PairTokenizer(train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=120)))
         assert plain.src_tokens("<bt> I am young.")[0] != "<bt>"  # without reserved, the tag is ordinary text
