@@ -44,10 +44,10 @@ def test_the_accelerator_trains_in_the_chosen_precision(cfg, unlaunched, monkeyp
     monkeypatch.setattr(loop, "native_bf16", lambda device_type: True)
     reset_accelerate_state()
     try:
-        timed = run.make_accelerator(dataclasses.replace(cfg, max_minutes=25.0))
-        assert timed.mixed_precision == "bf16"
+        timed = dataclasses.replace(cfg, max_minutes=25.0)
+        assert run.make_accelerator(timed, run_precision(timed, "cpu")[0]).mixed_precision == "bf16"
         reset_accelerate_state()
-        assert run.make_accelerator(cfg).mixed_precision == "no"
+        assert run.make_accelerator(cfg, run_precision(cfg, "cpu")[0]).mixed_precision == "no"
     finally:
         reset_accelerate_state()
 

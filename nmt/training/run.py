@@ -105,7 +105,8 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     bound_onednn_primitive_caches()  # before the first bf16 matmul (nmt.compat)
     check_run(cfg)  # every range and path key, before any work
     check_trackers(cfg.log_with)
-    accelerator = make_accelerator(cfg)
+    precision = run_precision(cfg, default_device().type)  # (chosen, why): decided once, printed with the plan
+    accelerator = make_accelerator(cfg, precision[0])
     found = claim_output_dir(accelerator, cfg)  # the checkpoints to resume from (none: a fresh run)
     set_seed(cfg.seed)
     previous = load_plan(Path(cfg.output_dir)) if found else None  # a resumed run keeps its plan
@@ -116,7 +117,7 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     corpus = prepare(for_data.data, for_data.tokenizer,
                      functools.partial(main_process_first, local=not cfg.data.shared_cache), tokenizer=tokenizer,
                      max_positions=given.model.max_positions)
-    cfg, plan = resolved(accelerator, given, corpus, inherited, previous, started)
+    cfg, plan = resolved(accelerator, given, corpus, inherited, previous, started, precision)
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, model)
     run = Run(accelerator, cfg, corpus, plan=plan, started=started)
@@ -151,14 +152,12 @@ def check_trackers(names: list) -> None:
                            "(or remove it: metrics.jsonl is always written)")
 
 
-def make_accelerator(cfg: TrainConfig) -> Accelerator:
-    """The run's Accelerator; its mixed precision the launcher's, else chosen for the budget (`run_precision`; the
-    plan prints it)."""
-    device_type = default_device().type
-    precision, _ = run_precision(cfg, device_type)
+def make_accelerator(cfg: TrainConfig, precision: str) -> Accelerator:
+    """The run's Accelerator, training in mixed precision `precision` (`run_precision`: the launcher's, else
+    chosen for the budget; the plan prints it)."""
     accelerator = Accelerator(
         # without a GPU, processes started by torchrun (accelerate launch) must still join one gloo group
-        cpu=device_type == "cpu",
+        cpu=default_device().type == "cpu",
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.accum_steps,
         log_with=cfg.log_with or None,
@@ -250,16 +249,17 @@ def tokenizer_for_data(cfg: TrainConfig, previous: planlib.Plan | None) -> Train
 
 
 def resolved(accelerator, cfg: TrainConfig, corpus, inherited: dict[str, str], previous: Plan | None,
-             started: float) -> tuple[TrainConfig, Plan]:
+             started: float, precision: tuple[str, str | None]) -> tuple[TrainConfig, Plan]:
     """`cfg` resolved once for the run (`nmt.plan.resolve`): planned and timed on the main process, which shares
-    the resolved config and the plan with the others, and printed."""
+    the resolved config and the plan with the others, and printed with the mixed precision `precision`
+    (`run_precision`'s (chosen, why), which made the Accelerator)."""
     box = [None]
     if accelerator.is_main_process:
         left = None if cfg.max_minutes is None else cfg.max_minutes - (time.monotonic() - started) / 60
         cfg, plan = planned(cfg, corpus, processes=accelerator.num_processes, device=str(accelerator.device),
                             precision=str(accelerator.mixed_precision), inherited=inherited, previous=previous,
                             minutes_left=left)
-        chosen, why = run_precision(cfg, accelerator.device.type)
+        chosen, why = precision
         plan.precision = [chosen, why] if why and chosen == str(accelerator.mixed_precision) else None
         box = [(to_dict(cfg), plan.to_dict())]
     if accelerator.num_processes > 1:  # every process, the main one too, then holds the same plain-data copy
