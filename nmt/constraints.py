@@ -9,7 +9,8 @@ dynamic beam allocation (Post & Vilar 2018, as in Sockeye and fairseq's `Lexical
   (`Terms.progress`); a term is met once all of them have been produced in a row, and stays met;
 - each step's candidates are the plain search's best continuations, plus, for every hypothesis, the next token of
   each term it has not met and its own best token;
-- the candidates are ranked into "banks" by how many term tokens they hold, and the beam is filled round robin
+- the candidates are ranked into "banks" by how many term tokens they hold (of the terms met, and of the one
+  furthest under way), and the beam is filled round robin
   over the banks, best first within each, so hypotheses that hold more of the terms keep a place in the beam
   although their log-probability is lower;
 - a hypothesis may end (</s>) only once it has met every term, except at its length limit; there a hypothesis
@@ -175,7 +176,9 @@ class Terms:
         self.row_sent = torch.arange(B, device=device)  # (R,) sentence of each row
         self.progress = torch.zeros(B, C, dtype=torch.long, device=device)  # (R, C) tokens of each term just produced
         self.ended = torch.zeros(B, dtype=torch.bool, device=device)  # (R,) whether a row's last token ended a term
-        self.joins = None if joins is None else joins.to(device)
+        # (V,) what a joining token adds after a term's end: a float add costs a third of a boolean mask over (R, V)
+        self.after_term = None if joins is None else torch.zeros(joins.shape, device=device).masked_fill(
+            joins.to(device), torch.finfo(torch.float32).min)
 
     def unmet(self) -> torch.Tensor:
         """(R,) how many of its sentence's terms each row has not met."""
@@ -185,8 +188,8 @@ class Terms:
         """lp (R, V) with </s> made impossible for rows that have not met all their terms, unless at their length
         limit (`at_limit` (R,)), and after a term's last token no token that would continue its word; in place."""
         lp[:, eos] = lp[:, eos].masked_fill(self.unmet().gt(0) & ~at_limit, -torch.inf)
-        if self.joins is not None:
-            lp.masked_fill_(self.ended[:, None] & self.joins[None, :], -torch.inf)
+        if self.after_term is not None:  # finfo.min: `allocate` takes any total this low for -inf
+            lp.add_(self.ended.to(lp.dtype)[:, None] * self.after_term.to(lp.dtype)[None, :])
         return lp
 
     def advance(self, progress: torch.Tensor, sent: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
@@ -222,14 +225,18 @@ class Terms:
         row = torch.arange(W, device=dev)
         beam = torch.cat([beam, row.repeat_interleave(C).expand(N, W * C), row.expand(N, W)], 1)
         tok = torch.cat([tok, wanted.clamp(min=0).view(N, W * C), best_tok.view(N, W)], 1)
-        # the same (row, token) twice: keep one (all copies have the same score)
-        key, order = (beam * lp.shape[1] + tok).sort(1)
+        top = top.masked_fill(top.lt(torch.finfo(top.dtype).min / 2), -torch.inf)  # what `restrict` ruled out
+        # the same (row, token) twice: keep one (the copies that are possible have the same score)
+        key, order = ((beam * lp.shape[1] + tok) * 2 + top.isneginf().long()).sort(1)
         again = torch.zeros_like(key, dtype=torch.bool)
         again[:, 1:] = key[:, 1:].eq(key[:, :-1])
         top = top.masked_fill(torch.zeros_like(again).scatter(1, order, again), -torch.inf)
-        # banks: the term tokens each candidate holds once it takes its token
+        # banks: the tokens of met terms each candidate holds once it takes its token, and of the one term furthest
+        # under way (counting every term under way would let a word that starts two terms count twice forever)
         rows = torch.arange(N, device=dev)[:, None] * W + beam  # (N, M)
-        held = self.advance(self.progress[rows], sent[:, None].expand_as(tok), tok).sum(2)  # (N, M)
+        progress = self.advance(self.progress[rows], sent[:, None].expand_as(tok), tok)  # (N, M, C)
+        met = progress.ge(self.length.index_select(0, sent)[:, None, :])
+        held = progress.masked_fill(~met, 0).sum(2) + progress.masked_fill(met, 0).amax(2)  # (N, M)
         held = held.masked_fill(~top.isfinite(), -1)
         most = int(self.ids.shape[1] * self.ids.shape[2]) + 2
         by_score = top.argsort(dim=1, descending=True, stable=True)
