@@ -135,6 +135,8 @@ def _add_translate(sub) -> None:
     p.add_argument("--input", help="read here instead of stdin")
     p.add_argument("--nbest", type=Number(int, "nmt.decoding:SearchConfig.nbest"), default=1,
                    help="hypotheses per sentence (tab-separated with scores; at most --beam)")
+    p.add_argument("--scores", action="store_true", help="TSV: each translation, its mean log-probability per token "
+                   "(</s> included) and a 0-1 confidence, exp of that mean (docs/serving.md); needs MODEL_DIR")
     p.add_argument("--attention", metavar="PNG", help="also draw the cross-attention alignment of the FIRST "
                    "input sentence into this image (.png/.svg/.pdf); needs MODEL_DIR, also with --ct2")
     p.add_argument("--attention-layer", type=Number(int, "[-1000, 999]"), default=-1,
@@ -428,7 +430,7 @@ def _translations(translator, source, interactive: bool, seen: _Seen, args: argp
     """The output lines: files batch by length; a terminal or pipe is translated as its lines arrive."""
     from nmt.translate import arrived_lines
 
-    kwargs = dict(nbest=args.nbest, tgt_lang=args.tgt_lang, **search_kwargs(args))
+    kwargs = dict(nbest=args.nbest, tgt_lang=args.tgt_lang, with_scores=args.scores, **search_kwargs(args))
     if interactive:
         def groups():
             for group in arrived_lines(source, args.input or "stdin"):

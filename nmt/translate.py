@@ -20,11 +20,12 @@ from __future__ import annotations
 import codecs
 import json
 import logging
+import math
 import os
 import select
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,26 @@ log = logging.getLogger(__name__)
 # max_positions subwords of a cut sentence are those of the whole one, and long_inputs="split" still translates
 # CHARS_PER_POSITION / 4 or so pieces (65,536 characters for max_positions 1024)
 CHARS_PER_POSITION = 64
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A translation with what the model thinks of it (`Translator.translate(..., with_scores=True)`).
+
+    `mean_logprob` is the model's log-probability of the translation (nats) per generated token, </s> included,
+    with nothing added for length: comparable across sentences of any length (a </s> forced at the length limit
+    counts 0, as the search scores it). `confidence` is its exponential, the geometric mean of the tokens'
+    probabilities, 0-1: it ranks a model's translations, the lowest first to a person (docs/serving.md). A blank
+    source (nothing given to the model) has the empty translation, mean_logprob 0 and confidence 1.
+    """
+
+    text: str
+    score: float  # the search's ranking score (log-probability / length penalty), as n-best lists show it
+    mean_logprob: float
+
+    @property
+    def confidence(self) -> float:
+        return math.exp(self.mean_logprob)
 
 
 class Translator:
@@ -179,7 +200,7 @@ class Translator:
 
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
                   long_inputs: str = "truncate", sampling: SamplingConfig | None = None, tgt_lang: str | None = None,
-                  **search_kwargs) -> list[str] | list[list[tuple[str, float]]]:
+                  with_scores: bool = False, **search_kwargs) -> list[str] | list[list[tuple[str, float]]] | list:
         """Translate sentences; returns one string per sentence, or with nbest > 1 one list of exactly `nbest`
         (translation, score) pairs per sentence, best first, always in input order.
 
@@ -192,9 +213,15 @@ class Translator:
         with a warning either way; a split sentence's k-th hypothesis joins its pieces' k-th, scored by the
         sum of their scores. When the search finds fewer than `nbest` distinct hypotheses (a one-token length
         limit, a vocabulary smaller than the beam), the last one found repeats.
+        `with_scores=True` returns a `Scored` (text, score, mean_logprob, confidence) in place of each string or
+        pair; a split sentence's mean log-probability is over all its pieces' tokens. Sampled translations carry
+        the model's own log-probabilities of the drawn tokens (before the temperature).
         """
         if long_inputs not in ("truncate", "split"):
             raise NmtError(f"long_inputs must be 'truncate' or 'split', got {long_inputs!r}")
+        if with_scores and self.backend != "torch":
+            raise NmtError("confidence scores need the PyTorch model (CTranslate2's scores leave out </s>): use "
+                           "Translator.from_pretrained(MODEL_DIR), or nmt translate MODEL_DIR without --ct2")
         texts = list(texts)
         limit = self.model.cfg.max_positions
         search_kwargs = {**self.search_defaults, **search_kwargs}
@@ -210,9 +237,13 @@ class Translator:
             found = self.model.search(pieces, search, batch_tokens, sampling)
         hyps = [_exactly(found[j], nbest) for j in range(len(pieces))]  # (pieces, nbest)
         flat = self.tokenizer.decode_tgt([h.tokens for hs in hyps for h in hs]) if pieces else []
-        decoded = [[(flat[j * nbest + k], hyps[j][k].score) for k in range(nbest)] for j in range(len(pieces))]
+        decoded = [[(flat[j * nbest + k], h.score, h.logprob, len(h.tokens)) for k, h in enumerate(hyps[j])]
+                   for j in range(len(pieces))]  # tokens with </s>: Hypothesis.logprob counts its log-probability
         joined = _join_pieces(decoded, owner, len(texts), nbest)
-        return [hs[0][0] for hs in joined] if nbest == 1 else joined
+        if with_scores:
+            scored = [[Scored(t, s, lp / n if n else 0.0) for t, s, lp, n in hs] for hs in joined]
+            return [hs[0] for hs in scored] if nbest == 1 else scored
+        return [hs[0][0] for hs in joined] if nbest == 1 else [[(t, s) for t, s, *_ in hs] for hs in joined]
 
     def _pieces(self, texts: list[str], limit: int, long_inputs: str,
                 tgt_lang: str | None = None) -> tuple[list[list[int]], list[int]]:
@@ -326,8 +357,14 @@ class Translator:
 
     @staticmethod
     def _flat(outputs) -> Iterator[str]:
+        """Output lines: a translation; n-best: text TAB score, repeated; with scores, text TAB mean log-probability
+        TAB confidence (repeated for n-best)."""
+        def fields(out) -> str:
+            if isinstance(out, Scored):
+                return f"{out.text}\t{out.mean_logprob:.4f}\t{out.confidence:.4f}"
+            return out if isinstance(out, str) else f"{out[0]}\t{out[1]:.4f}"
         for out in outputs:
-            yield out if isinstance(out, str) else "\t".join(f"{t}\t{s:.4f}" for t, s in out)
+            yield fields(out) if isinstance(out, (str, Scored)) else "\t".join(fields(o) for o in out)
 
 
 
@@ -386,14 +423,15 @@ def _exactly(hyps: list, n: int) -> list:
     return (hyps + hyps[-1:] * (n - len(hyps)))[:n]
 
 
-def _join_pieces(decoded: list[list[tuple[str, float]]], owner: list[int], n: int,
-                 nbest: int) -> list[list[tuple[str, float]]]:
-    """Each piece's `nbest` (text, score) -> each of the `n` sentences' `nbest`: a sentence's k-th joins its
-    pieces' k-th (pieces in order) with the sum of their scores; a sentence without pieces gets ("", 0.0)."""
-    out: list[list[list[tuple[str, float]]]] = [[] for _ in range(n)]
+def _join_pieces(decoded: list[list[tuple]], owner: list[int], n: int, nbest: int) -> list[list[tuple]]:
+    """Each piece's `nbest` (text, score, logprob, tokens) -> each of the `n` sentences' `nbest`: a sentence's
+    k-th joins its pieces' k-th (pieces in order) with the sums of their numbers; a sentence without pieces gets
+    ("", 0.0, 0.0, 0)."""
+    out: list[list[list[tuple]]] = [[] for _ in range(n)]
     for hyps, i in zip(decoded, owner):
         out[i].append(hyps)
-    return [[(" ".join(p[k][0] for p in parts), sum((p[k][1] for p in parts), 0.0)) for k in range(nbest)]
+    return [[(" ".join(p[k][0] for p in parts), sum((p[k][1] for p in parts), 0.0),
+              sum((p[k][2] for p in parts), 0.0), sum(p[k][3] for p in parts)) for k in range(nbest)]
             for parts in out]
 
 

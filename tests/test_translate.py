@@ -1,6 +1,7 @@
 """nmt.translate: Translator's batching, order, n-best lists, streaming, long inputs and its model directory."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -250,3 +251,87 @@ def test_control_strings_typed_in_a_source_are_text_to_the_model():
     src_tokens, _, _ = Translator(Seq2SeqTransformer(cfg), tok).attention(text, beam_size=1)
     assert src_tokens[-1] == "</s>" and not {"<2fr>", "</s>", "<pad>", "<unk>"} & set(src_tokens[:-1])
     assert "".join(src_tokens[:-1]).replace("\u2581", " ").strip() == text
+
+
+# --- confidence: with_scores and nmt translate --scores ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=3), dict(sampling=SamplingConfig(topk=5, seed=1))],
+                         ids=["greedy", "beam", "sampling"])
+def test_scores_are_the_mean_log_probability_of_each_translation(translator, options):
+    """with_scores: the same translations, each with the mean log-probability per token (</s> included) that forced
+    decoding gives the tokens it was decoded from (a </s> forced at the length limit counts 0, as the search
+    scores it), and its exp as the confidence; a blank source: "", mean 0, confidence 1. (Forced decoding of the
+    text would tokenise it anew: a random model's subwords do not always come back the same.)"""
+    from nmt.decoding import SearchConfig, score_encoded, search_encoded
+    from nmt.translate import Scored
+
+    texts = TEXTS[:6] + [" "]
+    plain = translator.translate(texts, max_new_tokens=8, **options)
+    scored = translator.translate(texts, max_new_tokens=8, with_scores=True, **options)
+    assert [s.text for s in scored] == plain
+    src_ids = translator.tokenizer.encode_src(texts[:-1], leading_tags=False)
+    search = SearchConfig(beam_size=max(options.get("beam_size", 1), 1), max_new_tokens=8)
+    found = search_encoded(translator.model, src_ids, search, 4096, sampling=options.get("sampling"))
+    tokens = [found[i][0].tokens for i in range(len(src_ids))]
+    assert translator.tokenizer.decode_tgt(tokens) == plain[:-1] and all(t[-1] == EOS for t in tokens)
+    forced = score_encoded(translator.model, src_ids, [t[:-1] for t in tokens], 4096)
+    means = [(f.total - f.token_logprobs[-1] * (len(t) == 8)) / len(t) for f, t in zip(forced, tokens)]
+    assert [s.mean_logprob for s in scored[:-1]] == pytest.approx(means, abs=1e-4)
+    assert all(0 < s.confidence < 1 and s.confidence == pytest.approx(math.exp(s.mean_logprob)) for s in scored[:-1])
+    assert scored[-1] == Scored("", 0.0, 0.0) and scored[-1].confidence == 1.0
+
+
+def test_scored_nbest_and_split_sentences(short):
+    """n-best with scores: the n-best list's texts and ranking scores, each with its own hypothesis' mean
+    log-probability; a split sentence's mean is over all its pieces' tokens."""
+    from nmt.decoding import SearchConfig, search_encoded
+
+    pairs = short.translate(TEXTS[:3], beam_size=3, nbest=2, max_new_tokens=5)
+    scored = short.translate(TEXTS[:3], beam_size=3, nbest=2, max_new_tokens=5, with_scores=True)
+    assert [[(s.text, s.score) for s in hyps] for hyps in scored] == pairs
+    src_ids = [fit_length(ids, 12, "truncate")[0] for ids in short.tokenizer.encode_src(TEXTS[:3])]
+    found = search_encoded(short.model, src_ids, SearchConfig(beam_size=3, nbest=2, max_new_tokens=5), 4096)
+    assert [s.mean_logprob for hyps in scored for s in hyps] == pytest.approx(
+        [h.logprob / len(h.tokens) for i in range(3) for h in found[i]], abs=1e-5)
+    text = long_text(0)
+    pieces = fit_length(short.tokenizer.encode_src([text])[0], 12, "split")
+    found = [search_encoded(short.model, pieces, SearchConfig(beam_size=3, max_new_tokens=5), 4096)[j][0]
+             for j in range(len(pieces))]
+    split = short.translate([text], beam_size=3, long_inputs="split", max_new_tokens=5, with_scores=True)[0]
+    assert len(pieces) > 1 and split.mean_logprob == pytest.approx(
+        sum(h.logprob for h in found) / sum(len(h.tokens) for h in found), abs=1e-5)
+
+
+def test_cli_scores_write_translation_mean_logprob_and_confidence(translator, tmp_path):
+    """nmt translate --scores: TSV of the translation, its mean log-probability and its confidence, one line per
+    input line (a blank one too)."""
+    from nmt.cli import main
+
+    translator.model.save_pretrained(tmp_path / "m")
+    translator.tokenizer.save(tmp_path / "m")
+    lines = [TEXTS[0], "", TEXTS[1]]
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    assert main(["translate", str(tmp_path / "m"), "--input", str(src), "--output", str(tmp_path / "out.tsv"),
+                 "--beam", "2", "--scores"]) == 0
+    rows = [line.split("\t") for line in (tmp_path / "out.tsv").read_text(encoding="utf-8").splitlines()]
+    expected = translator.translate(lines, beam_size=2, with_scores=True)
+    assert [r[0] for r in rows] == [s.text for s in expected] and [len(r) for r in rows] == [3, 3, 3]
+    assert [float(x) for r in rows for x in r[1:]] == pytest.approx(
+        [x for s in expected for x in (s.mean_logprob, s.confidence)], abs=1e-4)  # 4 decimals
+    assert rows[1] == ["", "0.0000", "1.0000"]
+
+
+def test_cli_scores_with_ctranslate2_are_refused_in_one_line(translator, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    from nmt.cli import main
+
+    translator.model.save_pretrained(tmp_path / "m")
+    translator.tokenizer.save(tmp_path / "m")
+    assert main(["export", str(tmp_path / "m"), "--to", "ctranslate2", str(tmp_path / "ct2")]) == 0
+    (tmp_path / "in.txt").write_text(TEXTS[0] + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["translate", "--ct2", str(tmp_path / "ct2"), "--input", str(tmp_path / "in.txt"), "--scores"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "confidence scores need the PyTorch model" in err and "without --ct2" in err
