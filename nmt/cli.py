@@ -137,6 +137,13 @@ def _add_translate(sub) -> None:
                    help="hypotheses per sentence (tab-separated with scores; at most --beam)")
     p.add_argument("--scores", action="store_true", help="TSV: each translation, its mean log-probability per token "
                    "(</s> included) and a 0-1 confidence, exp of that mean (docs/serving.md); needs MODEL_DIR")
+    p.add_argument("--paragraphs", action="store_true", help="a document: each paragraph (lines up to a blank "
+                   "line) split into sentences (nmt.sentences' rule), translated, and written as one line; blank "
+                   "lines kept")
+    p.add_argument("--format", choices=["text", "html", "xml"], default="text", help="html, xml: each line is "
+                   "markup: its text is translated and its tags put back around the words they enclosed, placed by "
+                   "the cross-attention (docs/serving.md); xml must be well formed, html is repaired as a browser "
+                   "does; needs MODEL_DIR")
     p.add_argument("--attention", metavar="PNG", help="also draw the cross-attention alignment of the FIRST "
                    "input sentence into this image (.png/.svg/.pdf); needs MODEL_DIR, also with --ct2")
     p.add_argument("--attention-layer", type=Number(int, "[-1000, 999]"), default=-1,
@@ -431,6 +438,8 @@ def _translations(translator, source, interactive: bool, seen: _Seen, args: argp
     from nmt.translate import arrived_lines
 
     kwargs = dict(nbest=args.nbest, tgt_lang=args.tgt_lang, with_scores=args.scores, **search_kwargs(args))
+    if args.paragraphs:
+        return _paragraph_translations(translator, source, interactive, seen, args, kwargs)
     if interactive:
         def groups():
             for group in arrived_lines(source, args.input or "stdin"):
@@ -444,6 +453,50 @@ def _translations(translator, source, interactive: bool, seen: _Seen, args: argp
             seen.see(line)
             yield line
     return translator.translate_stream(lines(), failed=seen.failed, **kwargs)
+
+
+def _paragraph_translations(translator, source, interactive: bool, seen: _Seen, args: argparse.Namespace,
+                            kwargs: dict):
+    """--paragraphs: each paragraph of the input (a run of non-blank lines) becomes one output line, its sentences
+    (`nmt.sentences`) translated in batches of about 2,000 (a terminal or pipe: each paragraph as it is complete)
+    and joined by a space; each blank line stays a blank line. A sentence that cannot be translated is reported by
+    its paragraph's first line, and its translation left out."""
+    from nmt.sentences import paragraphs
+
+    if args.nbest > 1 or args.scores:
+        flag = "--nbest" if args.nbest > 1 else "--scores"
+        raise NmtError(f"--paragraphs writes one translation a paragraph: leave {flag} out (or translate sentence "
+                       "by sentence without --paragraphs)")
+
+    def lines():
+        for line in utf8_lines(source, args.input or "stdin"):
+            seen.see(line)
+            yield line.rstrip("\r\n")
+
+    def flush(pending: list):
+        sentences = [t for _, found in pending for t in found or []]
+        failed: list[int] = []
+        done = iter(list(translator.translate_batches([sentences], failed, **kwargs)) if sentences else [])
+        bad = set(failed)  # (numbers from 1 within `sentences`, known once all are translated)
+        index = 0
+        for first, found in pending:
+            if found is None:
+                yield ""
+                continue
+            out = [next(done) for _ in found]
+            if bad & set(range(index + 1, index + len(found) + 1)):
+                seen.failed.append(first)
+            yield " ".join(t for t, n in zip(out, range(index + 1, index + len(found) + 1)) if n not in bad)
+            index += len(found)
+
+    pending, size = [], 0
+    for item in paragraphs(lines()):
+        pending.append(item)
+        size += len(item[1] or [])
+        if size >= 2000 or (interactive and item[1] is not None):
+            yield from flush(pending)
+            pending, size = [], 0
+    yield from flush(pending)
 
 
 def _is_regular_file(stream) -> bool:

@@ -80,7 +80,7 @@ def test_nmt_info_reads_json_and_headers_only(tmp_path):
 LAYERS = [
     {"errors", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
-    {"metrics", "textfiles", "launch"},
+    {"metrics", "textfiles", "launch", "sentences"},
     {"config", "tools.plot"},  # plot: writes with textfiles
     {"plan"},
     {"checkpoint"},  # a model directory's files name its ModelConfig

@@ -130,6 +130,7 @@ def test_malformed_and_hostile_requests_get_4xx_json_never_500(model_dir):
             ({"sentences": ["a"], "beam": 2.5}, 400, "'beam' must be an integer"),
             ({"sentences": ["a"], "timeout": 1e9}, 400, "'timeout' must be in (0, 60.0]"),
             ({"sentences": ["a"], "beam": 2, "nbest": 3}, 400, "'nbest' (3) cannot exceed 'beam' (2)"),
+            ({"sentences": ["a"], "scores": "yes"}, 400, "'scores' must be true or false, got 'yes'"),
             ({"sentences": ["a"] * 9}, 413, "9 sentences in one request; the limit is 8"),
             ({"sentences": ["word " * 1300]}, 413, "the limit is 6000"),
             ({"sentences": [""] * 8, "beam": 1000}, 413, "decoding cost is"),  # few source tokens, a costly search
@@ -151,10 +152,16 @@ def test_malformed_and_hostile_requests_get_4xx_json_never_500(model_dir):
     assert code == 0 and "Traceback" not in err and "Exception" not in err, err
 
 
-def test_an_api_key_guards_every_route_but_health(model_dir):
+def test_an_api_key_guards_every_route_but_health_and_the_page(model_dir):
     with serving(model_dir, env={"NMT_API_KEY": "s3cret"}) as server:
         body = {"sentences": ["I am young."], "beam": 1}
         assert server.call("GET", "/health")[0] == 200
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("GET", "/")  # the page asks for the key itself; it holds nothing of the model
+        page = conn.getresponse()
+        assert page.status == 200 and page.getheader("Content-Type").startswith("text/html")
+        assert "script-src 'sha256-" in page.getheader("Content-Security-Policy") and b"Bearer" in page.read()
+        conn.close()
         for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             for method, path, data in (("GET", "/info", None), ("GET", "/stats", None), ("POST", "/translate", body),
                                        ("GET", "/nope", None)):
@@ -309,3 +316,20 @@ def test_health_is_answered_while_a_hostile_request_is_in_flight(model_dir):
             assert max(waits) < 0.5, (needle, waits)
             status, error = answer[0]
             assert status == 413 and needle in error["error"], (status, error)
+
+
+def test_scores_give_each_translation_its_mean_logprob_and_confidence(model_dir, corpus_dir):
+    """"scores": true answers {"text", "mean_logprob", "confidence"} per sentence, as nmt translate --scores writes
+    them; n-best entries add them to {"text", "score"}."""
+    lines = (corpus_dir / "test.en").read_text(encoding="utf-8").splitlines()[:4]
+    with serving(model_dir) as server:
+        status, answer = server.call("POST", "/translate", {"sentences": lines, "beam": 2, "scores": True})
+        nbest = server.call("POST", "/translate", {"sentences": lines[:1], "beam": 2, "nbest": 2, "scores": True})[1]
+        plain = server.call("POST", "/translate", {"sentences": lines[:1], "beam": 2, "scores": False})[1]
+    rows = [line.split("\t") for line in nmt_translate(model_dir, lines, "--beam", "2", "--scores")]
+    assert status == 200 and [t["text"] for t in answer["translations"]] == [r[0] for r in rows]
+    assert [x for t in answer["translations"] for x in (t["mean_logprob"], t["confidence"])] == pytest.approx(
+        [float(x) for r in rows for x in r[1:]], abs=1e-4)
+    assert [set(t) for t in nbest["translations"][0]] == [{"text", "score", "mean_logprob", "confidence"}] * 2
+    assert nbest["translations"][0][0]["mean_logprob"] == pytest.approx(answer["translations"][0]["mean_logprob"])
+    assert plain["translations"] == [rows[0][0]]

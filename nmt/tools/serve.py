@@ -1,7 +1,8 @@
 """`nmt serve`: an HTTP JSON API over a model directory (Starlette app, served by uvicorn).
 
 POST /translate {"sentences": [...], "beam": 4, ...} -> {"translations": [...], "batch": {...}}
-GET /health, GET /info (the model's architecture and metrics, and the server's limits), GET /stats (batch sizes).
+GET / (a page to try the model: nmt/tools/page.html), GET /health, GET /info (the model's architecture, metrics and
+target languages, and the server's limits), GET /stats (batch sizes).
 Concurrent requests are batched by `nmt.tools.request_batcher.Batcher`; the one home of starlette and uvicorn.
 
 Every request a client gets wrong is answered 4xx with {"error": "..."}; what a request may cost is bounded
@@ -17,14 +18,18 @@ before any of it; the exact cost once the sentences are tokenised, before they a
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import hmac
+import importlib.resources
 import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -36,7 +41,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from nmt.compat import uvicorn_protocol_with_header_deadline
@@ -44,6 +49,7 @@ from nmt.config import RANGE, Range
 from nmt.decoding import SearchConfig
 from nmt.errors import NmtError
 from nmt.tools.request_batcher import API_KEY_ENV, Batcher, Job, QueueFull, ServeConfig, Stopping
+from nmt.translate import Scored
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,25 @@ SEARCH_RANGES = {f.name: f.metadata[RANGE] for f in dataclasses.fields(SearchCon
 # what GET /info shows of `nmt info --json`: no paths, no command lines
 PUBLIC_INFO = ("architecture", "parameters", "tensors", "dtypes", "vocab", "step", "best", "num_processes", "search",
                "languages")
+
+
+def _page() -> tuple[str, dict]:
+    """The page GET / serves (nmt/tools/page.html, one file: its script and style inline) and its headers: a
+    Content-Security-Policy that runs only that script and style (by their hashes) and lets it reach this server
+    only."""
+    page = importlib.resources.files("nmt.tools").joinpath("page.html").read_text(encoding="utf-8")
+
+    def hashes(tag: str) -> str:
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'"
+                        for body in re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.S))
+
+    policy = (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
+              "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return page, {"Content-Security-Policy": policy, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store",
+                  "Referrer-Policy": "no-referrer"}
+
+
+PAGE, PAGE_HEADERS = _page()
 
 
 class BadRequest(Exception):
@@ -77,9 +102,9 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
         raise BadRequest(400, f"the body holds a number too long to read ({str(e).split(':')[0]})") from None
     if not isinstance(data, dict):
         raise BadRequest(400, 'the body must be a JSON object like {"sentences": ["Hello."]}')
-    unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", *OPTIONS})
+    unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "scores", *OPTIONS})
     if unknown:
-        raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, tgt_lang, "
+        raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, tgt_lang, scores, "
                          f"{', '.join(OPTIONS)}")
     sentences = data.get("sentences")
     if not isinstance(sentences, list) or not sentences:
@@ -106,6 +131,10 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
         if not isinstance(data["tgt_lang"], str):
             raise BadRequest(400, f"'tgt_lang' must be a language code string, got {_short(data['tgt_lang'])}")
         options["tgt_lang"] = data["tgt_lang"]
+    if "scores" in data:  # each translation with its mean log-probability and confidence (nmt.translate.Scored)
+        if not isinstance(data["scores"], bool):
+            raise BadRequest(400, f"'scores' must be true or false, got {_short(data['scores'])}")
+        options["with_scores"] = data["scores"]
     timeout = _number(data.get("timeout", cfg.timeout), "timeout", float, Range(f"(0, {cfg.timeout}]"))
     return [s.replace("\n", " ") for s in sentences], options, timeout
 
@@ -258,7 +287,11 @@ class Api:
 
     async def show_info(self, request: Request) -> JSONResponse:
         return JSONResponse({"model": self.info, "backend": self.translator.backend, "server": self.cfg.public(),
+                             "target_languages": self.translator.target_languages,  # [] for a model of one pair
                              "options": {key: str(SEARCH_RANGES[keyword]) for key, (keyword, _) in OPTIONS.items()}})
+
+    async def page(self, request: Request) -> Response:
+        return Response(PAGE, media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
 
     async def stats(self, request: Request) -> JSONResponse:
         return JSONResponse({**self.batcher.stats.as_dict(), "queued": sum(job.live for job in self.batcher.pending),
@@ -295,13 +328,14 @@ class Api:
 
 
 class RequireKey:
-    """ASGI middleware: every request but GET /health must carry `Authorization: Bearer KEY` (401 JSON otherwise)."""
+    """ASGI middleware: every request but GET /health and the page (GET /, which holds no data and asks for the key)
+    must carry `Authorization: Bearer KEY` (401 JSON otherwise)."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and scope["path"] not in ("/health", "/"):
             given = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = given.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
@@ -313,11 +347,12 @@ class RequireKey:
 
 
 def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlette:
-    """The ASGI app: POST /translate, GET /health /info /stats; `app.state.api` is its Api."""
+    """The ASGI app: POST /translate, GET / (the page), /health, /info, /stats; `app.state.api` is its Api."""
     if cfg.beam not in SEARCH_RANGES["beam_size"]:
         raise NmtError(f"flag '--beam': {cfg.beam} is outside the allowed range {SEARCH_RANGES['beam_size']}")
     api = Api(translator, cfg, info)
-    app = Starlette(routes=[Route("/translate", api.translate, methods=["POST"]), Route("/health", api.health),
+    app = Starlette(routes=[Route("/translate", api.translate, methods=["POST"]), Route("/", api.page),
+                            Route("/health", api.health),
                             Route("/info", api.show_info), Route("/stats", api.stats)], lifespan=api.lifespan,
                     middleware=[Middleware(RequireKey, key=cfg.api_key)] if cfg.api_key else [],
                     exception_handlers={HTTPException: api.http_error, Exception: api.server_error})
@@ -326,7 +361,14 @@ def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlet
 
 
 def _jsonable(output):
-    return output if isinstance(output, str) else [{"text": t, "score": s} for t, s in output]
+    """A translation: a string; with scores {"text", "mean_logprob", "confidence"}; n-best a list of {"text",
+    "score"} (with scores, and "mean_logprob", "confidence")."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, Scored):
+        return {"text": output.text, "mean_logprob": output.mean_logprob, "confidence": output.confidence}
+    return [{"text": o.text, "score": o.score, "mean_logprob": o.mean_logprob, "confidence": o.confidence}
+            if isinstance(o, Scored) else {"text": o[0], "score": o[1]} for o in output]
 
 
 class _Server(uvicorn.Server):
@@ -378,7 +420,7 @@ def serve(translator, cfg: ServeConfig, info: dict | None = None) -> None:
         timeout_keep_alive=cfg.keep_alive,
         timeout_graceful_shutdown=cfg.shutdown_timeout + 1))  # a backstop: Api.begin_shutdown answers them first
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    print(f"nmt serve: listening on http://{address} (POST /translate, GET /health /info /stats)", flush=True)
+    print(f"nmt serve: listening on http://{address} (POST /translate, GET / /health /info /stats)", flush=True)
     # uvicorn re-raises the signal that stopped it once it has shut down; a quiet handler makes that a normal return
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
