@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from nmt.checkpoint import JOINT_FILE, SRC_FILE, TGT_FILE, check_fingerprint
 from nmt.config import TokenizerConfig
@@ -91,16 +91,20 @@ def typed_controls(tok: Tokenizer) -> frozenset[int]:
     return frozenset(tok.get_added_tokens_decoder())
 
 
-def as_text(tok: Tokenizer, encoding, controls: frozenset[int]) -> list[int]:
-    """The ids of `encoding` with every control token its subword model produced from text (not one a template
-    added) spelled out character by character, as text: a typed "<bt>" is "<", "b", "t", ">" (or <unk> for a
-    character the vocabulary lacks)."""
+def as_text(tok: Tokenizer, encoding, controls: frozenset[int], text: str, specials: bool) -> list[int]:
+    """The ids of `encoding` (of `text`, encoded with `specials` or not) with every control token its subword model
+    produced from text (not one a template added) spelled out character by character, as text: a typed "<bt>" is
+    "<", "b", "t", ">" (or <unk> for a character the vocabulary lacks). A <unk> standing for characters the model
+    lacks is kept: only a piece spelled as its token is typed."""
     ids = encoding.ids
     if not controls or controls.isdisjoint(ids):
         return ids
+    if not any(encoding.tokens):  # encode_batch_fast gives no pieces: encode this text again with them
+        encoding = tok.encode(text, add_special_tokens=specials)
     out: list[int] = []
     for i, added, piece in zip(ids, encoding.special_tokens_mask, encoding.tokens):
-        out += [t.id for c in piece for t in tok.model.tokenize(c)] if i in controls and not added else [i]
+        typed = i in controls and not added and piece == tok.id_to_token(i)
+        out += [t.id for c in piece for t in tok.model.tokenize(c)] if typed else [i]
     return out
 
 
@@ -193,16 +197,18 @@ class PairTokenizer:
         source's "<2de><bt> ...") are their ids (`split_leading_tags`); any other control string is text."""
         src, controls = self.src, self.src_controls
         if self.src_specials:
-            return [as_text(src, e, controls) for e in _encode_batch(src, texts, specials=True)]
+            return [as_text(src, e, controls, t, True) for e, t in zip(_encode_batch(src, texts, specials=True), texts)]
         if not (leading_tags and self.lead_tags):
-            return [as_text(src, e, controls) + [self.eos_id] for e in _encode_batch(src, texts)]
+            return [as_text(src, e, controls, t, False) + [self.eos_id] for e, t in zip(_encode_batch(src, texts), texts)]
         leads, rests = zip(*(split_leading_tags(text, self.lead_tags) for text in texts)) if texts else ((), ())
-        return [lead + as_text(src, e, controls) + [self.eos_id] for lead, e in zip(leads, _encode_batch(src, list(rests)))]
+        return [lead + as_text(src, e, controls, t, False) + [self.eos_id]
+                for lead, e, t in zip(leads, _encode_batch(src, list(rests)), rests)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target ids without </s> (the collator adds the decoder start and </s>), after a target language tag where
         the tokenizer adds one. A "</s>" written in a target is text: the words after it stay in the label."""
-        return [as_text(self.tgt, e, self.tgt_controls) for e in _encode_batch(self.tgt, texts, specials=True)]
+        return [as_text(self.tgt, e, self.tgt_controls, t, True)
+                for e, t in zip(_encode_batch(self.tgt, texts, specials=True), texts)]
 
     def src_tokens(self, text: str) -> list[str]:
         """Source subword strings as the model sees them (with the final </s>)."""
@@ -383,10 +389,18 @@ _SPM_NORMALIZERS = [
     {"type": "Replace", "pattern": {"Regex": "\\A\u2581"}, "content": "\u2581\u2581"},
 ]
 _SPM_DECODERS = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
-                 {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]
+                 {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+                 {"type": "Replace", "pattern": {"Regex": "\\A +| +\\z"}, "content": ""}]  # an imported Marian's
 _BPE_OPTIONS = {"dropout": [None], "unk_token": ["<unk>"], "continuing_subword_prefix": [None],
                 "end_of_word_suffix": [None], "fuse_unk": [True, False], "byte_fallback": [False],
                 "ignore_merges": [True, False]}
+
+
+def stripping_decoder():
+    """SentencePiece's detokenizer (each "\u2581" a space) that strips the spaces at both ends of the text (the dummy
+    prefix's, a final "\u2581" piece's), as MarianTokenizer strips the text it decodes."""
+    return decoders.Sequence([decoders.Replace("\u2581", " "), decoders.Fuse(),
+                              decoders.Replace(Regex("\\A +| +\\z"), "")])
 
 
 def _is_imported(data: dict) -> bool:
