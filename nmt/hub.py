@@ -8,16 +8,14 @@ is `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`. Only dat
 safetensors, SentencePiece models), never a pickle: a repository whose weights are only `pytorch_model.bin` is
 refused with the command that converts it.
 
-`model_directory` is what the commands that run a model read: an nmt model directory, or a transformers
-translation model named by a Hub id, imported once (`nmt.interop.import_hf`) into nmt's cache,
-`$XDG_CACHE_HOME/nmt/imported` (else `~/.cache/nmt/imported`), under the commit it was imported from.
+`nmt_cache` is where `nmt.interop.model_directory` keeps the transformers models it imported for the commands
+that run a model.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 from nmt.errors import NmtError
@@ -130,43 +128,6 @@ def _refuse_pickles(repo_id: str, revision: str | None, folder: Path, offline: b
 
 
 def nmt_cache() -> Path:
-    """Where nmt keeps the models it imported from the Hub for translate, evaluate, serve and init_from."""
+    """Where nmt keeps the models it imported from the Hub for translate, evaluate, serve and init_from:
+    `$XDG_CACHE_HOME/nmt/imported` (else `~/.cache/nmt/imported`)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "nmt" / "imported"
-
-
-def is_transformers_dir(directory: Path) -> bool:
-    """Whether `directory` holds a transformers model (config.json names a model_type) rather than nmt's own."""
-    import json
-
-    path = directory / "config.json"
-    try:
-        return "model_type" in json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
-        return False
-
-
-def model_directory(name_or_path: str | Path, revision: str | None = None, flag: str = "MODEL_DIR") -> Path:
-    """The nmt model directory `name_or_path` names: a path as it is, a Hub id's snapshot when it is an nmt model
-    directory, and a transformers translation model's import, made once into `nmt_cache()` and reused.
-
-    A local transformers directory is imported by the user (`nmt import`): nmt keeps no copy of a folder that may
-    change; a Hub snapshot is a commit and does not."""
-    directory = resolve(name_or_path, revision)
-    if not is_transformers_dir(directory):
-        return directory
-    if directory == Path(name_or_path):
-        raise NmtError(f"{flag} {directory} is a transformers model directory; make an nmt model directory of it "
-                       f"first: nmt import {directory} OUT, then give OUT")
-    repo_id, commit = str(name_or_path), directory.name
-    out = nmt_cache() / repo_id.replace("/", "--") / commit
-    if (out / "config.json").is_file():
-        return out
-    from nmt.interop import import_hf
-
-    print(f"nmt: importing {repo_id} (commit {commit[:12]}) into {out}", file=sys.stderr, flush=True)
-    try:
-        return import_hf(directory, out)
-    except NmtError:
-        if (out / "config.json").is_file():  # another process (a rank of the same launch) imported it meanwhile
-            return out
-        raise

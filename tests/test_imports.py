@@ -81,7 +81,7 @@ LAYERS = [
     {"errors", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
     {"metrics", "textfiles", "launch", "sentences"},
-    {"config", "tools.plot"},  # plot: writes with textfiles
+    {"config", "tools.plot", "hub"},  # plot: writes with textfiles; hub: Hub ids resolved to local directories
     {"plan"},
     {"checkpoint"},  # a model directory's files name its ModelConfig
     {"tokenizer", "validate"},
@@ -116,7 +116,7 @@ HOMES = {  # third-party library -> the only modules that import it (one home pe
     "pandas": {"data"},  # the dedupe's string hashes
     "accelerate": {"compat", "launch", "checkpoint", *(n for n in LAYER if n.startswith("training."))},
     "matplotlib": {"tools.plot", "attention"}, "starlette": {"tools.serve"}, "transformers": {"interop"},
-    "peft": {"adapters"},
+    "peft": {"adapters"}, "huggingface_hub": {"hub"},
     "uvicorn": {"tools.serve", "compat"},  # compat: the private protocol class serve extends
 }
 
