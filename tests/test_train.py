@@ -1,18 +1,25 @@
-"""Training end to end in-process on a tiny model: metrics, checkpoints, resume, best model, translation."""
+"""Training end to end in-process on a tiny model: metrics, checkpoints, resume, best model, translation; and the
+run's mixed precision: the launcher's when it chose one; under a time budget bf16 where the device multiplies it in
+hardware; fp32 otherwise (the plan and `nmt check` time steps in the precision training will use)."""
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import one_thread  # noqa: F401  (module-wide: tiny models on shared CPUs)
 from safetensors.torch import load_file
 
 from nmt import Translator, train
 from nmt.checkpoint import list_checkpoints
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
-from nmt.training.loop import inverse_sqrt, linear_decay
+from nmt.tools.check import preflight
+from nmt.training import loop, run
+from nmt.training.loop import OneDevice, inverse_sqrt, linear_decay, run_precision
+from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -553,3 +560,70 @@ def test_an_optimizer_step_reads_the_device_once_whatever_its_micro_batches():
         stats = train_step(OneDevice(torch.device("cpu"), accum_steps=3), objective, optim, window)
     assert syncs.calls == ["tolist"]
     assert stats.finite and stats.tokens == sum(int(b["labels"].ne(0).sum()) for b in window)
+
+
+# --- the run's mixed precision -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def precision_cfg(corpus_dir, tmp_path):
+    return tiny_config(corpus_dir, tmp_path)
+
+
+@pytest.fixture
+def unlaunched(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("minutes", [None, 25.0])
+def test_bf16_only_for_a_time_budget_on_hardware_that_has_it(precision_cfg, unlaunched, monkeypatch, native, minutes):
+    monkeypatch.setattr(loop, "native_bf16", lambda device_type: native)
+    expected = "bf16" if native and minutes else "no"
+    precision, why = run_precision(dataclasses.replace(precision_cfg, max_minutes=minutes), "cpu")
+    assert precision == expected and (why is not None) == (expected == "bf16")  # the plan prints why it chose bf16
+
+
+@pytest.mark.parametrize("launched", ["no", "FP16", "bf16"])
+def test_the_launchers_choice_wins(precision_cfg, monkeypatch, launched):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launched)
+    monkeypatch.setattr(loop, "native_bf16", lambda device_type: True)
+    assert run_precision(dataclasses.replace(precision_cfg, max_minutes=25.0), "cpu") == (launched.lower(), None)
+
+
+def test_the_accelerator_trains_in_the_chosen_precision(precision_cfg, unlaunched, monkeypatch, capsys):
+    monkeypatch.setattr(loop, "native_bf16", lambda device_type: True)
+    reset_accelerate_state()
+    try:
+        timed = dataclasses.replace(precision_cfg, max_minutes=25.0)
+        assert run.make_accelerator(timed, run_precision(timed, "cpu")[0]).mixed_precision == "bf16"
+        reset_accelerate_state()
+        assert run.make_accelerator(precision_cfg, run_precision(precision_cfg, "cpu")[0]).mixed_precision == "no"
+    finally:
+        reset_accelerate_state()
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("no", None)])
+def test_one_device_steps_run_the_forward_under_autocast(precision, dtype):
+    seen = []
+    one = OneDevice(torch.device("cpu"), mixed_precision=precision)
+    with one.accumulate(None):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        x = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert seen == [dtype] and x.dtype == (dtype or torch.float32)
+    assert not torch.is_autocast_enabled("cpu")  # only inside the micro-batch
+
+
+def test_check_probes_in_the_precision_training_will_use(precision_cfg, unlaunched, monkeypatch):
+    monkeypatch.setattr(loop, "native_bf16", lambda device_type: True)
+    seen = []
+    real = loop.train_step
+
+    def spy(accelerator, *args, **kwargs):
+        seen.append(accelerator.mixed_precision)
+        return real(accelerator, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", spy)
+    report = preflight(dataclasses.replace(precision_cfg, max_minutes=5.0), probe_steps=1, device="cpu")
+    assert report.precision == "bf16" and set(seen) == {"bf16"}
+    assert " s/step on cpu in bf16 " in next(line for line in report.lines() if line.startswith("time"))
