@@ -201,3 +201,16 @@ def test_gpu_script_runs_on_a_cpu():
     assert "target tok/s" in train and "of the GEMM ceiling" in train
     assert "host syncs per step 1 ['tolist']" in train  # the step's figures, read once
     assert re.search(r"decode nmt beam4: [\d,]+ tok/s; host syncs per step", out)
+
+
+def test_confidence(corpus_dir, tmp_path):
+    from helpers import model_dir
+
+    model = model_dir(tmp_path / "model")  # a random tiny model: the script's figures, not their values
+    out = run("confidence.py", "--data", str(corpus_dir), "--tgt", "xx", "--model", str(model), "--beam", "2",
+              "--output", str(tmp_path / "out"), "--json", str(tmp_path / "figures.json"))
+    assert "$ nmt translate " in out and "--scores" in out and "Spearman(confidence, sentence chrF)" in out
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    assert [q["sentences"] for q in figures["by_confidence"]] == [10, 10, 10, 10]
+    confidence = [q["confidence"] for q in figures["by_confidence"]]
+    assert confidence == sorted(confidence) and 0 < confidence[0] <= confidence[-1] < 1
