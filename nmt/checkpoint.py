@@ -7,9 +7,10 @@ reading its JSON with named errors and its language codes by config's one rule (
 a code becomes a file suffix and a tag); step_N checkpoints, written under a temporary name and renamed into place, so
 a directory named step_N is always complete (`latest` is the newest such directory), with the sha256
 fingerprints of the data they were trained on and of their tokenizer file(s) (`FINGERPRINTS`), so a resume on
-other data and a model directory with another tokenizer are named instead of silently misread; whether a
-checkpoint is whole before Accelerate loads it; a directory written whole by export, import, average and
-merge-adapter, over only what nmt wrote (`check_output_dir`); and checkpoint averaging.
+other data and a model directory with another tokenizer are named instead of silently misread; a checkpoint's
+training state, written and read without pickle (safetensors and JSON), and whether a checkpoint is whole; a
+directory written whole by export, import, average and merge-adapter, over only what nmt wrote
+(`check_output_dir`); and checkpoint averaging.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import re
 import shutil
 import struct
 import uuid
-import zipfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,6 +85,17 @@ def read_languages(directory: str | Path) -> dict | None:
         if lang not in targets or tag != lang_tag(lang):
             raise NmtError(f"{path}: tags[{lang!r}] is {str(tag)[:60]!r}; training writes {lang_tag('xx')!r} for each "
                            "target language xx, and nmt inserts no other token")
+    # an imported M2M100/NLLB model (nmt.interop): each target's forced first token, and other names of its codes
+    firsts, aliases = record.get("first_tokens") or {}, record.get("aliases") or {}
+    if not (isinstance(firsts, dict) and isinstance(aliases, dict)):
+        raise NmtError(f"{path}: first_tokens and aliases must be objects, as nmt import writes them")
+    for lang, token in firsts.items():
+        if lang not in targets or not (isinstance(token, str) and token.strip() == token and 0 < len(token) <= 64):
+            raise NmtError(f"{path}: first_tokens[{str(lang)[:60]!r}] must name a target language's token")
+    for alias, lang in aliases.items():
+        check_lang_code(alias.strip("_"), f"{path}: aliases[{alias[:60]!r}]")
+        if lang not in firsts:
+            raise NmtError(f"{path}: aliases[{alias[:60]!r}] is {str(lang)[:60]!r}, not one of first_tokens' languages")
     return record
 
 
@@ -361,40 +373,130 @@ def data_changes(saved: dict, now: dict) -> list[str]:
     return [name for name, value in now.items() if saved.get(name) not in (None, value)]
 
 
-# --- Is a checkpoint whole? ------------------------------------------------------------------------------------------
-# Is a checkpoint whole? Every file of a step_N folder is read before Accelerate loads it (a truncated
-# `optimizer.bin` after a node crash, a random-state file Accelerate would silently skip, a tokenizer file that is
-# not the one recorded), and after loading the random states are checked to be the saved ones. (Weights of another
-# model size are not damage: loading them fails with the shapes and the changed keys named,
-# `nmt.validate.load_state_error`.)
+# --- A checkpoint's training state, without pickle -------------------------------------------------------------------
+# What a resume restores, and nothing of it pickled: the weights (model.safetensors), the optimizer's state (its
+# tensors in optimizer.safetensors, its param_groups and any other values as JSON in that file's metadata), the
+# schedule's and the fp16 loss scaler's state as JSON, and each process's random states (random_states_R.safetensors:
+# the torch generators as byte tensors, Python's and NumPy's Mersenne Twister words as integers, the rest JSON).
+# Accelerate's save_state would write the optimizer, schedule and random states with torch.save (pickle), so nmt
+# writes and reads them itself. A pickle in a checkpoint folder (`*.bin`, `*.pkl`, `*.pt`, `pytorch_model*`:
+# Accelerate's layout, an older nmt's checkpoint, or one planted) is never opened: it is damage, named.
+#
+# Is a checkpoint whole? Every file is read before anything is restored (a file cut short after a node crash, a
+# tokenizer file that is not the one recorded), and what the optimizer, schedule and random-state files hold is
+# checked against the run's own objects (tensor shapes, JSON types) before any of it is applied. A damaged or
+# tampered file is damage like a cut-short one: the run falls back to the previous checkpoint
+# (`nmt.training.state.pick_checkpoint`). Weights of another model size are not damage: loading them fails with
+# the shapes and the changed keys named (`nmt.validate.load_state_error`).
+
+OPTIMIZER_FILE = "optimizer.safetensors"  # the optimizer's state tensors; param_groups in its metadata
+SCHEDULER_FILE = "scheduler.json"  # the learning-rate schedule's state_dict
+SCALER_FILE = "scaler.json"  # the fp16 loss scaler's state_dict, when the run has one
+PICKLED = ("*.bin", "*.pkl", "*.pt", "*.pth", "*.ckpt", "pytorch_model*")  # never opened: damage, named
+
+
+def rng_file(rank: int) -> str:
+    """Process `rank`'s random states in a checkpoint."""
+    return f"random_states_{rank}.safetensors"
+
+
+class StateDamage(Exception):
+    """A training-state file that cannot be restored; its message names the file and what is wrong."""
+
+
+@dataclass
+class SavedState:
+    """The training state of one checkpoint as one process restores it, read and checked, not yet applied."""
+
+    optimizer: dict  # torch's Optimizer.state_dict() layout
+    scheduler: dict
+    scaler: dict | None
+    rng: dict | None  # None: a process the checkpoint did not have (it starts from the run's seed)
+    accelerator_step: int = 0  # Accelerator.step: where gradient accumulation stands
+
+
+def write_state(directory: Path, rank: int, main: bool, model, optimizer, scheduler, scaler=None,
+                accelerator_step: int = 0) -> None:
+    """The training state into checkpoint folder `directory`: the main process writes the weights of `model` (the
+    bare objective), the optimizer's, the schedule's and the loss scaler's state (under DDP they are the same on
+    every process); every process writes its own random states."""
+    from safetensors.torch import save_file, save_model
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if main:
+        save_model(model, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})  # a tied weight stored once
+        tensors, meta = _optimizer_record(optimizer.state_dict())
+        save_file(tensors, str(directory / OPTIMIZER_FILE), metadata=meta)
+        (directory / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict(), allow_nan=False))
+        if scaler is not None:
+            (directory / SCALER_FILE).write_text(json.dumps(scaler.state_dict(), allow_nan=False))
+    tensors, meta = _rng_record(accelerator_step)
+    save_file(tensors, str(directory / rng_file(rank)), metadata=meta)
+
+
+def _optimizer_record(state_dict: dict) -> tuple[dict, dict]:
+    """An optimizer's state_dict as safetensors: `state.I.NAME` tensors, the rest JSON in the metadata."""
+    import torch
+
+    tensors, values = {}, {}
+    for index, entry in state_dict["state"].items():
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{index}.{name}"] = value.detach().contiguous()
+            else:
+                values.setdefault(str(index), {})[name] = value
+    meta = {"format": "pt", "param_groups": json.dumps(state_dict["param_groups"]), "values": json.dumps(values)}
+    return tensors, meta
+
+
+def _rng_record(accelerator_step: int) -> tuple[dict, dict]:
+    """This process's random states: Python's, NumPy's and torch's (CPU and every CUDA device)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors = {"torch": torch.get_rng_state(), "python": torch.tensor(words, dtype=torch.int64),
+               "numpy": torch.from_numpy(keys.astype(np.int64))}
+    if torch.cuda.is_available():
+        tensors.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    meta = {"python": json.dumps([version, gauss]), "numpy": json.dumps([kind, int(pos), int(has_gauss), float(cached)]),
+            "accelerator_step": str(accelerator_step)}
+    return tensors, meta
+
 
 def damage(path: Path, rank: int) -> str | None:
-    """What is wrong with checkpoint `path` for process `rank` (a file unreadable, cut short or failing its
-    checksums), or None when it is whole."""
-    from accelerate.utils import RNG_STATE_NAME, SAFE_WEIGHTS_NAME
-
+    """What is wrong with checkpoint `path`'s files for process `rank` (a pickle in it, a file missing, unreadable or
+    cut short, a tokenizer that is not the recorded one), or None when they are whole."""
     try:
         info = json.loads((path / COMPLETE).read_text())
         if not isinstance(info, dict) or "state" not in info:
             return f"{COMPLETE} holds no training state"
     except (OSError, ValueError) as e:
         return f"{COMPLETE} is unreadable ({type(e).__name__})"
+    pickled = sorted({p.name for pattern in PICKLED for p in path.glob(pattern)})
+    if pickled:
+        run = path.parent.parent
+        return (f"{pickled[0]} is a pickle, which nmt never reads (Accelerate's save_state or an older nmt wrote it, "
+                f"or it was planted); nmt's checkpoints hold {OPTIMIZER_FILE}, {SCHEDULER_FILE} and "
+                f"{rng_file(0)}: to go on from an older run, train from its model directory (--init_from "
+                f"{run / 'best'} or {run / 'model'}, a fresh optimizer) into a new --output_dir")
     recorded = (info.get(FINGERPRINTS) or {}).get("tokenizer")
     if recorded and tokenizer_sha256(path) != recorded:
         names = " + ".join(p.name for p in tokenizer_files(path))
         return f"{names} is not the tokenizer it recorded (sha256)" if names else "its tokenizer file is missing"
-    weights = sorted(path.rglob("*.safetensors"))
-    if not weights and not any(path.glob("pytorch_model*")):  # (FSDP's sharded weights: a pytorch_model_fsdp_0/)
-        return f"{SAFE_WEIGHTS_NAME} is missing"
-    for file in weights:
+    needed = [WEIGHTS_FILE, OPTIMIZER_FILE, SCHEDULER_FILE]
+    if rank < int(info.get("num_processes") or 1):  # else a process the checkpoint did not have: from its seed
+        needed.append(rng_file(rank))
+    for name in needed:
+        if not (path / name).is_file():
+            return f"{name} is missing"
+    for file in sorted(path.glob("*.safetensors")):
         if problem := safetensors_damage(file):
             return problem
-    for zipped in sorted(path.glob("*.bin")):
-        if problem := torch_file_damage(zipped):
-            return problem
-    if rank >= int(info.get("num_processes") or 1):
-        return None  # a process the checkpoint did not have: it starts from its seed (resume warns about this)
-    return rng_damage(path / f"{RNG_STATE_NAME}_{rank}.pkl")
+    return None
 
 
 def safetensors_damage(path: Path) -> str | None:
@@ -404,51 +506,204 @@ def safetensors_damage(path: Path) -> str | None:
             (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n))
         size = path.stat().st_size
-    except (OSError, ValueError, struct.error) as e:
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, struct.error, TypeError, KeyError, IndexError, AttributeError) as e:
         return f"{path.name} is unreadable ({type(e).__name__})"
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
     if size != 8 + n + end:
         return f"{path.name} is cut short ({size} of {8 + n + end} bytes)"
     return None
 
 
-def torch_file_damage(path: Path) -> str | None:
-    """A torch.save file (a zip archive) that is cut short or whose contents fail their checksums."""
+def read_state(path: Path, rank: int, optimizer, scheduler, scaler=None) -> SavedState:
+    """Checkpoint `path`'s training state for process `rank`, read and checked against the run's `optimizer`,
+    `scheduler` and `scaler` (the structure and types their own state_dicts have, every tensor the shape of its
+    parameter): a StateDamage naming the file when it does not fit. Nothing is applied yet."""
+    info = json.loads((path / COMPLETE).read_text())
+    saved = _read_optimizer(path / OPTIMIZER_FILE)
+    if problem := _optimizer_misfit(saved, optimizer):
+        raise StateDamage(f"{OPTIMIZER_FILE} {problem}")
+    sched = _read_json_state(path / SCHEDULER_FILE, scheduler.state_dict())
+    scaler_state = None
+    if scaler is not None:
+        if not (path / SCALER_FILE).is_file():
+            raise StateDamage(f"{SCALER_FILE} is missing (the run has an fp16 loss scaler)")
+        scaler_state = _read_json_state(path / SCALER_FILE, scaler.state_dict())
+    rng, step = None, 0
+    if rank < int(info.get("num_processes") or 1):
+        rng, step = _read_rng(path / rng_file(rank))
+    return SavedState(saved, sched, scaler_state, rng, step)
+
+
+def _open_safetensors(path: Path) -> tuple[dict, dict]:
+    from safetensors import SafetensorError, safe_open
+
     try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-    except (OSError, zipfile.BadZipFile, EOFError) as e:
-        return f"{path.name} is unreadable ({type(e).__name__})"
-    return f"{path.name} is corrupt (member {bad})" if bad else None
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise StateDamage(f"{path.name} is unreadable ({type(e).__name__}: {str(e)[:120]})") from None
 
 
-def rng_damage(path: Path) -> str | None:
-    """The random-state file as Accelerate loads it: Accelerate itself skips an unreadable one without a word."""
+def _json_meta(meta: dict, key: str, path: Path):
+    try:
+        return json.loads(meta[key])
+    except (KeyError, TypeError, ValueError) as e:
+        raise StateDamage(f"{path.name}: its metadata {key!r} is missing or not JSON ({type(e).__name__})") from None
+
+
+def _read_optimizer(path: Path) -> dict:
+    tensors, meta = _open_safetensors(path)
+    groups, values = _json_meta(meta, "param_groups", path), _json_meta(meta, "values", path)
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups) or not isinstance(values, dict):
+        raise StateDamage(f"{path.name}: param_groups is not a list of objects")
+    state: dict[int, dict] = {}
+    for key, tensor in tensors.items():
+        parts = key.split(".", 2)
+        if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit():
+            raise StateDamage(f"{path.name}: unexpected tensor {key[:80]!r}")
+        state.setdefault(int(parts[1]), {})[parts[2]] = tensor
+    for index, entry in values.items():
+        if not index.isdigit() or not isinstance(entry, dict):
+            raise StateDamage(f"{path.name}: unexpected value for {index[:80]!r}")
+        state.setdefault(int(index), {}).update(entry)
+    return {"state": state, "param_groups": groups}
+
+
+def _optimizer_misfit(saved: dict, optimizer) -> str | None:
+    """Why `saved` (an optimizer state_dict) does not fit `optimizer`: the groups and their parameters, the JSON
+    types of every setting, each state tensor's shape against its parameter's (None: it fits)."""
     import torch
-    from accelerate.utils import load
 
-    if problem := torch_file_damage(path):
-        return problem
-    try:
-        states = load(path)
-        torch.ByteTensor(states["torch_manual_seed"])
-    except Exception as e:  # noqa: BLE001 (whatever makes Accelerate skip the file makes it damaged)
-        return f"{path.name} cannot be restored ({type(e).__name__})"
+    groups = optimizer.param_groups
+    if len(saved["param_groups"]) != len(groups):
+        return f"has {len(saved['param_groups'])} parameter groups, the run's optimizer {len(groups)}"
+    params = {}
+    for g, (old, new) in enumerate(zip(saved["param_groups"], groups)):
+        ids = old.get("params")
+        if not isinstance(ids, list) or len(ids) != len(new["params"]) or not all(type(i) is int for i in ids):
+            return f"group {g} does not list the run's {len(new['params'])} parameters"
+        for key in old.keys() & new.keys() - {"params"}:
+            if problem := json_misfit(old[key], new[key], f"group {g} {key}"):
+                return problem
+        params.update(zip(ids, new["params"]))
+    names = {frozenset(entry) for entry in saved["state"].values()}
+    if len(names) > 1:
+        return "holds other state names for some parameters than for others"
+    for index, entry in saved["state"].items():
+        if index not in params:
+            return f"holds state for parameter {index}, which no group lists"
+        shape = tuple(params[index].shape)
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                if not value.is_floating_point():
+                    return f"state {index}.{name} is {value.dtype}, not floating point"
+                if value.dim() and tuple(value.shape) != shape:  # (a 0-dim value: the step count)
+                    return f"state {index}.{name} is {tuple(value.shape)}, its parameter {shape}"
     return None
 
 
-def check_rng_restored(path: Path, rank: int) -> None:
-    """After load_state: the torch generator is in the state the checkpoint saved (else resume is not exact)."""
-    import torch
-    from accelerate.utils import RNG_STATE_NAME, load
+def json_misfit(saved, now, where: str) -> str | None:
+    """Where the JSON value `saved` differs in structure or type from `now` (what the run's own object holds: the
+    same keys, list lengths and types; an integer passes for a float), or None."""
+    if isinstance(now, (list, tuple)):
+        if not isinstance(saved, list) or len(saved) != len(now):
+            return f"{where} is not a list of {len(now)}"
+        return next((p for i, (a, b) in enumerate(zip(saved, now)) if (p := json_misfit(a, b, f"{where}[{i}]"))), None)
+    if isinstance(now, dict):
+        if not isinstance(saved, dict) or saved.keys() != {str(k) for k in now}:
+            return f"{where} does not hold the keys {sorted(map(str, now))[:8]}"
+        return next((p for k, v in now.items() if (p := json_misfit(saved[str(k)], v, f"{where}.{k}"))), None)
+    if now is None or saved is None:  # (a setting torch leaves open on one device, e.g. fused)
+        return None if not isinstance(saved, (dict, list)) else f"{where} is {type(saved).__name__}, not a value"
+    if isinstance(now, (bool, str)):
+        return None if type(saved) is type(now) else f"{where} is {type(saved).__name__}, not {type(now).__name__}"
+    if isinstance(now, (int, float)):
+        ok = type(saved) is int or (isinstance(now, float) and type(saved) is float)
+        return None if ok else f"{where} is {type(saved).__name__}, not {type(now).__name__}"
+    return None  # (a value JSON cannot hold is not saved either)
 
-    file = path / f"{RNG_STATE_NAME}_{rank}.pkl"
-    if not file.is_file():
-        return
-    states = load(file)
-    if not torch.equal(torch.get_rng_state(), states["torch_manual_seed"]):
-        raise NmtError(f"{path}: the random states were not restored (Accelerate skipped "
-                       f"{file.name}); resume from another checkpoint")
+
+def _read_json_state(path: Path, now: dict) -> dict:
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise StateDamage(f"{path.name} is unreadable ({type(e).__name__})") from None
+    if problem := json_misfit(saved, json.loads(json.dumps(now)), "its state"):
+        raise StateDamage(f"{path.name}: {problem}")
+    return saved
+
+
+def _read_rng(path: Path) -> tuple[dict, int]:
+    """A random-state file, checked as far as restoring it would check it (sizes, word ranges, JSON)."""
+    import torch
+
+    tensors, meta = _open_safetensors(path)
+    python, numpy = _json_meta(meta, "python", path), _json_meta(meta, "numpy", path)
+    step = meta.get("accelerator_step", "0")
+    words = {"torch": (torch.uint8, torch.get_rng_state().numel()), "python": (torch.int64, 625),
+             "numpy": (torch.int64, 624)}
+    for name, (dtype, size) in words.items():
+        t = tensors.get(name)
+        if t is None or t.dtype != dtype or t.shape != (size,):
+            raise _bad(path, f"{name} is not {size} {dtype} values")
+    if any(k not in words and not (k.startswith("cuda.") and k[5:].isdigit()) for k in tensors):
+        raise _bad(path, "it holds tensors nmt does not write")
+    for name in ("python", "numpy"):
+        t = tensors[name][:624]
+        if bool((t < 0).any()) or bool((t >= 1 << 32).any()):
+            raise _bad(path, f"{name}'s words are not 32-bit")
+    if not (isinstance(python, list) and len(python) == 2 and type(python[0]) is int
+            and (python[1] is None or type(python[1]) is float) and isinstance(numpy, list) and len(numpy) == 4
+            and numpy[0] == "MT19937" and all(type(x) is int for x in numpy[1:3]) and type(numpy[3]) is float
+            and 0 <= numpy[1] <= 624 and 0 <= int(tensors["python"][624]) <= 624 and step.isdigit()):
+        raise _bad(path, "its Python or NumPy state is not one they save")
+    return {"tensors": tensors, "python": python, "numpy": numpy}, int(step)
+
+
+def _bad(path: Path, what: str) -> StateDamage:
+    return StateDamage(f"{path.name} cannot be restored: {what}")
+
+
+def load_weights(model, path: Path) -> None:
+    """The checkpoint's weights into `model` (the bare objective): names and shapes checked (a RuntimeError names
+    a misfit, `nmt.validate.load_state_error`); a tied weight stored once fills its other names."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model
+
+    try:
+        load_model(model, str(path / WEIGHTS_FILE), strict=True)
+    except (SafetensorError, OSError) as e:
+        raise StateDamage(f"{WEIGHTS_FILE} is unreadable ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def apply_state(saved: SavedState, optimizer, scheduler, scaler=None) -> None:
+    """Put a checked `read_state` into the run's objects and this process's random generators."""
+    import random
+
+    import numpy as np
+    import torch
+
+    groups = [{k: tuple(v) if isinstance(now.get(k), tuple) else v for k, v in old.items()}  # betas are a tuple
+              for old, now in zip(saved.optimizer["param_groups"], optimizer.param_groups)]
+    try:
+        optimizer.load_state_dict({"state": saved.optimizer["state"], "param_groups": groups})
+        scheduler.load_state_dict(saved.scheduler)
+        if scaler is not None:
+            scaler.load_state_dict(saved.scaler)
+        if saved.rng is None:
+            return
+        tensors, (version, gauss), (kind, pos, has_gauss, cached) = saved.rng["tensors"], saved.rng["python"], \
+            saved.rng["numpy"]
+        random.setstate((version, tuple(tensors["python"].tolist()), gauss))
+        np.random.set_state((kind, tensors["numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(tensors["torch"])
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                if f"cuda.{i}" in tensors:
+                    torch.cuda.set_rng_state(tensors[f"cuda.{i}"], i)
+    except (ValueError, TypeError, KeyError, RuntimeError) as e:  # what the checks above did not foresee
+        raise StateDamage(f"its optimizer, schedule or random states cannot be restored ({type(e).__name__}: "
+                          f"{str(e)[:120]})") from None
 
 
 # --- Checkpoint averaging --------------------------------------------------------------------------------------------

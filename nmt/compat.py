@@ -14,11 +14,6 @@ import logging
 import os
 import re
 
-# accelerate 1.15.0, accelerate/utils/other.py clean_state_dict_for_safetensors: logged by this logger as
-# f"Removed shared tensor {names} while saving. ..." (after a "[RANK n] " prefix on multi-process runs)
-TIED_NOTICE_LOGGER = "accelerate.utils.other"
-TIED_NOTICE_TEXT = "Removed shared tensor {'src_embed.weight'}"
-
 
 @contextlib.contextmanager
 def private(library: str, what: str, checked: str):
@@ -192,25 +187,6 @@ def is_fsdp(accelerator) -> bool:
     from accelerate.utils import DistributedType
 
     return accelerator.distributed_type == DistributedType.FSDP
-
-
-class _TiedEmbeddingNotice(logging.Filter):
-    """Drops accelerate's "Removed shared tensor {'src_embed.weight'} while saving" warning, printed at every
-    checkpoint: the shared embedding is stored once on purpose and tied again when the model is built."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return TIED_NOTICE_TEXT not in record.getMessage()  # after a [RANK n] prefix
-
-
-@contextlib.contextmanager
-def tied_embedding_notice_muted():
-    """Within the block, accelerate's tied-embedding notice is not logged; the host's logging is left as it was."""
-    logger, quiet = logging.getLogger(TIED_NOTICE_LOGGER), _TiedEmbeddingNotice()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
 
 
 def uvicorn_protocol_with_header_deadline(seconds: float) -> type:

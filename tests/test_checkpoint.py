@@ -1,12 +1,21 @@
-"""nmt.checkpoint: complete step_N folders only, `latest`, atomic publishing and retention."""
+"""nmt.checkpoint: complete step_N folders only, `latest`, atomic publishing and retention; a checkpoint's training
+state in safetensors and JSON, and a tampered state file is damage."""
 
 import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_reliability import losses, train_args
 
 from nmt.checkpoint import (
     COMPLETE,
+    OPTIMIZER_FILE,
+    SCHEDULER_FILE,
+    WEIGHTS_FILE,
     list_checkpoints,
     mark_complete,
     prune,
@@ -14,8 +23,11 @@ from nmt.checkpoint import (
     read_info,
     remove_temporaries,
     resolve_resume,
+    rng_file,
     temp_dir_for,
 )
+from nmt.cli import main
+from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 
 
@@ -85,3 +97,76 @@ def test_temporary_names_are_each_writers_own_and_a_killed_writers_are_removed(t
         d.mkdir(parents=True)
     remove_temporaries(tmp_path)  # what a killed run was writing; nothing else
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["best", "checkpoints", "step_4"]
+
+
+def _tamper_optimizer(step: Path) -> None:
+    """A well-formed optimizer.safetensors whose first moment of one parameter has another shape."""
+    from safetensors import safe_open
+
+    with safe_open(str(step / OPTIMIZER_FILE), framework="pt") as f:
+        meta = f.metadata()
+    tensors = load_file(step / OPTIMIZER_FILE)
+    tensors["state.0.exp_avg"] = torch.zeros(3)
+    save_file(tensors, str(step / OPTIMIZER_FILE), metadata=meta)
+
+
+def _tamper_schedule(step: Path) -> None:
+    state = json.loads((step / SCHEDULER_FILE).read_text())
+    (step / SCHEDULER_FILE).write_text(json.dumps({**state, "last_epoch": "4"}))
+
+
+def _tamper_random_states(step: Path) -> None:
+    tensors = load_file(step / rng_file(0))
+    from safetensors import safe_open
+
+    with safe_open(str(step / rng_file(0)), framework="pt") as f:
+        meta = f.metadata()
+    save_file({**tensors, "torch": tensors["torch"][:-8]}, str(step / rng_file(0)), metadata=meta)
+
+
+@pytest.mark.slow
+def test_a_tampered_optimizer_schedule_or_random_state_falls_back_and_alone_is_one_line(corpus_dir, tmp_path, capsys,
+                                                                                         caplog):
+    args = [str(a) for a in train_args(corpus_dir, tmp_path, "run", 4)]
+    assert main(["train", *args]) == 0
+    first = tmp_path / "run"
+    step_4 = first / "checkpoints" / "step_4"
+    assert sorted(p.name for p in step_4.iterdir()) == sorted(
+        [COMPLETE, WEIGHTS_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, rng_file(0), "tokenizer.json"])  # no pickle
+    cases = {"optimizer.safetensors state 0.exp_avg is (3,)": _tamper_optimizer,
+             "scheduler.json: its state.last_epoch is str, not int": _tamper_schedule,
+             "random_states_0.safetensors cannot be restored: torch is not": _tamper_random_states}
+    for i, (named, tamper) in enumerate(cases.items()):
+        out = tmp_path / f"case{i}"
+        shutil.copytree(first, out)
+        tamper(out / "checkpoints" / "step_4")
+        reset_accelerate_state()
+        caplog.clear()
+        run_args = [str(a) for a in train_args(corpus_dir, tmp_path, f"case{i}", 6)]
+        assert main(["train", *run_args, "--resume", "latest"]) == 0, capsys.readouterr().err
+        assert f"step_4 is damaged: {named}" in caplog.text, caplog.text
+        assert f"falling back to {out / 'checkpoints' / 'step_2'}" in caplog.text
+        assert max(losses(out)) == 6
+    shutil.rmtree(first / "checkpoints" / "step_2")  # nothing to fall back to: one line, exit 2
+    _tamper_optimizer(step_4)
+    reset_accelerate_state()
+    capsys.readouterr()
+    assert main(["train", *[str(a) for a in train_args(corpus_dir, tmp_path, "run", 6)], "--resume", "latest"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "step_4 is damaged: optimizer.safetensors state 0.exp_avg is (3,)" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])
+def test_a_sharded_run_whose_checkpoints_would_be_pickles_is_refused_before_any_work(kind):
+    """(On a CPU accelerate runs FSDP as DDP, so the launch is stood in for by its distributed type.)"""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from nmt.training.state import check_checkpointable
+
+    with pytest.raises(NmtError, match=r"sharded checkpoints are pickles.*multi_gpu.yaml"):
+        check_checkpointable(SimpleNamespace(distributed_type=getattr(DistributedType, kind)))
+    check_checkpointable(SimpleNamespace(distributed_type=DistributedType.MULTI_GPU))  # DDP trains

@@ -2,7 +2,6 @@
 when checked (accelerate 1.15.0, torch 2.13.0, datasets 5.2.0). A failure here names what changed upstream."""
 
 import inspect
-import logging
 import platform
 import subprocess
 import sys
@@ -47,24 +46,6 @@ def test_dataset_fingerprint_follows_the_content():
     assert isinstance(compat.dataset_fingerprint(a), str) and compat.dataset_fingerprint(a)
     assert compat.dataset_fingerprint(a) != compat.dataset_fingerprint(b)
     assert compat.dataset_fingerprint(a) == compat.dataset_fingerprint(datasets.Dataset.from_dict({"x": [1, 2]}))
-
-
-def test_tied_embedding_notice_is_the_text_accelerate_logs(fresh_accelerate_state, caplog):
-    """accelerate's own cleaning of a tied state dict logs the notice we filter, from the logger we filter."""
-    from accelerate.state import PartialState
-    from accelerate.utils.other import clean_state_dict_for_safetensors
-
-    PartialState(cpu=True)  # accelerate's logger needs a state
-    shared = torch.zeros(2)
-    with caplog.at_level(logging.WARNING, logger=compat.TIED_NOTICE_LOGGER):
-        clean_state_dict_for_safetensors({"tgt_embed.weight": shared, "src_embed.weight": shared})
-    notices = [r for r in caplog.records if compat.TIED_NOTICE_TEXT in r.getMessage()]
-    assert notices and notices[0].name == compat.TIED_NOTICE_LOGGER, [r.getMessage() for r in caplog.records]
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger=compat.TIED_NOTICE_LOGGER), compat.tied_embedding_notice_muted():
-        clean_state_dict_for_safetensors({"tgt_embed.weight": shared, "src_embed.weight": shared})
-    assert not [r for r in caplog.records if compat.TIED_NOTICE_TEXT in r.getMessage()]
-    assert not logging.getLogger(compat.TIED_NOTICE_LOGGER).filters  # removed again
 
 
 @pytest.mark.parametrize("kind, fsdp", [("FSDP", True), ("MULTI_GPU", False), ("NO", False)])

@@ -141,7 +141,7 @@ def test_accelerate_launch_two_processes_train_resume_translate(corpus_dir, tmp_
     assert first.stderr.count("valid @ step 4:") == 1  # the main process reports; rank 1 stays quiet
     step4 = tmp_path / "run" / "checkpoints" / "step_4"
     assert json.loads((step4 / "nmt_checkpoint.json").read_text())["num_processes"] == 2
-    assert (step4 / "random_states_1.pkl").is_file()  # rank 1 existed and saved its RNG
+    assert (step4 / "random_states_1.safetensors").is_file()  # rank 1 existed and saved its RNG
     second = accelerate_launch(*args, "--max_steps", "8", "--resume", "latest", cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -164,7 +164,7 @@ def test_accelerate_notebook_launcher_trains_as_one_group(corpus_dir, tmp_path):
     notebook_launcher(run_training, (cfg,), num_processes=2)
     summary = json.loads((Path(cfg.output_dir) / "model" / "training.json").read_text())
     assert summary["num_processes"] == 2
-    assert (Path(cfg.output_dir) / "checkpoints" / "step_4" / "random_states_1.pkl").is_file()
+    assert (Path(cfg.output_dir) / "checkpoints" / "step_4" / "random_states_1.safetensors").is_file()
 
 
 def test_bpe_dropout_and_alpha_tuning_on_two_processes_equal_one(corpus_dir, tmp_path):

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from nmt import Seq2SeqTransformer, train
 from nmt.checkpoint import COMPLETE, list_checkpoints
+from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 from nmt.loading import open_model
@@ -206,19 +207,28 @@ def test_malicious_pickle_in_a_model_dir_is_never_run(tmp_path):
     assert not MARKER.exists()
 
 
-def test_malicious_pickle_in_a_checkpoint_is_refused(tiny_cfg):
+def test_a_pickle_in_a_checkpoint_is_never_unpickled_and_an_old_layout_is_refused_saying_how_to_convert(
+        corpus_dir, tmp_path, capsys, caplog):
     MARKER.unlink(missing_ok=True)
-    tiny_cfg.max_steps = 6
-    train(tiny_cfg)
+    assert main(["train", *map(str, train_args(corpus_dir, tmp_path, "run", 4))]) == 0
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for name in ("optimizer.bin", "random_states_0.pkl"):  # planted beside nmt's own files: damage, never opened
+        (checkpoints / "step_4" / name).write_bytes(pickle.dumps(Boom()))
     reset_accelerate_state()
-    last = list_checkpoints(tiny_cfg.output_dir)[-1]
-    for name in ("optimizer.bin", "random_states_0.pkl"):
-        (last / name).write_bytes(pickle.dumps(Boom()))
-    tiny_cfg.resume, tiny_cfg.max_steps = "latest", 8
-    with pytest.raises(Exception) as info:
-        train(tiny_cfg)
-    message = str(info.value)  # refused by the checkpoint check (an archive that is not one) or by torch's loader
-    assert "optimizer.bin is unreadable" in message or "weights_only" in message or "Weights only" in message
+    again = [*map(str, train_args(corpus_dir, tmp_path, "run", 6)), "--resume", "latest"]
+    assert main(["train", *again]) == 0, capsys.readouterr().err
+    assert "step_4 is damaged: optimizer.bin is a pickle, which nmt never reads" in caplog.text
+    assert f"falling back to {checkpoints / 'step_2'}" in caplog.text
+    for step in list_checkpoints(tmp_path / "run"):  # Accelerate's old layout in every checkpoint
+        (step / "pytorch_model.bin").write_bytes(pickle.dumps(Boom()))
+    reset_accelerate_state()
+    capsys.readouterr()
+    assert main(["train", *map(str, train_args(corpus_dir, tmp_path, "run", 8)), "--resume", "latest"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "pytorch_model.bin is a pickle, which nmt never reads" in lines[0]
+    assert f"--init_from {tmp_path / 'run' / 'best'}" in lines[0]  # how to go on from it
     assert not MARKER.exists()
 
 
@@ -241,7 +251,9 @@ def test_sigterm_on_two_processes_saves_one_checkpoint_and_resumes_bit_exactly(c
     last = list_checkpoints(tmp_path / "run")[-1]
     info = json.loads((last / COMPLETE).read_text())
     assert info["num_processes"] == 2 and info["step"] == max(losses(tmp_path / "run")) < steps
-    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in last.iterdir()}
+    names = {p.name for p in last.iterdir()}
+    assert {"random_states_0.safetensors", "random_states_1.safetensors"} <= names  # each rank's, no pickle
+    assert not any(n.endswith((".bin", ".pkl")) for n in names)
     assert whole.wait(timeout=300) == 0, whole.stderr.read()[-2000:]
     resumed = start(launch_cmd(*train_args(corpus_dir, tmp_path, "run", steps), "--resume", "auto"), tmp_path)
     out, err = resumed.communicate(timeout=300)

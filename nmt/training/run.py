@@ -7,12 +7,14 @@ its data loader, objective and optimizer, resumes from a checkpoint, runs the `L
 finishes: the final model directory, scored on the test set. `nmt check` calls the same functions
 (`pretrained`, `planned`, `time_steps`), so the check shows the plan that training follows.
 
-State lives in Accelerate (`save_state` of the objective, optimizer, scheduler and RNG) plus our JSON
-`TrainState`. The same code runs on 1 process, N processes or N nodes.
+A checkpoint holds the objective's weights, the optimizer's, schedule's and random states (safetensors and JSON:
+`nmt.checkpoint.write_state`, never a pickle, so not Accelerate's `save_state`) and our JSON `TrainState`. The
+same code runs on 1 process, N processes or N nodes.
 
 Fine-tuning from a model directory (`init_from`): its architecture, tokenizer and weights are used as they are
 (the tokenizer is never retrained: a new corpus is encoded with it), while the optimizer, schedule and step
-count start fresh.
+count start fresh. The plan is a fine-tuning one (`nmt.plan`), and the loop validates the starting model before
+its first step and keeps it as the first best, so the model written is never worse on validation than the start.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, model)
     run = Run(accelerator, cfg, corpus, plan=plan, started=started)
-    run.objective, optim = prepare_objective(accelerator, cfg, model, current=lambda: run.cfg)
+    run.objective, run.optim = prepare_objective(accelerator, cfg, model, current=lambda: run.cfg)
     if found:
         run.state = resume(run, sampler, found)
         run.started = started - run.state.elapsed_s  # the budget spent before the resume counts
@@ -129,7 +131,7 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     if run.is_main:
         save_plan(plan, run.out)
     with StopSignals() as signals:
-        stopped_by = Loop(run, optim, loader, sampler)(signals)
+        stopped_by = Loop(run, run.optim, loader, sampler)(signals)
     if stopped_by in ("SIGTERM", "SIGINT"):
         accelerator.end_training()
         return TrainResult(None, run.state.step, stopped_by=stopped_by,
@@ -193,7 +195,12 @@ def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dic
                                   or tokenizer.tgt_vocab_size, kind=_kind(tokenizer))
     out = dataclasses.replace(cfg, model=model_cfg, tokenizer=tok_cfg)
     fixed = set(open_keys(cfg)) - set(open_keys(out))
-    return out, tokenizer, {k: f"the model directory's (init_from {directory})" for k in fixed}
+    why = {k: f"the model directory's (init_from {directory})" for k in fixed}
+    if "model.dropout" in why:  # the plan's dropout for fine-tuning: the one the model was trained with
+        trained_with = (trained.get("model") or {}).get("dropout") == model_cfg.dropout
+        why["model.dropout"] = ("as the model was trained (its training.json)" if trained_with else
+                                f"as the model directory sets it ({directory / CONFIG_FILE})")
+    return out, tokenizer, why
 
 
 def _training_config(directory: Path) -> dict:
@@ -498,7 +505,7 @@ def finish(run: Run) -> TrainResult:
     summary = json.loads((final / SUMMARY_FILE).read_text())
     result = TrainResult(final, run.state.step, {**summary["metrics"], **tuned, "step": summary["step"]},
                          minutes=minutes, max_minutes=run.cfg.max_minutes, stop_reason=run.stop_reason,
-                         epochs=run.epochs, test=test, commands=commands(run.cfg, final))
+                         epochs=run.epochs, test=test, commands=commands(run.cfg, final), start=run.state.start)
     if run.is_main:  # what the end of the run printed, for scripts
         with atomic_file(run.out / "summary.json") as f:
             f.write(json.dumps({**dataclasses.asdict(result), "model_dir": str(final)}, indent=2, default=str))

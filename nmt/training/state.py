@@ -7,7 +7,8 @@ and from where, and the files it writes.
   a checkpoint resumes only the run that wrote it (its config and the fingerprints of its data and tokenizer are
   compared), and a damaged newest checkpoint is named and passed over for the previous complete one.
 - What a run leaves on disk: the run directory (config.yaml, data.json, plan.json, metrics.jsonl), step_N
-  checkpoints (Accelerate's state and the run's tokenizer, written atomically) and inference-ready model
+  checkpoints (weights, optimizer, schedule and random states as safetensors and JSON, never a pickle, and the run's
+  tokenizer, written atomically) and inference-ready model
   directories (best/, model/). Each records the fingerprints of the run's data and tokenizer
   (`nmt.checkpoint.FINGERPRINTS`).
 """
@@ -27,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelerate.logging import get_logger
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 
 from nmt import checkpoint as ckpt
 from nmt import plan as planlib
 from nmt.adapters import save_adapted
-from nmt.checkpoint import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, check_rng_restored, damage, languages_record
-from nmt.compat import is_fsdp, tied_embedding_notice_muted
+from nmt.checkpoint import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, damage, languages_record
+from nmt.compat import is_fsdp
 from nmt.config import TrainConfig, flat, read_yaml, save_yaml, to_dict
 from nmt.data import Corpus, corpora_line, overlap_line
 from nmt.errors import NmtError
@@ -55,10 +56,9 @@ SAMPLE = 2000  # pairs read for the segmentation figures
 
 @dataclass
 class TrainState:
-    """What the loop itself must remember across a resume, stored as JSON beside Accelerate's state.
+    """What the loop itself must remember across a resume, stored as JSON in the checkpoint (nmt_checkpoint.json).
 
-    Not `register_for_checkpointing`: Accelerate unpickles custom objects with weights_only=False,
-    so a tampered checkpoint could run code on resume. JSON cannot.
+    Not `register_for_checkpointing`: Accelerate saves custom objects with torch.save, a pickle. JSON runs no code.
     """
 
     step: int = 0
@@ -70,6 +70,7 @@ class TrainState:
     bad_in_row: int = 0
     elapsed_s: float = 0.0  # wall-clock seconds of the run so far (its time budget), resumes included
     sampler: dict = field(default_factory=dict)  # TokenBatchSampler.state_dict(): epoch and position
+    start: dict = field(default_factory=dict)  # fine-tuning: the starting model's validation scores (before step 1)
 
 
 @dataclass
@@ -79,7 +80,8 @@ class Run:
     accelerator: object  # accelerate.Accelerator
     resolved: TrainConfig  # the config resolved for the run (nmt.plan.resolve), as it started: never edited
     corpus: Corpus
-    objective: object = None  # the prepared Seq2SeqLoss (wrapped by DDP/FSDP on several processes)
+    objective: object = None  # the prepared Seq2SeqLoss (wrapped by DDP on several processes)
+    optim: object = None  # its prepared Optim (nmt.training.loop): the optimizer and schedule a checkpoint holds
     state: TrainState = field(default_factory=TrainState)
     plan: planlib.Plan | None = None  # what nmt chose for the run (nmt.plan), re-timed once under a time budget
     started: float = field(default_factory=time.monotonic)  # time.monotonic() when the run's clock started
@@ -127,6 +129,7 @@ class TrainResult:
     epochs: float | None = None  # epochs trained
     test: dict = field(default_factory=dict)  # the final model on the test set (beam 4): bleu, chrf, pairs
     commands: list[str] = field(default_factory=list)  # how to translate and evaluate with the model
+    start: dict = field(default_factory=dict)  # fine-tuning: the starting model's validation scores
 
     def summary(self) -> str:
         """What the user has, for the terminal."""
@@ -141,12 +144,23 @@ class TrainResult:
                           isinstance(self.best.get(k), float))
         if valid:
             lines.append(f"  best validation: {valid}" + (f" (step {self.best['step']:,})" if "step" in self.best else ""))
+        if self.start:
+            lines.append("  " + start_line(self.start, self.best))
         lines.append(f"  model: {self.model_dir}")
         if self.test:
             lines.append(f"  test (beam 4, {self.test['pairs']:,} pairs): BLEU {self.test['bleu']:.2f}, "
                          f"chrF {self.test['chrf']:.2f}")
         lines += [f"  {c}" for c in self.commands]
         return "\n".join(lines)
+
+
+def start_line(start: dict, best: dict) -> str:
+    """Fine-tuning's start -> best on validation, and whether any step beat the start."""
+    key, name = ("bleu", "BLEU") if "bleu" in start else ("valid_nll", "validation nll")
+    line = f"start -> best: {name} {start[key]:.2f} -> {best.get(key, start[key]):.2f}"
+    if best.get("step") == 0:
+        return line + " (no step beat the start: the model written is the starting model)"
+    return line + f" (step {best['step']:,})" if "step" in best else line
 
 
 # --- which run: the output_dir a run claims (a fresh run, a resume, or --overwrite) ------------------------------
@@ -160,6 +174,7 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise NmtError(f"output_dir {out}: is a file; give a folder (it is made if missing)")
+    check_checkpointable(accelerator)
     lock_output_dir(accelerator, out)
     found = ckpt.resume_candidates(cfg.resume, out)
     used = out.is_dir() and any(out.iterdir())
@@ -190,6 +205,16 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
     if accelerator.is_main_process:
         ckpt.remove_temporaries(out)  # what a killed run was writing (this run holds the lock: nobody else is)
     return found
+
+
+def check_checkpointable(accelerator) -> None:
+    """nmt's checkpoints hold no pickle; the sharded checkpoints of FSDP (torch.distributed.checkpoint's metadata)
+    and of DeepSpeed (its engine's torch.save files) are pickles, so those are refused before any work."""
+    sharded = {DistributedType.FSDP: "FSDP", DistributedType.DEEPSPEED: "DeepSpeed"}.get(accelerator.distributed_type)
+    if is_fsdp(accelerator) or sharded:
+        raise NmtError(f"nmt train under {sharded or 'FSDP'}: its sharded checkpoints are pickles, and nmt writes and "
+                       "reads none (a checkpoint could run code when resumed); launch with "
+                       "accelerate_configs/multi_gpu.yaml (DDP: each GPU holds the whole model and its optimizer)")
 
 
 def _refuse_inputs_inside(cfg: TrainConfig, out: Path) -> None:
@@ -352,23 +377,45 @@ def resumed_tokenizer(found: list[Path]) -> PairTokenizer | None:
 
 
 def pick_checkpoint(run: Run, found: list[Path]) -> Path:
-    """The newest of `found` that is whole on every process; damaged ones are named (an explicit path that is
-    damaged stops with the name of the previous complete checkpoint)."""
+    """The newest of `found` that is whole on every process, restored into the run; damaged ones (a file unreadable,
+    cut short, tampered with or a pickle) are named and passed over (an explicit path that is damaged stops with the
+    name of the previous complete checkpoint)."""
     accelerator = run.accelerator
     explicit = run.cfg.resume not in ("latest", "auto")
+    newest = None
     for i, path in enumerate(found):
-        problems = [p for p in gather_object([damage(path, accelerator.process_index)]) if p]
+        problem = damage(path, accelerator.process_index) or restore(run, path)
+        problems = [p for p in gather_object([problem]) if p]
         if not problems:
             return path
         what = f"checkpoint {path} is damaged: {problems[0]}"
+        newest = newest or what
         earlier = [p for p in ckpt.list_checkpoints(run.out) if _step(p) < _step(path)]
         if explicit:
             hint = f"resume from {earlier[-1]} (--resume {earlier[-1]})" if earlier else "start a fresh run"
             raise NmtError(f"{what}; {hint}")
         if i + 1 < len(found):
             log.warning(f"{what}; falling back to {found[i + 1]}", main_process_only=True)
-    raise NmtError(f"every checkpoint in {ckpt.checkpoints_dir(run.out)} is damaged (newest: {what}); "
+    raise NmtError(f"every checkpoint in {ckpt.checkpoints_dir(run.out)} is damaged (newest: {newest}); "
                    "start over with --overwrite")
+
+
+def restore(run: Run, path: Path) -> str | None:
+    """Checkpoint `path`'s weights, optimizer, schedule, loss scaler and this process's random states into the run;
+    what makes it damaged when it cannot be (nothing is applied then, but for weights read before a later file
+    failed, which the checkpoint restored next replaces). Weights that do not fit the model stop the run, named."""
+    accelerator, optimizer, scheduler = run.accelerator, run.optim.optimizer, run.optim.scheduler
+    try:
+        saved = ckpt.read_state(path, accelerator.process_index, optimizer, scheduler, accelerator.scaler)
+        try:
+            ckpt.load_weights(accelerator.unwrap_model(run.objective), path)
+        except RuntimeError as e:  # weights of another model size: name the tensor, both shapes and the changed keys
+            raise load_state_error(e, path, run.cfg) from None
+        ckpt.apply_state(saved, optimizer, scheduler, accelerator.scaler)
+    except ckpt.StateDamage as e:
+        return str(e)
+    accelerator.step = saved.accelerator_step  # where gradient accumulation stands (Accelerate's own counter)
+    return None
 
 
 def _step(path: Path) -> int:
@@ -377,17 +424,12 @@ def _step(path: Path) -> int:
 
 
 def resume(run: Run, sampler, found: list[Path]) -> TrainState:
-    """Restore model, optimizer, scheduler and RNG (Accelerate, weights_only loads) and our JSON state, from
-    the newest whole checkpoint of `found` that this run wrote."""
+    """Restore model, optimizer, scheduler and random states (safetensors and JSON, `restore`) and our JSON state,
+    from the newest whole checkpoint of `found` that this run wrote."""
     accelerator = run.accelerator
     check_same_run(found[0], run.cfg)
     path = pick_checkpoint(run, found)
     check_same_data(path, run)
-    try:
-        accelerator.load_state(str(path))
-    except RuntimeError as e:  # weights of another model size: name the tensor, both shapes and the changed keys
-        raise load_state_error(e, path, run.cfg) from None
-    check_rng_restored(path, accelerator.process_index)
     info = ckpt.read_info(path)
     state = TrainState(**info["state"])
     sampler.load_state_dict(state.sampler)
@@ -493,8 +535,9 @@ def plain_weights(accelerator, objective) -> dict:
 
 
 def save_checkpoint(run: Run) -> None:
-    """accelerator.save_state and the run's tokenizer (a resume encodes with it, never training another) into a
-    temporary folder, renamed to step_N once complete."""
+    """The training state (`nmt.checkpoint.write_state`: weights, optimizer, schedule and random states, no pickle)
+    and the run's tokenizer (a resume encodes with it, never training another) into a temporary folder, renamed
+    to step_N once complete."""
     accelerator, state = run.accelerator, run.state
     final = ckpt.checkpoints_dir(run.out) / f"step_{state.step}"
     tmp = [ckpt.temp_dir_for(final)]  # the main process's name, shared by every process writing into it
@@ -502,8 +545,8 @@ def save_checkpoint(run: Run) -> None:
         broadcast_object_list(tmp)
     tmp = tmp[0]
     accelerator.wait_for_everyone()
-    with tied_embedding_notice_muted():  # only around save_state: nmt leaves its host's logging alone
-        accelerator.save_state(str(tmp))
+    ckpt.write_state(tmp, accelerator.process_index, run.is_main, accelerator.unwrap_model(run.objective),
+                     run.optim.optimizer, run.optim.scheduler, accelerator.scaler, accelerator.step)
     accelerator.wait_for_everyone()
     if run.is_main:
         run.corpus.tokenizer.save(tmp)
