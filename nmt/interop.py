@@ -19,6 +19,7 @@ away from the halves layout; a permutation applied to every weight that reads or
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -35,6 +36,19 @@ REFUSED_KEYS = ("auto_map", "custom_pipelines", "quantization_config")  # config
 ATTENTION_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
                   "experts_implementation", "_experts_implementation", "_experts_implementation_internal")
 SHARD = re.compile(r"[\w.-]+\.safetensors")  # a weights shard's file name, in the directory itself
+# a multilingual model's language tokens: M2M100's __de__ (the code inside), NLLB's deu_Latn (the code itself)
+M2M100_LANG, NLLB_LANG = re.compile(r"__([a-z]{2,3}(?:_[A-Za-z]{2,4})?)__"), re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
+# ISO 639-1 -> the ISO 639-3 code NLLB names the language (or its standard variety) by
+ISO639_3 = dict(pair.split(":") for pair in """af:afr ak:aka am:amh ar:arb as:asm ay:ayr az:azj ba:bak be:bel bg:bul
+bm:bam bn:ben bo:bod bs:bos ca:cat cs:ces cy:cym da:dan de:deu dz:dzo ee:ewe el:ell en:eng eo:epo es:spa et:est eu:eus
+fa:pes ff:fuv fi:fin fj:fij fo:fao fr:fra ga:gle gd:gla gl:glg gn:grn gu:guj ha:hau he:heb hi:hin hr:hrv ht:hat hu:hun
+hy:hye id:ind ig:ibo is:isl it:ita ja:jpn jv:jav ka:kat kg:kon ki:kik kk:kaz km:khm kn:kan ko:kor kr:knc ks:kas ku:kmr
+ky:kir lb:ltz lg:lug li:lim ln:lin lo:lao lt:lit lv:lvs mg:plt mi:mri mk:mkd ml:mal mn:khk mr:mar ms:zsm mt:mlt my:mya
+nb:nob ne:npi nl:nld nn:nno no:nob ny:nya oc:oci om:gaz or:ory pa:pan pl:pol ps:pbt pt:por qu:quy rn:run ro:ron ru:rus
+rw:kin sa:san sc:srd sd:snd sg:sag si:sin sk:slk sl:slv sm:smo sn:sna so:som sq:als sr:srp ss:ssw st:sot su:sun sv:swe
+sw:swh ta:tam te:tel tg:tgk th:tha ti:tir tk:tuk tl:tgl tn:tsn tr:tur ts:tso tt:tat tw:twi ug:uig uk:ukr ur:urd uz:uzn
+vi:vie wo:wol xh:xho yi:ydd yo:yor zh:zho zu:zul""".split())
+log = logging.getLogger(__name__)
 
 
 def require_transformers():
@@ -225,15 +239,70 @@ def tokenizer_from_hf(hf_dir: str | Path, config=None, src_lang: str | None = No
         raise NmtError(f"{hf_dir}: no tokenizer.json, nor Marian's source.spm + target.spm + vocab.json; save the "
                        "model's tokenizer there (tokenizer.save_pretrained), as a fast tokenizer where it has one")
     if config.model_type == M2M100:
-        if not (src_lang and tgt_lang):
-            raise NmtError(f"{hf_dir} is a multilingual M2M100/NLLB model: give --src-lang and --tgt-lang, its "
-                           "language tokens (e.g. __en__ __de__, or eng_Latn deu_Latn)")
-        tgt = with_template(src, f"{tgt_lang} $A", [tgt_lang])
-        src = with_template(src, f"{src_lang} $A </s>", [src_lang, "</s>"])
+        languages = model_languages(src, hf_dir)
+        if not src_lang:
+            raise NmtError(f"{hf_dir} is a multilingual M2M100/NLLB model: import it with its source language, nmt "
+                           f"import {hf_dir} OUT --src-lang CODE (--tgt-lang CODE too, to fine-tune into one "
+                           f"language); its languages: {', '.join(languages)}")
+        src_token = language_token(src_lang, languages, "--src-lang")
+        tgt = src  # without --tgt-lang: a target language per translation (the forced first token), no template
+        if tgt_lang:
+            tgt_token = language_token(tgt_lang, languages, "--tgt-lang")
+            tgt = with_template(src, f"{tgt_token} $A", [tgt_token])
+        src = with_template(src, f"{src_token} $A </s>", [src_token, "</s>"])
     elif src_lang or tgt_lang:
         raise NmtError(f"{hf_dir}: --src-lang/--tgt-lang are for multilingual M2M100/NLLB models; a Marian model "
                        "translates one language pair")
     return PairTokenizer(src, tgt)
+
+
+def model_languages(tokenizer, where: Path) -> dict[str, str]:
+    """A multilingual model's languages as its tokenizer's added tokens name them: code -> language token (`de` ->
+    `__de__` of M2M100, `deu_Latn` -> `deu_Latn` of NLLB), each code checked by config's one rule (`check_lang_code`)."""
+    from nmt.config import check_lang_code
+
+    found = {}
+    for token in sorted(t.content for t in tokenizer.get_added_tokens_decoder().values()):
+        m = M2M100_LANG.fullmatch(token)
+        code = m[1] if m else token if NLLB_LANG.fullmatch(token) else None
+        if code is not None:
+            found[check_lang_code(code, f"{where}: language token {token!r}")] = token
+    if not found:
+        raise NmtError(f"{where}: the tokenizer has no language tokens (M2M100's __en__, NLLB's eng_Latn); nmt "
+                       "imports a multilingual model with them")
+    return found
+
+
+def language_aliases(languages: dict[str, str]) -> dict[str, str]:
+    """The other names a user may give a model's language codes: its token (`__de__`), the ISO 639-1 code of an
+    NLLB code (`de` for `deu_Latn`) and its ISO 639-3 part (`deu`), where exactly one of the model's codes has it."""
+    by_iso3: dict[str, list[str]] = {}
+    for code in languages:
+        by_iso3.setdefault(code.split("_")[0], []).append(code)
+    aliases = {token: code for code, token in languages.items() if token != code}
+    for iso1, iso3 in ISO639_3.items():
+        if len(by_iso3.get(iso3, ())) == 1 and iso1 not in languages:
+            aliases[iso1] = by_iso3[iso3][0]
+    aliases |= {iso3: codes[0] for iso3, codes in by_iso3.items() if len(codes) == 1 and iso3 not in languages}
+    return aliases
+
+
+def language_token(given: str, languages: dict[str, str], flag: str, say: bool = True) -> str:
+    """The language token the code `given` names in a model of `languages` (code -> token, `model_languages`):
+    the code itself, its token, or an alias (`language_aliases`: de -> deu_Latn), the mapping said when it is
+    one; another code is an NmtError listing the model's codes."""
+    from nmt.config import check_lang_code
+
+    check_lang_code(given, flag)
+    code = given if given in languages else language_aliases(languages).get(given)
+    if code is None:
+        near = [c for c in languages if c.split("_")[0] == ISO639_3.get(given, given)]
+        hint = f" ({given} could be {' or '.join(near)}: give one)" if near else ""
+        raise NmtError(f"{flag} {given!r} is not a language of this model{hint}; its languages: "
+                       f"{', '.join(languages)}")
+    if say and given != languages[code]:
+        log.info("%s %s is %s in this model", flag, given, languages[code])
+    return languages[code]
 
 
 def _read_json(path: Path) -> dict:
@@ -245,6 +314,8 @@ def _read_json(path: Path) -> dict:
 def _spm_tokenizer(path: Path, vocab: dict[str, int]):
     """One side of a Marian tokenizer: the SentencePiece model's segmentation (its pieces and scores), with the ids
     of the joint vocab.json (see `_foreign` for the pieces of the other side's model)."""
+    from nmt.tokenizer import stripping_decoder
+
     try:
         from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
         proto = import_protobuf().ModelProto()
@@ -256,22 +327,23 @@ def _spm_tokenizer(path: Path, vocab: dict[str, int]):
     proto.ParseFromString(path.read_bytes())
     if proto.trainer_spec.model_type != 1:  # sentencepiece's ModelType.UNIGRAM
         raise NmtError(f"{path}: not a unigram SentencePiece model; nmt imports Marian's unigram models")
-    scores = {p.piece: p.score for p in proto.pieces}
-    missing = [p for p in scores if p not in vocab]
-    if missing:
-        raise NmtError(f"{path}: {len(missing)} of its pieces (e.g. {missing[0]!r}) are not in vocab.json, so "
-                       "transformers gives them <unk>; nmt cannot import that mapping")
     ids = sorted(vocab.values())
     if ids != list(range(len(ids))):
         raise NmtError(f"{path.parent / 'vocab.json'}: ids are not 0..{len(ids) - 1}")
     unk = proto.trainer_spec.unk_piece
-    if vocab.get(unk) != proto.trainer_spec.unk_id:
-        raise NmtError(f"{path}: its unknown piece {unk!r} has id {proto.trainer_spec.unk_id} there but "
-                       f"{vocab.get(unk)} in vocab.json; nmt cannot import that mapping")
-    lowest = min(scores.values())
+    if unk not in vocab:
+        raise NmtError(f"{path.parent / 'vocab.json'}: no {unk!r} (the unknown piece of {path.name}); transformers "
+                       "needs it too: add it to vocab.json")
+    # MarianTokenizer looks each piece the SentencePiece model gives up in vocab.json, and a piece missing there
+    # (its control piece <s>, a character only ever seen inside longer pieces) is <unk>: here such a piece is not
+    # in the segmenter, whose unknown piece is vocab.json's <unk>.
+    proto.trainer_spec.unk_id = vocab[unk]
+    scores = {p.piece: p.score for p in proto.pieces if p.piece in vocab}
+    lowest = min(p.score for p in proto.pieces)
     pieces = sorted(vocab, key=vocab.get)
     tok = SpmConverter.build_tokenizer_from_spm_proto(proto, [(p, scores.get(p, _foreign(p, lowest))) for p in pieces])
     tok.add_special_tokens([t for t in ("</s>", "<unk>", "<pad>") if t in vocab])
+    tok.decoder = stripping_decoder()  # as MarianTokenizer strips the text it decodes
     return tok
 
 
@@ -292,19 +364,28 @@ def _fill_vocabulary(tokenizer, rows: int) -> None:
 
 
 def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, tgt_lang: str | None = None,
-              force: bool = False) -> Path:
-    """`nmt import HF_DIR OUT`: the model and tokenizer of a transformers directory as an nmt model directory, written
-    under a temporary name and renamed into place (an existing non-empty OUT only with `force`, never HF_DIR)."""
+              force: bool = False, revision: str | None = None) -> Path:
+    """`nmt import HF_DIR OUT`: the model and tokenizer of a transformers directory (or of a Hub id, `ORG/NAME` at
+    `revision`, resolved by `nmt.hub.resolve`) as an nmt model directory, written under a temporary name and renamed
+    into place (an existing non-empty OUT only with `force`, never HF_DIR)."""
     from nmt.checkpoint import check_output_dir, write_directory
+    from nmt.hub import resolve
 
-    hf_dir, out = Path(hf_dir), Path(out)
+    hf_dir, out = resolve(hf_dir, revision), Path(out)
     check_output_dir(out, [hf_dir], force, "OUT")
     config = _hf_config(hf_dir)
     tokenizer = tokenizer_from_hf(hf_dir, config, src_lang, tgt_lang)
     model = model_from_hf(hf_dir)
     cfg = model.cfg
-    if tgt_lang:
-        cfg.forced_bos_id = tokenizer.tgt.token_to_id(tgt_lang)  # as generate(forced_bos_token_id=...) does
+    record = None
+    if config.model_type == M2M100:  # every language of the model stays a target (`nmt translate --tgt-lang`)
+        from nmt.checkpoint import languages_record
+
+        languages = model_languages(tokenizer.src, hf_dir)
+        record = languages_record([], list(languages), []) | {"first_tokens": languages,
+                                                               "aliases": language_aliases(languages)}
+        if tgt_lang:  # the default target, as generate(forced_bos_token_id=...) does
+            cfg.forced_bos_id = tokenizer.tgt.token_to_id(language_token(tgt_lang, languages, "--tgt-lang", say=False))
     for name, token in (("pad_id", "<pad>"), ("eos_id", "</s>")):
         if tokenizer.tgt.token_to_id(token) != getattr(cfg, name):
             raise NmtError(f"{hf_dir}: config.json's {name.replace('_id', '_token_id')} is {getattr(cfg, name)} but "
@@ -313,10 +394,56 @@ def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, 
         _fill_vocabulary(getattr(tokenizer, side), rows)
     tokenizer.check_fits(cfg.src_vocab_size, cfg.tgt_vocab_size, hf_dir)
     def write(partial: Path) -> None:
+        import json
+
+        from nmt.checkpoint import LANGUAGES_FILE
+
         model.save_pretrained(partial)
         tokenizer.save(partial)
+        if record is not None:
+            (partial / LANGUAGES_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
 
     return write_directory(out, write)
+
+
+def model_directory(name_or_path: str | Path, revision: str | None = None, flag: str = "MODEL_DIR") -> Path:
+    """The nmt model directory that `name_or_path` names for the commands that run a model (translate, evaluate,
+    score, serve, init_from): a path as it is, a Hub id's snapshot (`nmt.hub.resolve`) when it holds an nmt model
+    directory, and when it holds a transformers translation model, its import, made once into `nmt.hub.nmt_cache()`
+    under the commit and reused. A local transformers directory is for `nmt import`: nmt keeps no copy of a folder
+    that may change, while a Hub snapshot is a commit and does not."""
+    from nmt.hub import nmt_cache, resolve
+
+    directory = resolve(name_or_path, revision)
+    if not _is_transformers_dir(directory):
+        return directory
+    if directory == Path(name_or_path):
+        raise NmtError(f"{flag} {directory} is a transformers model directory; make an nmt model directory of it "
+                       f"first: nmt import {directory} OUT, then give OUT")
+    repo_id, commit = str(name_or_path), directory.name
+    out = nmt_cache() / repo_id.replace("/", "--") / commit
+    if (out / "config.json").is_file():
+        return out
+    if _read_json(directory / "config.json").get("model_type") == M2M100:
+        raise NmtError(f"{repo_id} is a multilingual M2M100/NLLB model: import it with its source language, nmt "
+                       f"import {repo_id} OUT --src-lang CODE, then give OUT")
+    log.info("importing %s (commit %s) into %s", repo_id, commit[:12], out)
+    try:
+        return import_hf(directory, out)
+    except NmtError:
+        if (out / "config.json").is_file():  # another process (a rank of the same launch) imported it meanwhile
+            return out
+        raise
+
+
+def _is_transformers_dir(directory: Path) -> bool:
+    """Whether `directory` holds a transformers model (its config.json names a model_type) rather than nmt's."""
+    import json
+
+    try:
+        return "model_type" in json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
 
 
 # --- export: nmt -> transformers ------------------------------------------------------------------------------
@@ -425,11 +552,25 @@ def hf_model_from_nmt(model):
         norm(enc.layer_norm, model.enc_norm)
         norm(dec.layer_norm, model.dec_norm)
     hf.tie_weights()
-    never = sorted({cfg.pad_id, cfg.bos_id} - {cfg.eos_id})
-    hf.generation_config = transformers.GenerationConfig(
-        decoder_start_token_id=cfg.bos_id, pad_token_id=cfg.pad_id, eos_token_id=cfg.eos_id,
-        forced_bos_token_id=cfg.forced_bos_id, suppress_tokens=never, num_beams=1, do_sample=False)
+    hf.generation_config = generation_config(cfg)
     return hf
+
+
+def generation_config(cfg: ModelConfig):
+    """What `generate` needs to search as `nmt translate --beam 1` does: nmt's decoder start, never <pad> or <s>,
+    the target language first (M2M100), </s> forced at the length limit, and that limit as its largest value
+    (nmt's default max_new_tokens, within the position table; `max_length` counts the decoder start). nmt's limit
+    also shrinks with the source (max_len_a + max_len_b * source length), which no generation setting expresses:
+    a translation that has not ended by then is cut there by nmt and goes on in transformers."""
+    from nmt.decoding import SearchConfig
+
+    transformers = require_transformers()
+    most = min(SearchConfig().max_new_tokens, cfg.max_positions - 1)
+    return transformers.GenerationConfig(
+        decoder_start_token_id=cfg.bos_id, pad_token_id=cfg.pad_id, eos_token_id=cfg.eos_id,
+        forced_bos_token_id=cfg.forced_bos_id, forced_eos_token_id=cfg.eos_id,
+        suppress_tokens=sorted({cfg.pad_id, cfg.bos_id} - {cfg.eos_id}), max_length=most + 1, num_beams=1,
+        do_sample=False)
 
 
 def hf_tokenizer_from_nmt(tokenizer, cfg: ModelConfig):
@@ -437,14 +578,81 @@ def hf_tokenizer_from_nmt(tokenizer, cfg: ModelConfig):
     from nmt.tokenizer import with_template
 
     transformers = require_transformers()
+    if not tokenizer.one_file and tokenizer.joint and all(map(_is_sentencepiece, (tokenizer.src, tokenizer.tgt))):
+        return _marian_tokenizer(tokenizer)
     if not tokenizer.one_file:
-        raise NmtError("the model has separate source and target tokenizers (tokenizer.src.json, tokenizer.tgt.json): "
+        raise NmtError("the model has separate source and target tokenizers (tokenizer.src.json, tokenizer.tgt.json) "
+                       "that are not SentencePiece segmenters over one vocabulary (as an imported Marian model's are): "
                        "a transformers tokenizer is one; train with tokenizer.joint true")
     tok = tokenizer.src if tokenizer.src_specials else with_template(tokenizer.src, "$A </s>", ["</s>"])
     name = tok.id_to_token
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=name(cfg.pad_id), eos_token=name(cfg.eos_id),
         unk_token=name(tokenizer.unk_id), bos_token=name(cfg.bos_id) if cfg.bos_id != cfg.pad_id else None)
+
+
+def _is_sentencepiece(tok) -> bool:
+    """Whether `tok` is a unigram SentencePiece segmenter as `nmt import` converts one (Metaspace, no template)."""
+    import json
+
+    data = json.loads(tok.to_str())
+    pre = data.get("pre_tokenizer") or {}
+    return (data["model"].get("type") == "Unigram" and data.get("post_processor") is None
+            and "Metaspace" in json.dumps(pre))
+
+
+def _spm_proto(tok) -> bytes:
+    """The SentencePiece model (a serialized ModelProto) that segments as the unigram tokenizer `tok` does: its
+    pieces, scores and ids, its normalization (the precompiled character map, whitespace rules, dummy prefix), and
+    </s>, <pad> and other added tokens as control pieces, <unk> as the unknown piece."""
+    import base64
+    import json
+
+    from transformers.convert_slow_tokenizer import import_protobuf
+
+    data = json.loads(tok.to_str())
+    proto = import_protobuf().ModelProto()
+    added = {t["content"] for t in data["added_tokens"]}
+    unk_id = data["model"]["unk_id"]
+    for i, (piece, score) in enumerate(data["model"]["vocab"]):
+        kind = 2 if i == unk_id else 3 if piece in added else 1  # UNKNOWN, CONTROL, NORMAL
+        proto.pieces.add(piece=piece, score=score, type=kind)
+    spec = proto.trainer_spec
+    spec.model_type, spec.vocab_size, spec.unk_id, spec.bos_id = 1, len(proto.pieces), unk_id, -1  # 1: UNIGRAM
+    spec.unk_piece = proto.pieces[unk_id].piece
+    for name, piece in (("eos", "</s>"), ("pad", "<pad>")):
+        setattr(spec, f"{name}_id", -1 if tok.token_to_id(piece) is None else tok.token_to_id(piece))
+        setattr(spec, f"{name}_piece", piece)
+    norms = data["normalizer"]["normalizers"] if data["normalizer"]["type"] == "Sequence" else [data["normalizer"]]
+    norm = proto.normalizer_spec
+    norm.name = "identity"
+    for part in norms:
+        if part["type"] == "Precompiled":
+            norm.precompiled_charsmap = base64.b64decode(part["precompiled_charsmap"])
+    norm.remove_extra_whitespaces = any(part.get("pattern") == {"Regex": "\\A +| +\\z"} for part in norms)
+    norm.escape_whitespaces = True
+    norm.add_dummy_prefix = '"prepend_scheme": "never"' not in json.dumps(data["pre_tokenizer"])
+    return proto.SerializeToString()
+
+
+def _marian_tokenizer(tokenizer):
+    """A `MarianTokenizer` over nmt's two SentencePiece segmenters (an imported Marian model's) and their one
+    vocabulary: source.spm and target.spm segment as tokenizer.src.json and tokenizer.tgt.json do, and vocab.json
+    gives their ids."""
+    import json
+    import tempfile
+
+    transformers = require_transformers()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "source.spm").write_bytes(_spm_proto(tokenizer.src))
+        (d / "target.spm").write_bytes(_spm_proto(tokenizer.tgt))
+        vocab = tokenizer.tgt.get_vocab(with_added_tokens=True)
+        (d / "vocab.json").write_text(json.dumps(dict(sorted(vocab.items(), key=lambda kv: kv[1])),
+                                                 ensure_ascii=False), encoding="utf-8")
+        # the models are read into memory here, and save_pretrained writes them from there
+        return transformers.MarianTokenizer(source_spm=str(d / "source.spm"), target_spm=str(d / "target.spm"),
+                                            vocab=str(d / "vocab.json"))
 
 
 def export_transformers(model_dir: str | Path, out: str | Path, force: bool = False) -> tuple[Path, str]:
