@@ -59,6 +59,9 @@ STEPS = 3
 # --max_minutes wins, so the budget plan runs as it does for 25 minutes, on a budget of 6 seconds.
 TINY_BUDGET = ["--max_minutes", "0.1"]
 LINKED = ["configs", "accelerate_configs", "run.py", "run.sh", "tests", "pyproject.toml"]
+# The Hub ids README's commands name: an offline Hugging Face cache (HF_HUB_CACHE) holds a Marian model as OPUS-MT
+# ships one under each, built when a command first names it
+HUB_MODELS = ("Helsinki-NLP/opus-mt-en-de",)
 
 
 # --- README: each command of its fenced blocks runs ---------------------------------------------------------------
@@ -132,7 +135,8 @@ class Readme:
         # the scratch venv is active; HOME is scratch (accelerate's default config, ~/.cache/nmt)
         self.env.update(PATH=f"{self.dir / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", HOME=str(tmp / "home"),
                         OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-                        HF_DATASETS_OFFLINE="1", PYTHONPATH=str(ROOT))
+                        HF_DATASETS_OFFLINE="1", PYTHONPATH=str(ROOT), HF_HUB_CACHE=str(tmp / "hf-cache"))
+        self.hub_built: set[str] = set()
 
     def run(self, cmd: Cmd, monkeypatch) -> None:
         if (error := self.outcome(cmd, monkeypatch)) is not None:
@@ -151,10 +155,24 @@ class Readme:
 
     def _once(self, cmd: Cmd, monkeypatch) -> None:
         try:
+            self.build_hub_models(cmd)
             RUNNERS[runner_for(cmd)](self, cmd, monkeypatch)
             self.done[cmd] = None
         except BaseException as e:  # noqa: BLE001 (recorded for the commands that need this one)
             self.done[cmd] = e
+
+    def build_hub_models(self, cmd: Cmd) -> None:
+        """The HUB_MODELS `cmd` names, in the offline cache as huggingface_hub lays out a download."""
+        from helpers import hub_cache_entry, marian_directory
+
+        from nmt.synthetic import generate_pairs
+
+        for repo_id in HUB_MODELS:
+            if repo_id in cmd.text and repo_id not in self.hub_built:
+                built = self.dir.parent / "hub-models" / repo_id.replace("/", "--")
+                built.mkdir(parents=True)
+                hub_cache_entry(self.env["HF_HUB_CACHE"], repo_id, marian_directory(built, generate_pairs(300, seed=7)))
+                self.hub_built.add(repo_id)
 
     def shell(self, text: str, extra: list[str] = ()) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", "-c", " ".join([text, *map(shlex.quote, extra)])], cwd=self.dir, env=self.env,
@@ -207,7 +225,7 @@ def run_own_corpus(readme: Readme, cmd: Cmd, monkeypatch) -> None:
     out = readme.dir / cfg.output_dir
     assert f"  model: {cfg.output_dir}/model" in proc.stdout and "stopped: the time budget is spent" in proc.stdout, \
         tail(proc)
-    assert "nmt: plan: chosen for the " in proc.stdout + proc.stderr, tail(proc)
+    assert re.search(r"^nmt: plan: (fine-tuning \S+, )?chosen for the ", proc.stdout + proc.stderr, re.M), tail(proc)
     assert (out / "plan.json").is_file() and (out / "model" / "model.safetensors").is_file()
 
 
@@ -300,16 +318,18 @@ def run_curl(readme: Readme, cmd: Cmd, monkeypatch) -> None:
 
 
 def run_import(readme: Readme, cmd: Cmd, monkeypatch) -> None:
-    """`nmt import` of a Marian directory as OPUS-MT ships one (random weights, SentencePiece models of the test
-    corpus, built offline where the command names it) writes an nmt model directory that translates."""
+    """`nmt import` of a Marian model as OPUS-MT ships one (random weights, SentencePiece models of the test
+    corpus, built offline: in the Hub cache for a Hub id of HUB_MODELS, else where the command names it) writes an
+    nmt model directory that translates."""
     from helpers import marian_directory
 
     from nmt.synthetic import generate_pairs
 
     _, argv = split_env(cmd.text)
     hf_dir, out = readme.dir / argv[2], readme.dir / argv[3]
-    hf_dir.mkdir()
-    marian_directory(hf_dir, generate_pairs(300, seed=7))
+    if argv[2] not in HUB_MODELS:
+        hf_dir.mkdir()
+        marian_directory(hf_dir, generate_pairs(300, seed=7))
     proc = readme.shell(cmd.text)
     assert proc.returncode == 0, tail(proc)
     assert {"config.json", "model.safetensors"} <= {p.name for p in out.iterdir()}, tail(proc)
