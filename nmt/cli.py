@@ -136,7 +136,7 @@ def _add_translate(sub) -> None:
     p.add_argument("--nbest", type=Number(int, "nmt.decoding:SearchConfig.nbest"), default=1,
                    help="hypotheses per sentence (tab-separated with scores; at most --beam)")
     p.add_argument("--scores", action="store_true", help="TSV: each translation, its mean log-probability per token "
-                   "(</s> included) and a 0-1 confidence, exp of that mean (docs/serving.md); needs MODEL_DIR")
+                   "(</s> included) and a 0-1 confidence, exp of that mean (docs/serving.md)")
     p.add_argument("--paragraphs", action="store_true", help="a document: each paragraph (lines up to a blank "
                    "line) split into sentences (nmt.sentences' rule), translated, and written as one line; blank "
                    "lines kept")

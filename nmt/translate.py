@@ -215,13 +215,11 @@ class Translator:
         limit, a vocabulary smaller than the beam), the last one found repeats.
         `with_scores=True` returns a `Scored` (text, score, mean_logprob, confidence) in place of each string or
         pair; a split sentence's mean log-probability is over all its pieces' tokens. Sampled translations carry
-        the model's own log-probabilities of the drawn tokens (before the temperature).
+        the model's own log-probabilities of the drawn tokens (before the temperature); CTranslate2's, those of
+        its forced decoding of each translation (`CT2Model.add_logprobs`).
         """
         if long_inputs not in ("truncate", "split"):
             raise NmtError(f"long_inputs must be 'truncate' or 'split', got {long_inputs!r}")
-        if with_scores and self.backend != "torch":
-            raise NmtError("confidence scores need the PyTorch model (CTranslate2's scores leave out </s>): use "
-                           "Translator.from_pretrained(MODEL_DIR), or nmt translate MODEL_DIR without --ct2")
         texts = list(texts)
         limit = self.model.cfg.max_positions
         search_kwargs = {**self.search_defaults, **search_kwargs}
@@ -235,6 +233,8 @@ class Translator:
                 found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device, sampling=sampling)
         elif pieces:
             found = self.model.search(pieces, search, batch_tokens, sampling)
+            if with_scores:  # CTranslate2's search scores leave out </s>: its forced decoding gives them whole
+                self.model.add_logprobs(pieces, found, batch_tokens)
         hyps = [_exactly(found[j], nbest) for j in range(len(pieces))]  # (pieces, nbest)
         flat = self.tokenizer.decode_tgt([h.tokens for hs in hyps for h in hs]) if pieces else []
         decoded = [[(flat[j * nbest + k], h.score, h.logprob, len(h.tokens)) for k, h in enumerate(hyps[j])]
@@ -643,6 +643,18 @@ class CT2Model:
         greedy = sampling.temperature == 0 or sampling.topk == 1
         return {"beam_size": 1, "num_hypotheses": 1 if greedy else search.nbest, "sampling_topp": sampling.topp,
                 "sampling_topk": 1 if greedy else sampling.topk, "sampling_temperature": max(sampling.temperature, 1e-6)}
+
+    def add_logprobs(self, src_ids: list[list[int]], found: dict[int, list[Hypothesis]], batch_tokens: int) -> None:
+        """Each hypothesis' `logprob` (in place): the sum of its tokens' log-probabilities, </s> included, by
+        CTranslate2's forced decoding of it (one more pass, `score_batch`; a </s> the length limit added counts at
+        the model's probability of it)."""
+        rows = [(i, h) for i in sorted(found) for h in found[i]]
+        results = self.translator.score_batch(
+            [[self.src_vocab[t] for t in src_ids[i]] for i, _ in rows],
+            [[self.tgt_vocab[t] for t in h.tokens[:-1]] for _, h in rows],  # CTranslate2 adds the </s>
+            max_batch_size=batch_tokens, batch_type="tokens")
+        for (_, h), result in zip(rows, results):
+            h.logprob = float(sum(result.log_probs))
 
     def _hypothesis(self, tokens: list[str], score: float) -> Hypothesis:
         """CT2 tokens -> ids ending in </s> (added when the length limit cut the hypothesis, as nmt does)."""

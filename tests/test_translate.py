@@ -321,17 +321,36 @@ def test_cli_scores_write_translation_mean_logprob_and_confidence(translator, tm
     assert [float(x) for r in rows for x in r[1:]] == pytest.approx(
         [x for s in expected for x in (s.mean_logprob, s.confidence)], abs=1e-4)  # 4 decimals
     assert rows[1] == ["", "0.0000", "1.0000"]
+    assert main(["translate", str(tmp_path / "m"), "--input", str(src), "--output", str(tmp_path / "nbest.tsv"),
+                 "--beam", "2", "--nbest", "2", "--scores"]) == 0
+    nbest = [line.split("\t") for line in (tmp_path / "nbest.tsv").read_text(encoding="utf-8").splitlines()]
+    expected = translator.translate(lines, beam_size=2, nbest=2, with_scores=True)
+    assert [r[::3] for r in nbest] == [[s.text for s in hyps] for hyps in expected]  # text, mean, confidence, ...
 
 
-def test_cli_scores_with_ctranslate2_are_refused_in_one_line(translator, tmp_path, capsys):
+def test_ctranslate2_scores_are_its_forced_decoding_of_each_translation(translator, tmp_path):
+    """Translator.from_ctranslate2(...).translate(with_scores=True) and nmt translate --ct2 --scores: the float32
+    export's greedy translations are ours, each with the mean log-probability forced decoding gives its tokens,
+    </s> included at its probability (also where the length limit ended it)."""
     pytest.importorskip("ctranslate2")
     from nmt.cli import main
+    from nmt.decoding import SearchConfig, score_encoded, search_encoded
 
     translator.model.save_pretrained(tmp_path / "m")
     translator.tokenizer.save(tmp_path / "m")
     assert main(["export", str(tmp_path / "m"), "--to", "ctranslate2", str(tmp_path / "ct2")]) == 0
+    exported = Translator.from_ctranslate2(tmp_path / "ct2")
+    scored = exported.translate(TEXTS[:4], beam_size=1, max_new_tokens=8, with_scores=True)
+    src_ids = translator.tokenizer.encode_src(TEXTS[:4], leading_tags=False)
+    found = search_encoded(translator.model, src_ids, SearchConfig(beam_size=1, max_new_tokens=8), 4096)
+    tokens = [found[i][0].tokens for i in range(4)]
+    assert [s.text for s in scored] == translator.tokenizer.decode_tgt(tokens)
+    forced = score_encoded(translator.model, src_ids, [t[:-1] for t in tokens], 4096)
+    assert [s.mean_logprob for s in scored] == pytest.approx([f.mean for f in forced], abs=1e-4)
     (tmp_path / "in.txt").write_text(TEXTS[0] + "\n", encoding="utf-8")
-    capsys.readouterr()
-    assert main(["translate", "--ct2", str(tmp_path / "ct2"), "--input", str(tmp_path / "in.txt"), "--scores"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "confidence scores need the PyTorch model" in err and "without --ct2" in err
+    assert main(["translate", "--ct2", str(tmp_path / "ct2"), "--input", str(tmp_path / "in.txt"), "--beam", "1",
+                 "--scores", "--output", str(tmp_path / "out.tsv")]) == 0
+    text, mean, confidence = (tmp_path / "out.tsv").read_text(encoding="utf-8").rstrip("\n").split("\t")
+    expected = exported.translate(TEXTS[:1], beam_size=1, with_scores=True)[0]
+    assert (text, float(mean), float(confidence)) == (expected.text, pytest.approx(expected.mean_logprob, abs=1e-4),
+                                                      pytest.approx(expected.confidence, abs=1e-4))
