@@ -28,6 +28,7 @@ POSITIVE = Number(int, "[1, 1e9]")  # token budgets, counts of checkpoints
 DEBUG_HELP = "on an error, print the Python traceback too (normally one line: exit 2 for bad input, 1 otherwise)"
 FORCE_HELP = ("replace {} if it is a model directory or export nmt wrote (a run folder is moved aside to "
               "{}.replaced-N); a folder with other files is refused")
+REVISION_HELP = "with a Hub id (ORG/NAME): its branch, tag or commit (default: main)"
 CONFIG_KEYS = "{the config keys}"  # an epilog made only when help is printed (nmt.config.reference_text)
 
 
@@ -67,8 +68,10 @@ def _add_train(sub) -> None:
                    "optimizer settings differ from the checkpoint's (they are named)")
     p.add_argument("--allow-data-change", action="store_true", help="resume although the data files differ from "
                    "the ones the checkpoint was trained on (named); the run keeps its own tokenizer")
-    p.add_argument("--init-from", metavar="DIR", help="fine-tune a trained model directory (output_dir/model): its "
-                   "architecture, tokenizer and weights, a fresh optimizer and schedule")
+    p.add_argument("--init-from", metavar="DIR", help="fine-tune a trained model directory (output_dir/model) or a "
+                   "Hub id (ORG/NAME, imported once): its architecture, tokenizer and weights, a fresh optimizer and "
+                   "schedule")
+    p.add_argument("--revision", help=REVISION_HELP.replace("a Hub id", "init_from a Hub id"))
     p.add_argument("--dry-run", action="store_true", help="check data, batches, time and memory (as nmt check); no training")
     _add_check_args(p)
     p.set_defaults(fn=cmd_train)
@@ -79,6 +82,7 @@ def _add_check(sub) -> None:
                        epilog=CONFIG_KEYS, formatter_class=_ConfigKeysHelp)
     p.add_argument("--config", help="a YAML file from configs/ or your own (overrides as for train)")
     p.add_argument("--init-from", metavar="DIR", help="as for train; also reports how DIR's tokenizer fits the data")
+    p.add_argument("--revision", help=REVISION_HELP.replace("a Hub id", "init_from a Hub id"))
     _add_check_args(p)
     p.set_defaults(fn=cmd_check)
 
@@ -95,13 +99,18 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
 def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
     """The arguments `nmt translate` and `nmt evaluate` share: the model, the search, the device, --output."""
     p = sub.add_parser(name, help=help_)
-    p.add_argument("model_dir", nargs="*", help="a model directory (output_dir/model of a run); several: "
-                   "an ensemble (one tokenizer); optional with --ct2")
+    p.add_argument("model_dir", nargs="*", help="a model directory (output_dir/model of a run) or a Hub id "
+                   "(ORG/NAME: a transformers model is imported once into ~/.cache/nmt); several: an ensemble (one "
+                   "tokenizer); optional with --ct2")
+    p.add_argument("--revision", help=REVISION_HELP)
     p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
                    "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
     _add_decoding_args(p)
     p.add_argument("--tgt-lang", help="a multilingual model's target language (one of its languages.json's)")
     p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
+    p.add_argument("--glossary", metavar="TSV", help="terms translated your way: source term TAB target term, one a "
+                   "line; where a sentence holds a source term (whole words, case as given) its translation holds "
+                   "the target term (constrained beam search; docs/serving.md)")
     _add_sampling_args(p)
     return p
 
@@ -160,7 +169,9 @@ def _add_evaluate(sub) -> None:
 
 def _add_score(sub) -> None:
     p = sub.add_parser("score", help="log-probability of given translations (forced decoding), one line per pair")
-    p.add_argument("model_dir", nargs="+", help="a model directory; several: an ensemble (one tokenizer)")
+    p.add_argument("model_dir", nargs="+", help="a model directory or a Hub id (as for translate); several: an "
+                   "ensemble (one tokenizer)")
+    p.add_argument("--revision", help=REVISION_HELP)
     p.add_argument("--src", required=True, help="source sentences, one per line")
     p.add_argument("--tgt", required=True, help="their translations to score, one per line")
     p.add_argument("--per-token", action="store_true", help="also print each target token's log-probability")
@@ -202,7 +213,10 @@ def _add_export(sub) -> None:
 def _add_import(sub) -> None:
     p = sub.add_parser("import", help="a transformers translation model (Marian/OPUS-MT, M2M100, NLLB) as an nmt "
                        "model directory (needs nmt[hf])")
-    p.add_argument("hf_dir", help="a directory written by save_pretrained: the model and its tokenizer")
+    p.add_argument("hf_dir", help="a directory written by save_pretrained (the model and its tokenizer), or a Hub "
+                   "id (ORG/NAME, e.g. Helsinki-NLP/opus-mt-en-de) read from the Hugging Face cache, downloaded "
+                   "first unless HF_HUB_OFFLINE=1")
+    p.add_argument("--revision", help=REVISION_HELP)
     p.add_argument("out", help="the model directory to write (must be empty or absent unless --force)")
     p.add_argument("--src-lang", help="M2M100/NLLB: the source language token (e.g. __en__ or eng_Latn)")
     p.add_argument("--tgt-lang", help="M2M100/NLLB: the target language token, forced as the first output token")
@@ -240,7 +254,8 @@ def _add_serve_parser(sub) -> None:
     from nmt.tools.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
 
     p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
-    p.add_argument("model_dir", help="a model directory (output_dir/model of a run)")
+    p.add_argument("model_dir", help="a model directory (output_dir/model of a run) or a Hub id (as for translate)")
+    p.add_argument("--revision", help=REVISION_HELP)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     ServeConfig.add_flags(p)
     p.set_defaults(fn=cmd_serve, ct2=None)
@@ -321,7 +336,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.init_from:
         overrides.append(f"init_from={args.init_from}")
     overrides += [f"{key}=true" for key in ("overwrite", "resume_with_changes", "allow_data_change") if getattr(args, key)]
-    cfg = load_config(args.config, overrides)
+    cfg = init_from_hub(load_config(args.config, overrides), args.revision)
     if args.dry_run:
         return _preflight(cfg, args)
     from nmt.train import train
@@ -336,7 +351,21 @@ def cmd_check(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.config import load_config
 
     overrides = overrides_from_flags(extra) + ([f"init_from={args.init_from}"] if args.init_from else [])
-    return _preflight(load_config(args.config, overrides), args)
+    return _preflight(init_from_hub(load_config(args.config, overrides), args.revision), args)
+
+
+def init_from_hub(cfg, revision: str | None):
+    """`cfg` with an init_from Hub id replaced by the model directory it names (`nmt.interop.model_directory`)."""
+    if not cfg.init_from:
+        if revision is not None:
+            raise NmtError(f"--revision {revision}: it names a revision of init_from's Hub id; give --init-from ORG/NAME")
+        return cfg
+    import dataclasses
+
+    from nmt.interop import model_directory
+
+    directory = str(model_directory(cfg.init_from, revision, "init_from"))
+    return cfg if directory == cfg.init_from else dataclasses.replace(cfg, init_from=directory)
 
 
 def _preflight(cfg, args: argparse.Namespace) -> int:
@@ -366,6 +395,15 @@ def search_kwargs(args: argparse.Namespace) -> dict:
 
         sampling = SamplingConfig(topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed)
     return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, sampling=sampling, **alpha)
+
+
+def _glossary(args: argparse.Namespace) -> dict:
+    """{"glossary": ...} read from --glossary (NmtError names its line), else {}."""
+    if not args.glossary:
+        return {}
+    from nmt.constraints import Glossary
+
+    return {"glossary": Glossary.read(args.glossary)}
 
 
 def _translator(args: argparse.Namespace):
@@ -401,6 +439,7 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
     if args.attention and not args.model_dir:
         raise NmtError("--attention needs MODEL_DIR (the PyTorch model): CTranslate2 does not expose the weights")
     source = ("--input", args.input) if args.input else ("stdin", stdin_fd())
+    resolve_models(args)
     refuse_overwrite([("--output", args.output), ("--attention", args.attention)], [source, *model_inputs(args)])
     translator = _translator(args)
     seen = _Seen()
@@ -437,7 +476,11 @@ def _translations(translator, source, interactive: bool, seen: _Seen, args: argp
     """The output lines: files batch by length; a terminal or pipe is translated as its lines arrive."""
     from nmt.translate import arrived_lines
 
-    kwargs = dict(nbest=args.nbest, tgt_lang=args.tgt_lang, with_scores=args.scores, **search_kwargs(args))
+    kwargs = dict(nbest=args.nbest, tgt_lang=args.tgt_lang, with_scores=args.scores, format=args.format,
+                  **search_kwargs(args), **_glossary(args))
+    if args.format != "text" and getattr(args, "paragraphs", False):
+        raise NmtError(f"--paragraphs splits plain text into sentences, which would cut tags apart: give --format "
+                       f"{args.format} one sentence of markup a line, or --paragraphs with --format text")
     if args.paragraphs:
         return _paragraph_translations(translator, source, interactive, seen, args, kwargs)
     if interactive:
@@ -529,11 +572,12 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.textfiles import atomic_file, refuse_overwrite
 
     no_extra(extra)
+    resolve_models(args)
     refuse_overwrite([("--output", args.output)], [("--src", args.src), ("--ref", args.ref), *model_inputs(args)])
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise NmtError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    hyps = _translator(args).translate(src, tgt_lang=args.tgt_lang, **search_kwargs(args))
+    hyps = _translator(args).translate(src, tgt_lang=args.tgt_lang, **search_kwargs(args), **_glossary(args))
     if args.output:
         with atomic_file(args.output) as sink:
             sink.write("".join(h + "\n" for h in hyps))
@@ -550,6 +594,7 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.translate import Translator
 
     no_extra(extra)
+    resolve_models(args)
     refuse_overwrite([("--output", args.output)], [("--src", args.src), ("--tgt", args.tgt), *model_inputs(args)])
     src, tgt = read_lines(args.src), read_lines(args.tgt)
     if len(src) != len(tgt):
@@ -608,7 +653,8 @@ def cmd_import(args: argparse.Namespace, extra: list[str]) -> int:
     from nmt.interop import import_hf
 
     no_extra(extra)
-    out = import_hf(args.hf_dir, args.out, src_lang=args.src_lang, tgt_lang=args.tgt_lang, force=args.force)
+    out = import_hf(args.hf_dir, args.out, src_lang=args.src_lang, tgt_lang=args.tgt_lang, force=args.force,
+                    revision=args.revision)
     print(f"wrote {out}; translate with: nmt translate {out}, fine-tune with: nmt train --init-from {out} ...")
     return 0
 
@@ -654,6 +700,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     if values["api_key"] is None:  # an empty variable is no key; an empty --api-key is an error
         values["api_key"] = os.environ.get(API_KEY_ENV) or None
     cfg = ServeConfig(**values)
+    resolve_models(args)
     serve(Translator.from_pretrained(args.model_dir, device=args.device), cfg, describe(args.model_dir))
     return 0
 
@@ -687,12 +734,27 @@ def stdin_fd() -> int | None:
         return None
 
 
+def resolve_models(args: argparse.Namespace) -> None:
+    """MODEL_DIR (each of an ensemble's) as the directory it names, in place: a path as it is, a Hub id's snapshot
+    or its transformers model imported once (`nmt.interop.model_directory`)."""
+    from nmt.interop import model_directory
+
+    revision = getattr(args, "revision", None)
+    if isinstance(args.model_dir, list):
+        if revision is not None and not args.model_dir:
+            raise NmtError(f"--revision {revision}: it names a revision of MODEL_DIR's Hub id; give MODEL_DIR ORG/NAME")
+        args.model_dir = [str(model_directory(d, revision)) for d in args.model_dir]
+    else:
+        args.model_dir = str(model_directory(args.model_dir, revision))
+
+
 def model_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     """The model directories a command reads (MODEL_DIR, several for an ensemble; --ct2 DIR), for
     `nmt.textfiles.refuse_overwrite`: no output may name a file in them."""
     dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
-    ct2 = getattr(args, "ct2", None)
-    return [("MODEL_DIR", d) for d in dirs if d] + ([("--ct2", ct2)] if ct2 else [])
+    ct2, glossary = getattr(args, "ct2", None), getattr(args, "glossary", None)
+    return [("MODEL_DIR", d) for d in dirs if d] + ([("--ct2", ct2)] if ct2 else []) + \
+        ([("--glossary", glossary)] if glossary else [])
 
 
 def read_lines(path: str) -> list[str]:

@@ -18,6 +18,7 @@ decoding with the exported model (`CT2Model`).
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import logging
 import math
@@ -31,10 +32,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nmt import markup
 from nmt.batching import eval_batches, pad
 from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE, check_output_dir, read_languages, write_directory
 from nmt.compat import bound_onednn_primitive_caches
 from nmt.config import ModelConfig, from_dict, to_dict
+from nmt.constraints import Glossary
 from nmt.decoding import (
     SEEDS,
     Ensemble,
@@ -97,16 +100,63 @@ class Translator:
         self.search_defaults = search_defaults or {}  # SearchConfig fields used unless a call gives them
         self.languages = languages  # the model directory's languages.json (nmt.checkpoint), None where it has none
         self._cut_said = False  # whether a source cut before tokenising has been reported (`_cut_long`)
+        self._aliases_said: set[str] = set()  # the language aliases already reported (`target_language`)
 
     @property
     def target_languages(self) -> list[str]:
         """The languages this model translates into, as its languages.json names them (empty: it does not say)."""
         return list((self.languages or {}).get("target_languages", []))
 
+    def target_language(self, tgt_lang: str | None) -> str | None:
+        """`tgt_lang` as the model names it: an imported M2M100/NLLB model's alias mapped (de -> deu_Latn, said
+        once), any other code as it is."""
+        code = ((self.languages or {}).get("aliases") or {}).get(tgt_lang, tgt_lang)
+        if code != tgt_lang and tgt_lang not in self._aliases_said:
+            self._aliases_said.add(tgt_lang)
+            log.info("target language %s is %s in this model", tgt_lang, code)
+        return code
+
+    def first_token(self, tgt_lang: str | None) -> int | None:
+        """The id of the token an imported M2M100/NLLB model's translation into `tgt_lang` starts with (None: the
+        model's own forced_bos_id, or none)."""
+        firsts = (self.languages or {}).get("first_tokens") or {}
+        code = self.target_language(tgt_lang)
+        if code not in firsts:
+            return None
+        token_id = self.tokenizer.tgt.token_to_id(firsts[code])
+        if token_id is None:
+            raise NmtError(f"the tokenizer has no token {firsts[code]!r} that languages.json names for {code!r}")
+        return token_id
+
+    @contextlib.contextmanager
+    def _forcing(self, tgt_lang: str | None):
+        """The search starts every translation with `first_token(tgt_lang)`, for this call, on each model."""
+        token = self.first_token(tgt_lang)
+        models = list(getattr(self.model, "models", [self.model]))
+        if token is None or all(m.cfg.forced_bos_id == token for m in models):
+            yield
+            return
+        if self.backend != "torch":
+            raise NmtError("choosing an imported M2M100/NLLB model's target language per translation needs the "
+                           "PyTorch model (nmt translate MODEL_DIR without --ct2)")
+        saved = [m.cfg.forced_bos_id for m in models]
+        for m in models:
+            m.cfg.forced_bos_id = token
+        try:
+            yield
+        finally:
+            for m, was in zip(models, saved):
+                m.cfg.forced_bos_id = was
+
     def source_tag(self, tgt_lang: str | None) -> int | None:
         """The id of the target-language tag that starts every source of a multilingual model (None for a model of
         one pair). NmtError for a target language the model was not trained for, or none where it needs one."""
         tags, targets = (self.languages or {}).get("tags") or {}, self.target_languages
+        tgt_lang = self.target_language(tgt_lang)
+        if (tgt_lang is None and (self.languages or {}).get("first_tokens")
+                and getattr(self.model.cfg, "forced_bos_id", None) is None):
+            raise NmtError(f"this model translates into {len(targets)} languages: give the target language "
+                           f"(--tgt-lang, tgt_lang=), one of {', '.join(targets)}")
         if tgt_lang is not None and targets and tgt_lang not in targets:
             raise NmtError(f"target language {tgt_lang!r} is not one this model translates into; choose one of "
                            f"{', '.join(targets)}")
@@ -200,7 +250,8 @@ class Translator:
 
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
                   long_inputs: str = "truncate", sampling: SamplingConfig | None = None, tgt_lang: str | None = None,
-                  with_scores: bool = False, **search_kwargs) -> list[str] | list[list[tuple[str, float]]] | list:
+                  glossary: Glossary | dict | list | None = None, with_scores: bool = False, format: str = "text",
+                  **search_kwargs) -> list[str] | list[list[tuple[str, float]]] | list:
         """Translate sentences; returns one string per sentence, or with nbest > 1 one list of exactly `nbest`
         (translation, score) pairs per sentence, best first, always in input order.
 
@@ -213,11 +264,21 @@ class Translator:
         with a warning either way; a split sentence's k-th hypothesis joins its pieces' k-th, scored by the
         sum of their scores. When the search finds fewer than `nbest` distinct hypotheses (a one-token length
         limit, a vocabulary smaller than the beam), the last one found repeats.
+        `glossary` (a `Glossary`, a dict or [source, target] pairs): where a sentence holds a source term (whole
+        words, case as given), the translation holds its target term, by constrained beam search
+        (`nmt.constraints`); a sentence that holds none is translated as without a glossary.
         `with_scores=True` returns a `Scored` (text, score, mean_logprob, confidence) in place of each string or
         pair; a split sentence's mean log-probability is over all its pieces' tokens. Sampled translations carry
         the model's own log-probabilities of the drawn tokens (before the temperature); CTranslate2's, those of
         its forced decoding of each translation (`CT2Model.add_logprobs`).
+        `format="html"` or `"xml"` reads each sentence as markup (`nmt.markup`): its plain text is translated (as
+        the same words without tags would be) and its tags are put back around the words the model's
+        cross-attention aligns with those they enclosed; the translation is written escaped (one per sentence).
         """
+        if markup.check_format(format) != "text":
+            return self._marked(texts, format, dict(
+                beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
+                tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, **search_kwargs))
         if long_inputs not in ("truncate", "split"):
             raise NmtError(f"long_inputs must be 'truncate' or 'split', got {long_inputs!r}")
         texts = list(texts)
@@ -227,12 +288,20 @@ class Translator:
         beams = beam_size if sampling is None else max(beam_size, nbest)  # nbest samples need no beams
         search = SearchConfig(beam_size=beams, nbest=nbest, **search_kwargs)
         pieces, owner = self._pieces(texts, limit, long_inputs, tgt_lang)
+        terms = None
+        if glossary is not None:
+            if sampling is not None or self.backend != "torch":
+                raise NmtError("a glossary needs nmt's own beam search: leave out sampling (--sampling) and "
+                               "CTranslate2 (--ct2)")
+            terms = self._terms(glossary, texts, pieces, owner)
         found: dict = {}
         if pieces and self.backend == "torch":
-            with torch.inference_mode():
-                found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device, sampling=sampling)
+            with torch.inference_mode(), self._forcing(tgt_lang):
+                found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device, sampling=sampling,
+                                       terms=terms, joins=None if terms is None else self._joins())
         elif pieces:
-            found = self.model.search(pieces, search, batch_tokens, sampling)
+            with self._forcing(tgt_lang):
+                found = self.model.search(pieces, search, batch_tokens, sampling)
             if with_scores:  # CTranslate2's search scores leave out </s>: its forced decoding gives them whole
                 self.model.add_logprobs(pieces, found, batch_tokens)
         hyps = [_exactly(found[j], nbest) for j in range(len(pieces))]  # (pieces, nbest)
@@ -244,6 +313,96 @@ class Translator:
             scored = [[Scored(t, s, lp / n if n else 0.0) for t, s, lp, n in hs] for hs in joined]
             return [hs[0] for hs in scored] if nbest == 1 else scored
         return [hs[0][0] for hs in joined] if nbest == 1 else [[(t, s) for t, s, *_ in hs] for hs in joined]
+
+    def check_format(self, format: str, nbest: int = 1) -> None:
+        """NmtError where `format` cannot be translated with these settings: markup needs one translation per
+        sentence and the PyTorch model's cross-attention."""
+        if markup.check_format(format) == "text":
+            return
+        if nbest != 1:
+            raise NmtError(f"format {format} gives one translation per sentence: leave out nbest (--nbest)")
+        if self.backend != "torch":
+            raise NmtError(f"format {format} places tags through the model's cross-attention, which needs the PyTorch "
+                           "model: use Translator.from_pretrained(MODEL_DIR), or nmt translate MODEL_DIR without --ct2")
+
+    def _marked(self, texts: list[str], format: str, kwargs: dict) -> list:
+        """translate(..., format="html"|"xml"): every sentence's plain text translated in one call, then the tags of
+        those that have any placed through a forced pass over their translation (`_with_tags`)."""
+        self.check_format(format, kwargs["nbest"])
+        marked = [markup.parse(t, format, i) if markup.needs_parsing(t) else markup.Marked(t, [])
+                  for i, t in enumerate(texts)]
+        outputs = self.translate([m.text for m in marked], **kwargs)
+        result = []
+        for m, out in zip(marked, outputs):
+            text = out.text if isinstance(out, Scored) else out
+            text = self._with_tags(m, text, kwargs["tgt_lang"]) if m.elements else markup.escape(text)
+            result.append(replace(out, text=text) if isinstance(out, Scored) else text)
+        return result
+
+    def _with_tags(self, marked: markup.Marked, translation: str, tgt_lang: str | None) -> str:
+        """`translation` of `marked.text` with `marked`'s tags, placed through the cross-attention (heads averaged,
+        last decoder layer; an ensemble's first model) of one teacher-forced pass over the translation as the
+        target tokenizer writes it: the search's own tokens are the same text, and this pass costs a fraction of
+        a search step per token."""
+        from nmt.attention import cross_attention
+
+        model = getattr(self.model, "models", [self.model])[0]
+        limit = model.cfg.max_positions
+        src_ids = self._source_ids([marked.text], limit, "truncate", tgt_lang)[0][0]
+        tgt_encoding = self.tokenizer.tgt.encode(translation)  # as encode_tgt: with the template's tokens
+        tgt_ids = [*tgt_encoding.ids, model.cfg.eos_id][: limit - 1]
+        with torch.inference_mode():
+            weights = cross_attention(model, torch.tensor([src_ids], device=self.device), tgt_ids)  # (T, S)
+        src_spans = self._spans(self.tokenizer.src, marked.text, src_ids, bool(self.tokenizer.src_specials))
+        tgt_spans = self._spans(self.tokenizer.tgt, translation, tgt_ids, True)
+        rows = [t for t, span in enumerate(tgt_spans) if span is not None]
+        cols = [s for s, span in enumerate(src_spans) if span is not None]
+        return markup.insert(marked, translation, [src_spans[s] for s in cols], [tgt_spans[t] for t in rows],
+                             weights[rows][:, cols])
+
+    @staticmethod
+    def _spans(tok, text: str, ids: list[int], specials: bool) -> list[tuple[int, int] | None]:
+        """Per id of `ids` (the model's view of `text`: maybe a leading tag, a final </s>, cut to a length), the
+        character range of `text` it stands for; None for a token the text lacks. Where the tokenizer's own
+        encoding is not those ids (a typed control token spelled out), the words are spread evenly over them."""
+        encoding = tok.encode(text, add_special_tokens=specials)
+        found = [None if special else span for span, special in zip(encoding.offsets, encoding.special_tokens_mask)]
+        for lead in (0, 1):  # a multilingual source's tag leads the text's own tokens; </s> (or a cut one) ends them
+            mine = len(ids) - 1 - lead
+            if mine >= 0 and ids[lead: lead + mine] == encoding.ids[:mine]:
+                return ([None] * lead + found[:mine] + [None] * len(ids))[: len(ids)]
+        spread = markup.words(text)
+        return [spread[i * len(spread) // len(ids)] if spread else None for i in range(len(ids))]
+
+    def _terms(self, glossary, texts: list[str], pieces: list[list[int]], owner: list[int]) -> list[list[list[int]]]:
+        """Per piece, the target terms (token ids) of the glossary's source terms that its sentence holds (of a
+        sentence cut into pieces: that the piece holds)."""
+        glossary = glossary if isinstance(glossary, Glossary) else Glossary.from_pairs(glossary)
+        split = {i for i, j in zip(owner, owner[1:]) if i == j}
+        found = [glossary.targets_in(self.tokenizer.src.decode(piece) if i in split else texts[i])
+                 for piece, i in zip(pieces, owner)]
+        wanted = sorted({t for ts in found for t in ts})
+        ids = dict(zip(wanted, self.term_ids(wanted)))
+        return [[ids[t] for t in ts if ids[t]] for ts in found]
+
+    def _joins(self) -> torch.Tensor:
+        """(V,) the target tokens that continue the word before them: no word-start mark (▁), a letter or digit
+        first. None of them may follow a glossary term, which stays a whole word."""
+        if getattr(self, "_joins_cache", None) is None:
+            tokens = [self.tokenizer.tgt.id_to_token(i) or "" for i in range(self.model.cfg.tgt_vocab_size)]
+            self._joins_cache = torch.tensor([t[:1].isalnum() for t in tokens])
+        return self._joins_cache
+
+    def term_ids(self, terms: list[str]) -> list[list[int]]:
+        """Target terms as the model's target token ids, as text (a control token written in a term is text);
+        NmtError for a term the target vocabulary cannot spell (it would be <unk>)."""
+        encoded = [e.ids for e in self.tokenizer.tgt.encode_batch(list(terms), add_special_tokens=False)] if terms else []
+        unk = self.tokenizer.tgt.token_to_id("<unk>")
+        for term, ids in zip(terms, encoded):
+            if unk is not None and unk in ids:
+                raise NmtError(f"glossary target term {term!r} holds characters the model's target vocabulary lacks "
+                               "(they would be <unk>): write it with characters the model knows")
+        return encoded
 
     def _pieces(self, texts: list[str], limit: int, long_inputs: str,
                 tgt_lang: str | None = None) -> tuple[list[list[int]], list[int]]:
@@ -323,6 +482,8 @@ class Translator:
     def _translate_safely(self, chunk: list[str], first_line: int, kwargs: dict, failed: list[int] | None) -> list:
         try:
             return self.translate(chunk, **kwargs)
+        except markup.MarkupError as e:  # its sentence, numbered as the input's lines
+            raise NmtError(f"line {first_line + e.index}: {e.reason}") from None
         except NmtError:
             raise  # a bad setting (beam_size 0, ...) fails every line alike: say so once, not per line
         except Exception as e:  # noqa: BLE001 - any failure of a batch must not lose the other lines
@@ -627,7 +788,7 @@ class CT2Model:
             rows = batch.tolist()
             tokens = [[self.src_vocab[i] for i in src_ids[r]] for r in rows]
             # nmt's limit counts the final </s> (forced at the limit); CT2's max_decoding_length does not
-            limit = int(length_limits(pad([src_ids[r] for r in rows]), cfg.pad_id, search).max())
+            limit = int(length_limits(pad([src_ids[r] for r in rows], cfg.pad_id), cfg.pad_id, search).max())
             results = self.translator.translate_batch(
                 tokens, **{"beam_size": search.beam_size, "num_hypotheses": search.nbest, **options},
                 length_penalty=search.alpha, max_decoding_length=max(limit - 1, 1), return_scores=True,

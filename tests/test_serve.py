@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -333,3 +334,48 @@ def test_scores_give_each_translation_its_mean_logprob_and_confidence(model_dir,
     assert [set(t) for t in nbest["translations"][0]] == [{"text", "score", "mean_logprob", "confidence"}] * 2
     assert nbest["translations"][0][0]["mean_logprob"] == pytest.approx(answer["translations"][0]["mean_logprob"])
     assert plain["translations"] == [rows[0][0]]
+
+
+def test_a_glossary_puts_its_terms_in_the_translations_as_nmt_translate_does_and_is_bounded(model_dir, corpus_dir,
+                                                                                            tmp_path):
+    """"glossary": [[source term, target term], ...] translates as nmt translate --glossary does (the target term in
+    the translation of a sentence holding the source term); more than 256 pairs or a term over 256 characters is
+    413, a malformed or contradictory glossary 400, each naming what is wrong."""
+    lines = (corpus_dir / "test.en").read_text(encoding="utf-8").splitlines()[:3]
+    targets = (corpus_dir / "test.xx").read_text(encoding="utf-8").splitlines()[:3]
+    pairs = [[lines[0].split()[1], targets[0].split()[0]], [lines[1].split()[-1].strip("?.!"), targets[1].split()[1]]]
+    (tmp_path / "terms.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    hostile = [({"glossary": [["a", "b"]] * 257}, 413, "257 pairs; the limit is 256"),
+               ({"glossary": [["a" * 257, "b"]]}, 413, "item 0 has a term of 257 characters"),
+               ({"glossary": [["a"]]}, 400, "item 0: a term pair must be [source term, target term]"),
+               ({"glossary": "a\tb"}, 400, "must be a list of [source term, target term] pairs"),
+               ({"glossary": [["a", "b"], ["a", "c"]]}, 400, "item 1: source term 'a' is given twice"),
+               ({"glossary": [["a", " "]]}, 400, "item 0: the target term is empty")]
+    with serving(model_dir) as server:
+        status, answer = server.call("POST", "/translate", {"sentences": lines, "beam": 2, "glossary": pairs})
+        refused = [server.call("POST", "/translate", {"sentences": lines[:1], **body}) for body, _, _ in hostile]
+    assert status == 200, answer
+    assert answer["translations"] == nmt_translate(model_dir, lines, "--beam", "2", "--glossary",
+                                                   str(tmp_path / "terms.tsv"))
+    for (source, target), out in zip(pairs, answer["translations"]):
+        assert re.search(rf"(?<!\w){re.escape(target)}(?!\w)", out), (source, target, out)
+    for (status, body), (_, code, message) in zip(refused, hostile):
+        assert status == code and message in body["error"], body
+
+
+def test_format_html_keeps_the_tags_as_nmt_translate_does_and_bad_markup_is_400(model_dir):
+    """"format": "html" (or "xml") answers what nmt translate --format writes; malformed xml, an unknown format
+    and n-best with markup are 400 naming what is wrong."""
+    sentences = ['the <b>big dog</b> sees a <i class="x">cat</i> .', "I &amp; you<br> run .", "the cat sleeps ."]
+    with serving(model_dir) as server:
+        status, answer = server.call("POST", "/translate", {"sentences": sentences, "beam": 2, "format": "html"})
+        refused = [server.call("POST", "/translate", {"sentences": ["a", "a <b>c</i>"], "format": "xml"}),
+                   server.call("POST", "/translate", {"sentences": ["a"], "format": "markdown"}),
+                   server.call("POST", "/translate", {"sentences": ["a"], "format": "html", "beam": 2, "nbest": 2})]
+    assert status == 200, answer
+    assert answer["translations"] == nmt_translate(model_dir, sentences, "--beam", "2", "--format", "html")
+    assert "<b>" in answer["translations"][0] and '<i class="x">' in answer["translations"][0]
+    assert [s for s, _ in refused] == [400] * 3
+    assert refused[0][1]["error"].startswith("sentence 1: not well-formed XML (mismatched tag at column 9)")
+    assert refused[1][1]["error"] == "'format' must be one of 'text', 'html', 'xml', got 'markdown'"
+    assert "format html gives one translation per sentence: leave out 'nbest'" in refused[2][1]["error"]

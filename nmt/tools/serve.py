@@ -44,8 +44,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from nmt import markup
 from nmt.compat import uvicorn_protocol_with_header_deadline
 from nmt.config import RANGE, Range
+from nmt.constraints import MAX_TERM_CHARS, Glossary
 from nmt.decoding import SearchConfig
 from nmt.errors import NmtError
 from nmt.tools.request_batcher import API_KEY_ENV, Batcher, Job, QueueFull, ServeConfig, Stopping
@@ -59,6 +61,7 @@ OPTIONS = {"beam": ("beam_size", int), "alpha": ("alpha", float), "nbest": ("nbe
            "max_new_tokens": ("max_new_tokens", int)}
 SEARCH_RANGES = {f.name: f.metadata[RANGE] for f in dataclasses.fields(SearchConfig) if RANGE in f.metadata}
 # what GET /info shows of `nmt info --json`: no paths, no command lines
+MAX_GLOSSARY_PAIRS = 256  # a request's glossary: at most this many pairs, of at most MAX_TERM_CHARS characters a term
 PUBLIC_INFO = ("architecture", "parameters", "tensors", "dtypes", "vocab", "step", "best", "num_processes", "search",
                "languages")
 
@@ -102,10 +105,11 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
         raise BadRequest(400, f"the body holds a number too long to read ({str(e).split(':')[0]})") from None
     if not isinstance(data, dict):
         raise BadRequest(400, 'the body must be a JSON object like {"sentences": ["Hello."]}')
-    unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "scores", *OPTIONS})
+    unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "scores", "glossary", "format",
+                           *OPTIONS})
     if unknown:
         raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, tgt_lang, scores, "
-                         f"{', '.join(OPTIONS)}")
+                         f"glossary, format, {', '.join(OPTIONS)}")
     sentences = data.get("sentences")
     if not isinstance(sentences, list) or not sentences:
         raise BadRequest(400, "'sentences' must be a non-empty list of strings")
@@ -135,8 +139,34 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
         if not isinstance(data["scores"], bool):
             raise BadRequest(400, f"'scores' must be true or false, got {_short(data['scores'])}")
         options["with_scores"] = data["scores"]
+    if "glossary" in data:
+        options["glossary"] = parse_glossary(data["glossary"])
+    if "format" in data:  # "html", "xml": each sentence is markup, its tags kept (nmt.markup)
+        if data["format"] not in markup.FORMATS:
+            raise BadRequest(400, f"'format' must be one of {', '.join(map(repr, markup.FORMATS))}, got "
+                             f"{_short(data['format'])}")
+        if data["format"] != "text":
+            options["format"] = data["format"]
     timeout = _number(data.get("timeout", cfg.timeout), "timeout", float, Range(f"(0, {cfg.timeout}]"))
     return [s.replace("\n", " ") for s in sentences], options, timeout
+
+
+def parse_glossary(value) -> Glossary:
+    """A request's 'glossary', [[source term, target term], ...]: 413 past MAX_GLOSSARY_PAIRS pairs or
+    MAX_TERM_CHARS characters a term, 400 for anything else wrong, naming the item."""
+    if not isinstance(value, list):
+        raise BadRequest(400, f"'glossary' must be a list of [source term, target term] pairs, got {_short(value)}")
+    if len(value) > MAX_GLOSSARY_PAIRS:
+        raise BadRequest(413, f"'glossary' has {len(value)} pairs; the limit is {MAX_GLOSSARY_PAIRS} per request")
+    for i, pair in enumerate(value):
+        for term in pair if isinstance(pair, list) else ():
+            if isinstance(term, str) and len(term) > MAX_TERM_CHARS:
+                raise BadRequest(413, f"'glossary' item {i} has a term of {len(term)} characters; the limit is "
+                                 f"{MAX_TERM_CHARS}")
+    try:
+        return Glossary.from_pairs(value, name="'glossary'")
+    except NmtError as e:
+        raise BadRequest(400, str(e)) from None
 
 
 def _number(value, key: str, kind: type, allowed: Range):
@@ -268,7 +298,24 @@ class Api:
     def _job(self, sentences: list[str], options: dict) -> Job:
         """The request normalised, tokenised and costed (a worker thread; BadRequest 413 past --max-chars)."""
         check_normalised(sentences, self.cfg.max_chars)
-        tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(sentences, leading_tags=False)]
+        if "glossary" in options:  # a term the model cannot write, or a backend without constraints: the client's
+            try:
+                if self.translator.backend != "torch":
+                    raise NmtError("this server decodes with CTranslate2, which takes no glossary")
+                self.translator.term_ids([target for _, target in options["glossary"].pairs])
+            except NmtError as e:
+                raise BadRequest(400, str(e)) from None
+        texts = sentences
+        if "format" in options:  # malformed xml is the client's; the cost is that of the text the model reads
+            try:
+                self.translator.check_format(options["format"], options.get("nbest", 1))
+                texts = [markup.parse(s, options["format"], i).text if markup.needs_parsing(s) else s
+                         for i, s in enumerate(sentences)]
+            except markup.MarkupError as e:  # numbered from 0, as the server numbers sentences
+                raise BadRequest(400, f"sentence {e.index}: {e.reason}") from None
+            except NmtError as e:
+                raise BadRequest(400, str(e).replace("nbest (--nbest)", "'nbest'")) from None
+        tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(texts, leading_tags=False)]
         return Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens,
                    decoding_costs(self.translator, tokens, options))
 
