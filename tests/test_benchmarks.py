@@ -214,3 +214,40 @@ def test_confidence(corpus_dir, tmp_path):
     assert [q["sentences"] for q in figures["by_confidence"]] == [10, 10, 10, 10]
     confidence = [q["confidence"] for q in figures["by_confidence"]]
     assert confidence == sorted(confidence) and 0 < confidence[0] <= confidence[-1] < 1
+
+
+def test_finetune_adapts_an_opus_mt_style_hub_model_three_ways(corpus_dir, tmp_path):
+    """finetune.py: the two domains under --work, the OPUS-MT-style start as a Hub cache entry, README's fine-tuning
+    command (as its words) with and without LoRA and its own-corpus command from scratch, one table and the floors."""
+    pytest.importorskip("sentencepiece", reason="the OPUS-MT-style start needs the hf extra")
+    import shlex
+
+    work = tmp_path / "work"
+    out = run("finetune.py", "--data", str(corpus_dir), "--work", str(work), "--tgt", "xx", "--words", "the",
+              "--held-out", "30", "--minutes", "0.05", "--base-minutes", "0.05", "--spm-vocab", "200",
+              "--base-size", "32,1,2,64", "--threads", "1", cwd=tmp_path, home=tmp_path)
+    assert sorted(p.name for p in corpus_dir.iterdir()) == sorted(f"{s}.{x}" for s in ("train", "valid", "test")
+                                                                  for x in ("en", "xx"))  # the corpus untouched
+    b_train = (work / "domains" / "b" / "train.en").read_text().splitlines()
+    a_train = (work / "domains" / "a" / "train.en").read_text().splitlines()
+    assert b_train and a_train and all(re.search(r"\bthe\b", s) for s in b_train)
+    assert not any(re.search(r"\bthe\b", s) for s in a_train)
+    repo = work / "hub" / "models--nmt-bench--opus-mt-en-de"
+    snapshot = repo / "snapshots" / (repo / "refs" / "main").read_text()
+    assert {"source.spm", "target.spm", "vocab.json", "model.safetensors"} <= {p.name for p in snapshot.iterdir()}
+    assert "$ nmt import nmt-bench/opus-mt-en-de " in out
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    words = shlex.split(next(x for x in readme.splitlines() if x.startswith("nmt train --init_from")).split("#")[0])
+    b, opus = work / "domains" / "b", work / "runs" / "opus"
+    put_in = {"runs/opus": str(opus), "runs/opus-mine": str(work / "runs" / "ft"), "D/train": f"{b}/train",
+              "D/valid": f"{b}/valid", "10": "0.05", "de": "xx"}  # README's placeholders, as the test fills them
+    readme_line = " ".join(put_in.get(w, w) for w in words)
+    commands = [line[2:] for line in out.splitlines() if line.startswith("$ nmt train")]
+    assert commands[:2] == [readme_line, readme_line.replace("/runs/ft", "/runs/lora") + " --finetune.lora_r 8"]
+    assert commands[2].startswith(f"nmt train --data.train {b}/train")  # from scratch: the own-corpus command
+    table = out[out.index("system "):].splitlines()
+    assert [row[:18].strip() for row in table[1:5]] == ["start (imported)", "(a) fine-tuned", "(b) LoRA r8",
+                                                        "(c) from scratch"]
+    assert all(len(row[18:].split()) == 5 for row in table[1:5])  # new BLEU/chrF, old BLEU/chrF, minutes
+    assert table[5].startswith("floor 1, (a) - (c) on the new domain: ")
+    assert table[6].startswith("floor 2, (a) - start on the old domain: ")
