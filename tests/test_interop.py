@@ -203,6 +203,68 @@ def test_an_imported_m2m100_model_tags_the_source_and_forces_the_target_language
     assert ours == theirs.batch_decode(out, skip_special_tokens=True)
 
 
+NLLB_CODES = ["deu_Latn", "eng_Latn", "fra_Latn", "zho_Hans", "zho_Hant"]
+
+
+@pytest.fixture(scope="module")
+def nllb(tmp_path_factory) -> tuple[Path, Path]:
+    """An NLLB-style M2M100 directory (tokenizer.json with NLLB's language tokens, a random model) and its import
+    with --src-lang en and no target language: every language of the model stays one to translate into."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tok.train_from_iterator([t for p in PAIRS for t in p], trainers.UnigramTrainer(
+        vocab_size=70, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False))
+    tok.add_special_tokens(NLLB_CODES)
+    tok.post_processor = processors.TemplateProcessing(single="eng_Latn $A </s>", special_tokens=[
+        ("eng_Latn", tok.token_to_id("eng_Latn")), ("</s>", 2)])
+    hf_dir = tmp_path_factory.mktemp("nllb") / "hf"
+    _m2m100(vocab=tok.get_vocab_size(), d_model=32).save_pretrained(hf_dir)
+    tok.save(str(hf_dir / "tokenizer.json"))
+    out = hf_dir.parent / "out"
+    assert main(["import", str(hf_dir), str(out), "--src-lang", "en"]) == 0
+    return hf_dir, out
+
+
+def test_an_nllb_import_translates_into_each_of_its_languages_by_short_code(nllb, caplog, capsys):
+    """`--tgt-lang de` is deu_Latn (said), the forced first token generate is given; the import keeps every language
+    for nmt translate and the server."""
+    hf_dir, out = nllb
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json"), eos_token="</s>",
+                                                  pad_token="<pad>", unk_token="<unk>")
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(hf_dir).eval()
+    batch = theirs(SENTENCES[:4], return_tensors="pt", padding=True)
+    translator = Translator.from_pretrained(out)
+    assert translator.target_languages == NLLB_CODES
+    for given, code in (("de", "deu_Latn"), ("fra_Latn", "fra_Latn"), ("zho_Hant", "zho_Hant")):
+        out_ids = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=10, forced_eos_token_id=2,
+                              forced_bos_token_id=theirs.convert_tokens_to_ids(code), suppress_tokens=[1])
+        with caplog.at_level("INFO", logger="nmt"):
+            ours = translator.translate(SENTENCES[:4], beam_size=1, max_new_tokens=10, max_len_a=10, max_len_b=0,
+                                        tgt_lang=given)
+        assert ours == theirs.batch_decode(out_ids, skip_special_tokens=True), given
+    assert "target language de is deu_Latn in this model" in caplog.text
+    listed = "deu_Latn, eng_Latn, fra_Latn, zho_Hans, zho_Hant"
+    capsys.readouterr()  # transformers' progress bars
+    for args, says in ((["--tgt-lang", "xx"], f"choose one of {listed}"), (["--tgt-lang", "zh"], f"choose one of {listed}"),
+                       ([], f"give the target language (--tgt-lang, tgt_lang=), one of {listed}")):
+        assert main(["translate", str(out), "--input", str(hf_dir / "config.json"), *args]) == 2
+        assert says in _one_error_line(capsys)
+    for code, says in (("ja", f"'ja' is not a language of this model; its languages: {listed}"),
+                       ("zh", "(zh could be zho_Hans or zho_Hant: give one)")):
+        assert main(["import", str(hf_dir), str(out.parent / code), "--src-lang", code]) == 2
+        assert says in _one_error_line(capsys)
+
+    from tests.test_serve import serving
+
+    with serving(out) as server:
+        assert server.call("GET", "/info")[1]["target_languages"] == NLLB_CODES
+        status, body = server.call("POST", "/translate", {"sentences": SENTENCES[:2], "tgt_lang": "de"})
+        assert status == 200 and len(body["translations"]) == 2
+        assert server.call("POST", "/translate", {"sentences": SENTENCES[:2], "tgt_lang": "xx"})[0] == 400
+
+
 # --- export ------------------------------------------------------------------------------------------------------------
 
 
