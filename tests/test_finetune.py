@@ -1,5 +1,6 @@
 """Fine-tuning a model directory on another corpus (`init_from`): its tokenizer and architecture are kept,
-mismatches are named, and `nmt check` reports how the old tokenizer fits the new data."""
+mismatches are named, the starting model is validated before step 1 and never beaten by a worse one, and `nmt
+check` reports how the old tokenizer fits the new data."""
 
 import dataclasses
 import json
@@ -7,6 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from nmt import train
 from nmt.config import ModelConfig, OptimConfig, TokenizerConfig
@@ -54,6 +57,12 @@ def train_statements(domains: Path, out: Path, steps: int) -> Path:
 
 
 @pytest.fixture(scope="module")
+def trained_statements(domains, tmp_path_factory) -> Path:
+    """A model directory trained 250 steps on the statements (~20 s: BLEU ~14 on them, a few on the questions)."""
+    return train_statements(domains, tmp_path_factory.mktemp("a250"), 250)
+
+
+@pytest.fixture(scope="module")
 def statements_model(domains, tmp_path_factory) -> Path:
     """A model directory trained a few steps on the statements (what the checks need, not a good model)."""
     return train_statements(domains, tmp_path_factory.mktemp("a"), 4)
@@ -65,19 +74,82 @@ def bleu_by_step(out: str) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_fine_tuning_on_a_new_domain_raises_its_bleu_and_keeps_the_tokenizer(domains, tmp_path):
-    statements_model = train_statements(domains, tmp_path / "a", 250)  # ~20 s: BLEU ~14 on statements
+def test_fine_tuning_on_a_new_domain_raises_its_bleu_from_the_start_and_keeps_the_tokenizer(domains, trained_statements,
+                                                                                              tmp_path, capsys):
+    statements_model = trained_statements
+    capsys.readouterr()
     cfg = domain_config(domains, "b", tmp_path, init_from=str(statements_model), max_steps=80, eval_every=20,
                         save_every=80, max_tokens=800, optim=OptimConfig(lr=5e-3, warmup_steps=5),
                         model=ModelConfig(), tokenizer=TokenizerConfig(), eval_max_sentences=30)
     result = train(cfg)
-    bleu = bleu_by_step(cfg.output_dir)
+    bleu, printed = bleu_by_step(cfg.output_dir), capsys.readouterr()
     assert bleu[80] > bleu[20] + 8 and bleu[80] > bleu[40], bleu  # the questions are learnt (measured 4 -> 21)
+    # the start validated before step 1, printed, and the summary's start -> best
+    assert f"nmt: start: BLEU {bleu[0]:.2f} on the validation set (30 pairs" in printed.err
+    assert result.best["step"] > 0 and result.best["bleu"] > bleu[0]
+    assert f"start -> best: BLEU {bleu[0]:.2f} -> {result.best['bleu']:.2f} (step {result.best['step']})" in \
+        result.summary()
+    assert "optim.lr 0.005: given, kept over the fine-tuning rule's" in printed.out  # the flag won, and says so
+    assert "model.dropout 0: as the model was trained (its training.json)" in printed.out  # tiny's dropout 0
     assert (result.model_dir / "tokenizer.json").read_bytes() == (statements_model / "tokenizer.json").read_bytes()
     assert open_model(result.model_dir).model.cfg == open_model(
         statements_model).model.cfg  # the architecture of the model fine-tuned
     rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["lr"] < cfg.optim.lr  # a fresh schedule: warming up again
+
+
+@pytest.mark.slow
+def test_a_run_that_only_gets_worse_ends_with_the_start_model_and_says_so(domains, trained_statements, tmp_path):
+    cfg = domain_config(domains, "b", tmp_path, init_from=str(trained_statements), max_steps=6, eval_every=3,
+                        save_every=3, max_tokens=800, optim=OptimConfig(lr=1.0, warmup_steps=1),  # a ruinous lr
+                        model=ModelConfig(), tokenizer=TokenizerConfig(), eval_max_sentences=30)
+    result = train(cfg)
+    bleu = bleu_by_step(cfg.output_dir)
+    assert bleu[0] > 1 and max(bleu[3], bleu[6]) < bleu[0], bleu
+    assert result.best["step"] == 0 and result.best["bleu"] == bleu[0]
+    assert "(no step beat the start: the model written is the starting model)" in result.summary()
+    start, final = (load_file(str(d / "model.safetensors")) for d in (trained_statements, result.model_dir))
+    assert start.keys() == final.keys() and all(torch.equal(start[k], final[k]) for k in start)
+
+
+def test_a_resumed_fine_tuning_keeps_its_start_and_does_not_validate_it_again(domains, statements_model, tmp_path,
+                                                                               capsys, fresh_accelerate_state):
+    cfg = domain_config(domains, "b", tmp_path, init_from=str(statements_model), max_steps=4, eval_every=2,
+                        save_every=2, model=ModelConfig(), tokenizer=TokenizerConfig())
+    first = train(cfg)
+    assert capsys.readouterr().err.count("nmt: start: BLEU") == 1 and "bleu" in first.start
+    fresh_accelerate_state()
+    cfg.max_steps, cfg.resume = 6, "latest"
+    second = train(cfg)
+    assert "nmt: start:" not in capsys.readouterr().err and second.steps == 6
+    rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "bleu" in r] == [0, 2, 4, 6]  # step 0 once
+    assert second.start == first.start and "start -> best: BLEU" in second.summary()
+
+
+def run_training(cfg) -> None:  # top level: launched processes import it by name
+    train(cfg)
+
+
+@pytest.mark.multiprocess
+def test_two_processes_validate_the_start_as_one_does(domains, statements_model, tmp_path, fresh_accelerate_state):
+    from nmt.launch import launch
+
+    runs = {n: domain_config(domains, "b", tmp_path / str(n), init_from=str(statements_model), max_steps=2,
+                             eval_every=2, save_every=2, model=ModelConfig(dropout=0.0), tokenizer=TokenizerConfig())
+            for n in (1, 2)}
+    run_training(runs[1])
+    fresh_accelerate_state()
+    launch(run_training, (runs[2],), num_processes=2)
+    starts = []
+    for cfg in runs.values():
+        rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+        starts.append([r for r in rows if r["step"] == 0])
+        info = json.loads((Path(cfg.output_dir) / "checkpoints" / "step_2" / "nmt_checkpoint.json").read_text())
+        assert {**info["state"]["start"], "step": 0} == starts[-1][0]  # in the run's JSON state, for a resume
+    (one,), (two,) = starts  # one step-0 validation each, its scores the same on 1 and 2 processes
+    assert (one["bleu"], one["chrf"]) == (two["bleu"], two["chrf"]) and one["chrf"] > 0
+    assert one["valid_nll"] == pytest.approx(two["valid_nll"], abs=1e-5)
 
 
 def test_mismatches_with_the_model_directory_are_named(domains, statements_model, tmp_path):

@@ -41,9 +41,10 @@ def validate(run: Run, decode: bool = True) -> dict | None:
 
 def bleu_due(cfg, step: int) -> bool:
     """Whether a validation at `step` also decodes (BLEU/chrF): always, except under a time budget while the
-    learning rate still warms up. Those early validations score the loss only: an untrained model's greedy
-    hypotheses run to the length limit, the slowest decodes of the run and the least informative."""
-    return cfg.max_minutes is None or step > (cfg.optim.warmup_steps or 0)
+    learning rate of a model trained from scratch still warms up. Those early validations score the loss only: an
+    untrained model's greedy hypotheses run to the length limit, the slowest decodes of the run and the least
+    informative. A fine-tuned model (init_from) translates from the start, which every validation is compared with."""
+    return cfg.max_minutes is None or bool(cfg.init_from) or step > (cfg.optim.warmup_steps or 0)
 
 
 def valid_loss(run: Run) -> dict | None:
@@ -130,6 +131,11 @@ def _shown(metrics: dict) -> str:
     return " ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
 
 
+def score_line(metrics: dict) -> str:
+    """The score validation keeps the best by, as words: "BLEU 21.30", or the loss of a model without search."""
+    return f"BLEU {metrics['bleu']:.2f}" if "bleu" in metrics else f"validation loss (nll) {metrics['valid_nll']:.3f}"
+
+
 def evaluate_and_keep_best(run: Run, decode: bool = True) -> bool:
     """Validate (BLEU/chrF too if `decode`); a better score than before replaces best/. Logged, and one line on
     the terminal. False (on every process) when a stop signal cut the validation short: nothing is scored or kept."""
@@ -146,6 +152,27 @@ def evaluate_and_keep_best(run: Run, decode: bool = True) -> bool:
     log_metrics(run, {k: v for k, v in metrics.items() if not isinstance(v, str)})
     if run.is_main:
         print(f"\nvalid @ step {state.step}: {_shown(metrics)}{' (best)' if improved else ''}", file=sys.stderr,
+              flush=True)
+    return True
+
+
+def validate_start(run: Run) -> bool:
+    """Fine-tuning (init_from): the starting model validated before the first step, the same way every later
+    validation is, and kept as the first best/ (so the final model is never worse on validation than the start);
+    its scores go to `state.start`, which a resume keeps instead of validating again. False (on every process) when
+    a stop signal cut it short."""
+    state = run.state
+    metrics = validate(run, decode=True)
+    if metrics is None:
+        return False
+    state.start = {k: v for k, v in metrics.items() if isinstance(v, float)}
+    state.best_score, state.best_step, state.evals_since_best = metrics.get("bleu", -metrics["valid_nll"]), 0, 0
+    save_model_dir(run, run.out / "best", metrics)
+    log_metrics(run, state.start)
+    if run.is_main:
+        pairs = sum(len(idx) for _, idx in valid_rows(run)) if "bleu" in metrics else len(run.corpus.splits["valid"])
+        rest = _shown({k: v for k, v in metrics.items() if k != "bleu"})
+        print(f"nmt: start: {score_line(metrics)} on the validation set ({pairs:,} pairs; {rest})", file=sys.stderr,
               flush=True)
     return True
 

@@ -31,7 +31,7 @@ from nmt.compat import mkldnn_bf16_supported, release_free_memory
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
 from nmt.plan import TRAIN_SHARE, Measured, precision_for, retime, retime_line
-from nmt.training.evaluation import bleu_due, evaluate_and_keep_best
+from nmt.training.evaluation import bleu_due, evaluate_and_keep_best, validate_start
 from nmt.training.state import Run, log_metrics, save_checkpoint, save_plan
 
 log = get_logger(__name__)
@@ -99,6 +99,8 @@ class Loop:
                        self.run.cfg.log_every)
         self.run.stop_requested = lambda: signals.received is not None
         try:
+            if self.run.cfg.init_from and state.step == 0 and not state.start:  # once: a resume has it in its state
+                self.validate_start(signals)
             while (self.total is None or state.step < self.total) and self.stopped_by is None:
                 self.one_step(batches, signals, bar)
                 self.after_step(signals)
@@ -110,6 +112,17 @@ class Loop:
         self.run.stop_reason = self.reason()
         self.run.epochs = self.sampler.epoch + self.sampler.step_in_epoch / self.sampler.steps_per_epoch()
         return self.stopped_by
+
+    def validate_start(self, signals: StopSignals) -> None:
+        """Fine-tuning: the starting model validated and kept as the first best before step 1 (timed like any
+        validation, for the budget); a stop signal meanwhile saves the step-0 checkpoint and ends the run."""
+        started = time.perf_counter()
+        if validate_start(self.run):
+            self.session.validated(time.perf_counter() - started)
+        else:
+            self.stopped_by = signals.received or "SIGTERM"
+            self.run.state.sampler = self.sampler.state_dict()
+            save_checkpoint(self.run)
 
     def budget_left_minutes(self) -> float | None:
         cfg = self.run.cfg
