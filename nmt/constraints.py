@@ -6,7 +6,8 @@ case as given, after NFKC), its target term must appear in the translation. Beam
 dynamic beam allocation (Post & Vilar 2018, as in Sockeye and fairseq's `LexicallyConstrainedBeamSearch`):
 
 - each hypothesis tracks, per target term of its sentence, how many of the term's tokens it has just produced
-  (`Terms.progress`); a term is met once all of them have been produced in a row, and stays met;
+  (`Terms.progress`); a term is met once all of them have been produced in a row and the next token does not
+  continue the word (a whole word: "Bruder", never "Bruderer"), and stays met;
 - each step's candidates are the plain search's best continuations, plus, for every hypothesis, the next token of
   each term it has not met and its own best token;
 - the candidates are ranked into "banks" by how many term tokens they hold (of the terms met, and of the one
@@ -158,9 +159,14 @@ class Terms:
     """The target terms (token ids) of a batch's sentences and, per search row, its progress through each.
 
     `terms[b]` lists sentence b's terms, each a non-empty list of target token ids. `joins` (V,) marks the target
-    tokens that continue the word before them (a subword without the word-start mark): none may follow a term's
-    last token, so a term stays a whole word ("Bruder" never becomes "Bruderer"). Shapes: B sentences, C terms
-    at most per sentence, L tokens at most per term, R rows of the search (one per sentence to begin with).
+    tokens that continue the word before them (a subword without the word-start mark): a term is met only once the
+    token after its last one does not continue its word, so a term is met as a whole word ("Bruder", never
+    "Bruderer"). Shapes: B sentences, C terms at most per sentence, L tokens at most per term, R rows of the search
+    (one per sentence to begin with).
+
+    `progress` (R, C) per term: 0 .. length - 1 while under way (its tokens just produced), length once all are
+    (the next token decides: a joining one starts it over, any other makes it met), length + 1 once met.
+    </s> may follow a term's last token, and makes it met.
     """
 
     def __init__(self, terms: list[list[list[int]]], device, joins: torch.Tensor | None = None):
@@ -174,43 +180,62 @@ class Terms:
                 length[b, c] = len(term)
         self.ids, self.length = ids.to(device), length.to(device)  # (B, C, L), (B, C)
         self.row_sent = torch.arange(B, device=device)  # (R,) sentence of each row
-        self.progress = torch.zeros(B, C, dtype=torch.long, device=device)  # (R, C) tokens of each term just produced
-        self.ended = torch.zeros(B, dtype=torch.bool, device=device)  # (R,) whether a row's last token ended a term
-        # (V,) what a joining token adds after a term's end: a float add costs a third of a boolean mask over (R, V)
+        self.progress = torch.zeros(B, C, dtype=torch.long, device=device)  # (R, C) see above
+        self.joins = None if joins is None else joins.to(device)
+        # (V,) what a joining token adds to lp after a term's last token: one outer-product update of lp costs a
+        # tenth of a boolean mask over (R, V); `allocate` takes any total this low for -inf
         self.after_term = None if joins is None else torch.zeros(joins.shape, device=device).masked_fill(
-            joins.to(device), torch.finfo(torch.float32).min)
+            self.joins, torch.finfo(torch.float32).min)
 
     def unmet(self) -> torch.Tensor:
         """(R,) how many of its sentence's terms each row has not met."""
         return self.progress.lt(self.length.index_select(0, self.row_sent)).sum(1)
 
     def restrict(self, lp: torch.Tensor, at_limit: torch.Tensor, eos: int) -> torch.Tensor:
-        """lp (R, V) with </s> made impossible for rows that have not met all their terms, unless at their length
-        limit (`at_limit` (R,)), and after a term's last token no token that would continue its word; in place."""
+        """lp (R, V) with </s> made impossible for rows that have not produced all their terms, unless at their
+        length limit (`at_limit` (R,)); after a term's last token, no token that would continue its word, but the
+        next token of another term under way (a term may hold another: "Bruderschaft" and "Bruder"). In place."""
         lp[:, eos] = lp[:, eos].masked_fill(self.unmet().gt(0) & ~at_limit, -torch.inf)
-        if self.after_term is not None:  # finfo.min: `allocate` takes any total this low for -inf
-            lp.add_(self.ended.to(lp.dtype)[:, None] * self.after_term.to(lp.dtype)[None, :])
+        if self.after_term is None:
+            return lp
+        length = self.length.index_select(0, self.row_sent)
+        wanted = self.ids.index_select(0, self.row_sent).gather(
+            2, self.progress.clamp(max=self.ids.shape[2] - 1)[..., None]).squeeze(2).clamp(min=0)  # (R, C)
+        under_way = self.progress.gt(0) & self.progress.lt(length)
+        keep = (wanted[:, :, None].eq(wanted[:, None, :]) & under_way[:, None, :]).any(2)  # (R, C) wanted by one
+        before = lp.gather(1, wanted)
+        ended = (self.progress.eq(length) & length.gt(0)).any(1)  # (R,) a term's last token was the row's last
+        lp.addr_(ended.to(lp.dtype), self.after_term.to(lp.dtype))  # lp += ended (x) after_term
+        lp.scatter_(1, wanted, torch.where(keep, before, lp.gather(1, wanted)))  # equal ids: equal values
         return lp
 
     def advance(self, progress: torch.Tensor, sent: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """Progress (..., C) of rows of sentences `sent` (...,) after they emit `tok` (...,): a met term stays met;
+        after its last token, a token that does not continue the word makes it met, one that does starts it over;
         the next token of a term moves it on; its first token starts it afresh; any other token starts it over."""
         ids, length = self.ids[sent], self.length[sent]  # (..., C, L), (..., C)
-        met = progress.ge(length)
         wanted = ids.gather(-1, progress.clamp(max=ids.shape[-1] - 1)[..., None]).squeeze(-1)  # (..., C)
         y = tok[..., None]
-        moved = torch.where(y.eq(wanted), progress + 1, y.eq(ids[..., 0]).long())
-        return torch.where(met, progress, moved)
+        again = y.eq(ids[..., 0]).long()
+        moved = torch.where(y.eq(wanted), progress + 1, again)
+        joins = torch.zeros_like(y, dtype=torch.bool) if self.joins is None else self.joins[tok][..., None]
+        decided = torch.where(joins, again, length + 1)  # the token after a term's last one
+        return torch.where(progress.gt(length) | length.eq(0), progress,
+                           torch.where(progress.eq(length), decided, moved))
 
     def allocate(self, scores: torch.Tensor, lp: torch.Tensor, sent: torch.Tensor, top: torch.Tensor,
-                 beam: torch.Tensor, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The step's candidates in dynamic beam allocation's order.
+                 beam: torch.Tensor, tok: torch.Tensor, at_limit: torch.Tensor, eos: int, k: int) -> tuple:
+        """The step's candidates that end, and those that go on in dynamic beam allocation's order.
 
         scores (N, W) prefix log-probabilities of the N sentence groups `sent` (N,), lp (N*W, V) next-token
-        log-probabilities, and the plain search's best continuations top/beam/tok (N, n). Adds each row's next
-        token of every term it has not met and its own best token; drops repeated (row, token) candidates; ranks
-        them round robin over banks (the term tokens a candidate holds, most first), best first within a bank.
-        Returns (top, beam, tok), each (N, n), in that order (-inf candidates last).
+        log-probabilities, the plain search's best continuations top/beam/tok (N, n), and which rows are at their
+        length limit (N*W,). Adds each row's next token of every term it has not met and its own best token; drops
+        repeated (row, token) candidates; ranks them round robin over banks (the term tokens a candidate holds,
+        most first), best first within a bank.
+
+        Returns ((top, beam, ends), (top, beam, tok)): all candidates (N, M) best bank first, with whether each
+        ends a hypothesis (its </s> ranks within the `k` best candidates that hold every term, as the plain search
+        ends one within its `k` best of all; or its row is at the limit); and the n first in allocation's order.
         """
         N, W = scores.shape
         n, dev = top.shape[1], top.device
@@ -235,8 +260,9 @@ class Terms:
         # under way (counting every term under way would let a word that starts two terms count twice forever)
         rows = torch.arange(N, device=dev)[:, None] * W + beam  # (N, M)
         progress = self.advance(self.progress[rows], sent[:, None].expand_as(tok), tok)  # (N, M, C)
-        met = progress.ge(self.length.index_select(0, sent)[:, None, :])
-        held = progress.masked_fill(~met, 0).sum(2) + progress.masked_fill(met, 0).amax(2)  # (N, M)
+        length = self.length.index_select(0, sent)[:, None, :]  # (N, 1, C)
+        met = progress.gt(length) | length.eq(0)
+        held = length.masked_fill(~met, 0).sum(2) + progress.masked_fill(met, 0).amax(2)  # (N, M)
         held = held.masked_fill(~top.isfinite(), -1)
         most = int(self.ids.shape[1] * self.ids.shape[2]) + 2
         by_score = top.argsort(dim=1, descending=True, stable=True)
@@ -249,20 +275,20 @@ class Terms:
         turn = (pos - start) * most + (most - 1 - bank)  # round robin over the banks, most term tokens first
         turn = turn.masked_fill(bank.lt(0), most * ranked.shape[1] * 2)
         chosen = ranked.gather(1, turn.argsort(dim=1, stable=True)[:, :n])  # (N, n)
-        return top.gather(1, chosen), beam.gather(1, chosen), tok.gather(1, chosen)
+        every = self.length.index_select(0, sent).sum(1, keepdim=True)  # (N, 1) the tokens of all the terms
+        limit = at_limit.view(N, W).gather(1, beam.gather(1, ranked))
+        ends = tok.gather(1, ranked).eq(eos) & bank.ge(0) & ((bank.eq(every) & (pos - start).lt(k)) | limit)
+        return ((top.gather(1, ranked), beam.gather(1, ranked), ends),
+                (top.gather(1, chosen), beam.gather(1, chosen), tok.gather(1, chosen)))
 
     def update(self, rows: torch.Tensor, last: torch.Tensor) -> None:
         """The search continues with rows `rows` (R',) of the current ones, which emitted `last` (R',)."""
         self.row_sent = self.row_sent.index_select(0, rows)
-        before = self.progress.index_select(0, rows)
-        self.progress = self.advance(before, self.row_sent, last)
-        length = self.length.index_select(0, self.row_sent)
-        self.ended = (self.progress.ge(length) & before.lt(length)).any(1)
+        self.progress = self.advance(self.progress.index_select(0, rows), self.row_sent, last)
 
     def keep(self, rows: torch.Tensor) -> None:
         """Only rows `rows` of the current ones go on (finished sentences leave)."""
         self.row_sent, self.progress = self.row_sent.index_select(0, rows), self.progress.index_select(0, rows)
-        self.ended = self.ended.index_select(0, rows)
 
 
 def going_first(top: torch.Tensor, tok: torch.Tensor, eos: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:

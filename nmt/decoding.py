@@ -165,13 +165,14 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig, terms: list[lis
         if terms is not None:
             terms.restrict(lp, at.repeat_interleave(W) <= t + 1, eos)
         top, beam, tok = _best_continuations(scores, lp, 2 * K)  # (N, 2K): at most K are </s>, K others remain
-        if terms is not None:  # the same number of candidates, in dynamic beam allocation's order
-            top, beam, tok = terms.allocate(scores, lp, sent, top, beam, tok)
-        finished.add(sent, top[:, :K], beam[:, :K], tok[:, :K].eq(eos), history.view(N, W, t), eos, cfg.alpha,
-                     None if terms is None else terms.unmet().view(N, W).gather(1, beam[:, :K]))
         if terms is None:
+            finished.add(sent, top[:, :K], beam[:, :K], tok[:, :K].eq(eos), history.view(N, W, t), eos, cfg.alpha)
             top, pick = top.masked_fill(tok.eq(eos), -torch.inf).topk(K, dim=1)  # (N, K) best non-</s> continuations
-        else:
+        else:  # dynamic beam allocation: which candidates end, and the same number of others in its order
+            (end_top, end_beam, ends), (top, beam, tok) = terms.allocate(
+                scores, lp, sent, top, beam, tok, at.repeat_interleave(W) <= t + 1, eos, K)
+            finished.add(sent, end_top, end_beam, ends, history.view(N, W, t), eos, cfg.alpha,
+                         terms.unmet().view(N, W).gather(1, end_beam))
             top, pick = going_first(top, tok, eos, K)
         rows = (torch.arange(N, device=dev)[:, None] * W + beam.gather(1, pick)).view(-1)
         last, scores = tok.gather(1, pick).view(-1), top

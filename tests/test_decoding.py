@@ -551,10 +551,10 @@ JOINS = torch.arange(V).lt(V // 2) & torch.arange(V).ge(4)  # (V,) words 4 .. V/
 @PROPERTY
 @given(case=constrained_cases(), beam=st.integers(1, 4), alpha=st.sampled_from([0.0, 0.6]))
 def test_every_term_appears_and_sentences_without_terms_are_translated_as_without(case, beam, alpha):
-    """Constrained beam search: the best hypothesis holds every term of its sentence (several terms in one sentence
-    too), and so does every one that ends before its length limit (there a hypothesis ends whatever it holds, and
-    ranks after those that hold every term); each is scored by the model's own log-probability, and no token that
-    continues a word follows a term's last token. A sentence without terms in the same batch gets the plain
+    """Constrained beam search: every hypothesis that ends before its length limit holds every term of its sentence
+    (several terms in one sentence too) as a whole word (the token after it does not continue it), and the best
+    one holds them all (at the limit a hypothesis ends whatever it holds, and ranks after those that hold more);
+    each is scored by the model's own log-probability. A sentence without terms in the same batch gets the plain
     search's hypotheses (beam 1: greedy's, which sums in float64)."""
     model, src_ids, terms = case
     cfg = SearchConfig(beam_size=beam, nbest=beam, alpha=alpha, max_len_a=14, max_len_b=0, max_new_tokens=14)
@@ -567,13 +567,13 @@ def test_every_term_appears_and_sentences_without_terms_are_translated_as_withou
             continue
         assert 1 <= len(hyps) <= beam and all(holds(hyps[0].tokens, term) for term in ts), (hyps, ts)
         for hyp in hyps:
-            if len(hyp.tokens) < 14:  # ended before the limit (where </s> is forced)
-                assert all(holds(hyp.tokens, term) for term in ts), (hyp.tokens, ts)
-                src_row = src_ids[i: i + 1][:, : int(src_ids[i].ne(PAD).sum())]
-                assert abs(hyp.logprob - forced_logprob(model, src_row, hyp.tokens)) < 1e-4
-            for term in ts:
+            if len(hyp.tokens) == 14:  # cut at the limit (where </s> is forced)
+                continue
+            src_row = src_ids[i: i + 1][:, : int(src_ids[i].ne(PAD).sum())]
+            assert abs(hyp.logprob - forced_logprob(model, src_row, hyp.tokens)) < 1e-4
+            for term in ts:  # as a whole word: what follows one of its places does not continue it
                 ends = [j + len(term) for j in range(len(hyp.tokens)) if hyp.tokens[j: j + len(term)] == term]
-                assert not ends or any(not JOINS[hyp.tokens[e]] for e in ends), (hyp.tokens, term)
+                assert any(not JOINS[hyp.tokens[e]] for e in ends), (hyp.tokens, term)
 
 
 def test_without_terms_a_search_is_the_plain_one():
