@@ -14,9 +14,12 @@ second with the same budget three ways, each the command a user runs.
    spm_train with its defaults (unigram, character coverage 0.9995), one vocab.json counted from both encoded
    sides as marian-vocab counts (</s> 0, <unk> 1, then by frequency, <pad> last), MarianTokenizer.save_pretrained,
    and a MarianMTModel (swish, scaled embeddings, sinusoidal positions, tied embeddings; pad is the last id and
-   starts the decoder) trained on domain A's train with the HF baseline recipe of benchmarks/hf_baseline.py
-   (AdamW 5e-4 (0.9, 0.98), inverse-sqrt warmup of 1,000 steps, label smoothing 0.1, clipping 1.0, ~4,096-token
-   length-bucketed batches, validation loss after every epoch with the best weights kept) for `--base-minutes`.
+   starts the decoder) trained on domain A's train for `--base-minutes` with the HF baseline recipe of
+   benchmarks/hf_baseline.py (AdamW 5e-4 (0.9, 0.98), inverse-sqrt warmup, label smoothing 0.1, clipping 1.0,
+   length-bucketed batches, validation loss after every epoch with the best weights kept), sized for a start
+   trained in minutes on a CPU: d_model 128, 2+2 layers, 2,000 pieces a side, 1,024-token batches, 200 warmup
+   steps (the HF baseline's d256, 3+3, 4,096 tokens and 1,000 warmup steps reach ~50 steps in 10 minutes of
+   one core, all in the warmup: `--base-size 256,3,4,1024 --base-max-tokens 4096 --base-warmup 1000`).
    It is saved as huggingface_hub lays out a download, WORK/hub/models--nmt-bench--opus-mt-en-de/.
 3. On domain B, `--minutes` each, with HF_HUB_CACHE=WORK/hub and HF_HUB_OFFLINE=1:
    (a) `nmt import nmt-bench/opus-mt-en-de` and README's fine-tuning command (`nmt train --init_from ...`);
@@ -321,12 +324,10 @@ def main() -> None:
     p.add_argument("--words", default="Tom,Mary", help="domain B: pairs whose source names one of these")
     p.add_argument("--held-out", type=int, default=1000, help="test pairs per domain (valid: half as many)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--spm-vocab", type=int, default=4000, help="pieces of each SentencePiece model of the start")
-    p.add_argument("--base-size", default="256,3,4,1024",
-                   help="the start's d_model,layers,heads,ffn (default: the HF baseline's)")
-    p.add_argument("--base-max-tokens", type=int, default=4096, help="the start's batch (default: the HF baseline's)")
-    p.add_argument("--base-warmup", type=int, default=1000,
-                   help="the start's warmup steps (default: the HF baseline's)")
+    p.add_argument("--spm-vocab", type=int, default=2000, help="pieces of each SentencePiece model of the start")
+    p.add_argument("--base-size", default="128,2,4,512", help="the start's d_model,layers,heads,ffn")
+    p.add_argument("--base-max-tokens", type=int, default=1024, help="the start's batch, in tokens")
+    p.add_argument("--base-warmup", type=int, default=200, help="the start's warmup steps")
     args = p.parse_args()
     import torch
 
