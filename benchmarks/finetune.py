@@ -226,7 +226,7 @@ def train_marian(d: Path, tok, train, valid, minutes: float, cfg: BaselineConfig
             optimizer.zero_grad(set_to_none=True)
             steps += 1
             if steps % 100 == 0:
-                log(f"  base: step {steps}, loss {float(loss):.3f} ({(time.perf_counter() - t0) / 60:.1f} min)")
+                log(f"  base: step {steps}, loss {float(loss.detach()):.3f} ({(time.perf_counter() - t0) / 60:.1f} min)")
             if time.perf_counter() - t0 >= budget:
                 break
         else:
