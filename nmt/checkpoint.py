@@ -442,7 +442,7 @@ def _optimizer_record(state_dict: dict) -> tuple[dict, dict]:
     for index, entry in state_dict["state"].items():
         for name, value in entry.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"state.{index}.{name}"] = value.detach().contiguous()
+                tensors[f"state.{index}.{name}"] = value.detach().cpu().contiguous()
             else:
                 values.setdefault(str(index), {})[name] = value
     meta = {"format": "pt", "param_groups": json.dumps(state_dict["param_groups"]), "values": json.dumps(values)}
