@@ -336,6 +336,7 @@ def test_scores_give_each_translation_its_mean_logprob_and_confidence(model_dir,
     assert plain["translations"] == [rows[0][0]]
 
 
+@pytest.mark.slow
 def test_a_glossary_puts_its_terms_in_the_translations_as_nmt_translate_does_and_is_bounded(model_dir, corpus_dir,
                                                                                             tmp_path):
     """"glossary": [[source term, target term], ...] translates as nmt translate --glossary does (the target term in

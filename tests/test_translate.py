@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -354,3 +355,58 @@ def test_ctranslate2_scores_are_its_forced_decoding_of_each_translation(translat
     expected = exported.translate(TEXTS[:1], beam_size=1, with_scores=True)[0]
     assert (text, float(mean), float(confidence)) == (expected.text, pytest.approx(expected.mean_logprob, abs=1e-4),
                                                       pytest.approx(expected.confidence, abs=1e-4))
+
+
+def test_a_glossary_puts_its_terms_in_the_translations_and_leaves_other_sentences_alone(translator):
+    """Translator.translate(glossary=): where a source holds a source term (whole words, case as given) the
+    translation holds its target term as a whole word, two in one sentence too; every other sentence of the same
+    call is translated exactly as without a glossary."""
+    glossary = {"frogs": "dorzari", "white": "kozika", "cat": "bobisa zamo", "farmer": "puvu"}
+    texts = [*TEXTS, "A white cat sees ten frogs.", "The Farmer sleeps.", "A catalogue of cats."]
+    plain = translator.translate(texts, beam_size=3)
+    glossed = translator.translate(texts, beam_size=3, glossary=glossary)
+    held = []
+    for text, without, out in zip(texts, plain, glossed):
+        wanted = [t for s, t in glossary.items() if re.search(rf"(?<!\w){s}(?!\w)", text)]
+        held.append(len(wanted))
+        for target in wanted:
+            assert re.search(rf"(?<!\w){target}(?!\w)", out), (text, out, target)
+        if not wanted:  # "Farmer", "catalogue" and "cats" hold no term
+            assert out == without, text
+    assert sum(held) >= 6 and max(held) == 3
+    with pytest.raises(NmtError, match="glossary needs nmt's own beam search"):
+        translator.translate(texts[:1], glossary=glossary, sampling=SamplingConfig(seed=1))
+    with pytest.raises(NmtError, match="glossary item 1: the target term is empty"):
+        translator.translate(texts[:1], glossary=[("frogs", "dorzari"), ("cat", " ")])
+
+
+def test_cli_glossary_for_translate_and_evaluate_and_its_file_errors_naming_the_line(short, tmp_path, capsys):
+    """nmt translate and nmt evaluate --glossary terms.tsv: the terms in the output; a file that is wrong is refused
+    in one line naming the file and line: wrong column count, an empty term, a source term with two targets, not
+    UTF-8."""
+    from nmt.cli import main
+
+    short.model.save_pretrained(tmp_path / "m")
+    short.tokenizer.save(tmp_path / "m")
+    src, ref, terms = tmp_path / "in.txt", tmp_path / "ref.txt", tmp_path / "terms.tsv"
+    src.write_text("Ten frogs were not good.\nWho closed this letter?\n", encoding="utf-8")
+    ref.write_text("Dorzari lopanda.\nKimo nunoza.\n", encoding="utf-8")
+    terms.write_text("\ufefffrogs\tdorzari\n\nletter\tvoputu\n", encoding="utf-8")  # a BOM and a blank line are fine
+    assert main(["translate", str(tmp_path / "m"), "--input", str(src), "--output", str(tmp_path / "out.txt"),
+                 "--glossary", str(terms)]) == 0
+    out = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+    assert re.search(r"(?<!\w)dorzari(?!\w)", out[0]) and re.search(r"(?<!\w)voputu(?!\w)", out[1]), out
+    assert main(["evaluate", str(tmp_path / "m"), "--src", str(src), "--ref", str(ref), "--glossary", str(terms),
+                 "--output", str(tmp_path / "hyp.txt")]) == 0
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines() == out
+    capsys.readouterr()
+    for body, line, message in [(b"frogs\tdorzari\nletter voputu\n", 2, "has 1 tab-separated column"),
+                                (b"frogs\tdorzari\tx\n", 1, "has 3 tab-separated columns"),
+                                (b"frogs\tdorzari\n\t voputu\n", 2, "the source term is empty"),
+                                (b"frogs\t\n", 1, "the target term is empty"),
+                                (b"frogs\tdorzari\ncat\tbobisa\nfrogs\tlopanda\n", 3, "given twice with different"),
+                                (b"frogs\tdorzari\nk\xe4se\tkesa\n", 2, "not valid UTF-8")]:
+        terms.write_bytes(body)
+        assert main(["translate", str(tmp_path / "m"), "--input", str(src), "--glossary", str(terms)]) == 2
+        err = capsys.readouterr().err
+        assert f"{terms}:{line}: " in err and message in err and len(err.strip().splitlines()) == 1, err
