@@ -57,6 +57,37 @@ def cross_attention(model, src_ids: torch.Tensor, tgt_ids: list[int], layer: int
     return weights.mean(0) if average else weights
 
 
+@torch.no_grad()
+def cross_attentions(model, src_ids: list[list[int]], tgt_ids: list[list[int]], layer: int = -1) -> list[torch.Tensor]:
+    """`cross_attention` (heads averaged) of many sentence pairs in one padded teacher-forced pass: per pair, its
+    (T_i, S_i) weights, as the pair alone gives them (padded keys get no weight; the decoder is causal, so padding
+    after a target changes none of its rows). `src_ids` and `tgt_ids`: one list of ids per pair, without padding."""
+    from nmt.batching import pad
+
+    if not src_ids:
+        return []
+    if any(not t for t in tgt_ids):
+        raise NmtError("cross_attention needs at least one target token")
+    block = model.decoder[layer]
+    device = next(model.parameters()).device
+    src = pad(src_ids, model.cfg.pad_id).to(device)  # (B, S)
+    tgt_in = pad([[model.cfg.bos_id, *t[:-1]] for t in tgt_ids], model.cfg.pad_id).to(device)  # (B, T)
+    seen: list[torch.Tensor] = []
+    handle = block.cross_attn.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        memory = model.encode(src)
+        model.decode_hidden(tgt_in, memory, src)
+    finally:
+        handle.remove()
+    attn = block.cross_attn
+    q = attn.heads(attn.q(seen[-1])).float()  # (B, H, T, Dh)
+    k = block.cross_kv(memory)[0].float()  # (B, H, S, Dh)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    scores = scores.masked_fill(src.eq(model.cfg.pad_id)[:, None, None, :], torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1).mean(1).cpu()  # (B, T, S)
+    return [weights[i, : len(t), : len(s)] for i, (s, t) in enumerate(zip(src_ids, tgt_ids))]
+
+
 def plot_alignment(src_tokens: list[str], tgt_tokens: list[str], weights: torch.Tensor, out: str | Path,
                    title: str | None = None, dpi: int = 120) -> Path:
     """Draw weights (T, S) as a heatmap: source subwords along the top, target subwords down the side (as the

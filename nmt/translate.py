@@ -327,45 +327,63 @@ class Translator:
 
     def _marked(self, texts: list[str], format: str, kwargs: dict) -> list:
         """translate(..., format="html"|"xml"): every sentence's plain text translated in one call, then the tags of
-        those that have any placed through a forced pass over their translation (`_with_tags`)."""
+        those that have any placed through batched forced passes over their translations (`_with_tags`)."""
         self.check_format(format, kwargs["nbest"])
         marked = [markup.parse(t, format, i) if markup.needs_parsing(t) else markup.Marked(t, [])
                   for i, t in enumerate(texts)]
         outputs = self.translate([m.text for m in marked], **kwargs)
+        plain = [out.text if isinstance(out, Scored) else out for out in outputs]
+        tagged = [i for i, m in enumerate(marked) if m.elements]
+        placed = dict(zip(tagged, self._with_tags([marked[i] for i in tagged], [plain[i] for i in tagged],
+                                                  kwargs["tgt_lang"], kwargs["batch_tokens"])))
         result = []
-        for m, out in zip(marked, outputs):
-            text = out.text if isinstance(out, Scored) else out
-            text = self._with_tags(m, text, kwargs["tgt_lang"]) if m.elements else markup.escape(text)
+        for i, out in enumerate(outputs):
+            text = placed[i] if i in placed else markup.escape(plain[i])
             result.append(replace(out, text=text) if isinstance(out, Scored) else text)
         return result
 
-    def _with_tags(self, marked: markup.Marked, translation: str, tgt_lang: str | None) -> str:
-        """`translation` of `marked.text` with `marked`'s tags, placed through the cross-attention (heads averaged,
-        last decoder layer; an ensemble's first model) of one teacher-forced pass over the translation as the
-        target tokenizer writes it: the search's own tokens are the same text, and this pass costs a fraction of
-        a search step per token."""
-        from nmt.attention import cross_attention
+    def _with_tags(self, marked: list[markup.Marked], translations: list[str], tgt_lang: str | None,
+                   batch_tokens: int) -> list[str]:
+        """Each translation of a `marked` text with its tags, placed through the cross-attention (heads averaged,
+        last decoder layer; an ensemble's first model) of a teacher-forced pass over the translation as the target
+        tokenizer writes it (the search's own tokens spell the same text): length-sorted batches of
+        `batch_tokens`, each pass a fraction of what searching for the translations cost."""
+        from nmt.attention import cross_attentions
 
+        if not marked:
+            return []
         model = getattr(self.model, "models", [self.model])[0]
-        limit = model.cfg.max_positions
-        src_ids = self._source_ids([marked.text], limit, "truncate", tgt_lang)[0][0]
-        tgt_encoding = self.tokenizer.tgt.encode(translation)  # as encode_tgt: with the template's tokens
-        tgt_ids = [*tgt_encoding.ids, model.cfg.eos_id][: limit - 1]
+        limit, eos = model.cfg.max_positions, model.cfg.eos_id
+        src_ids = [fitted[0] for fitted in self._source_ids([m.text for m in marked], limit, "truncate", tgt_lang)]
+        specials = bool(self.tokenizer.src_specials)
+        src_encodings = self.tokenizer.src.encode_batch([m.text for m in marked], add_special_tokens=specials)
+        tgt_encodings = self.tokenizer.tgt.encode_batch(list(translations))  # as encode_tgt: the template's tokens
+        tgt_ids = [[*e.ids, eos][: limit - 1] for e in tgt_encodings]
+        weights: list = [None] * len(marked)
+        lengths = [max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)]
         with torch.inference_mode():
-            weights = cross_attention(model, torch.tensor([src_ids], device=self.device), tgt_ids)  # (T, S)
-        src_spans = self._spans(self.tokenizer.src, marked.text, src_ids, bool(self.tokenizer.src_specials))
-        tgt_spans = self._spans(self.tokenizer.tgt, translation, tgt_ids, True)
-        rows = [t for t, span in enumerate(tgt_spans) if span is not None]
-        cols = [s for s, span in enumerate(src_spans) if span is not None]
-        return markup.insert(marked, translation, [src_spans[s] for s in cols], [tgt_spans[t] for t in rows],
-                             weights[rows][:, cols])
+            for batch in eval_batches(lengths, batch_tokens, 0, 1):
+                rows = batch.tolist()
+                found = cross_attentions(model, [src_ids[r] for r in rows], [tgt_ids[r] for r in rows])
+                for r, w in zip(rows, found):
+                    weights[r] = w  # (T, S)
+        out = []
+        for m, translation, s_ids, t_ids, s_enc, t_enc, w in zip(marked, translations, src_ids, tgt_ids,
+                                                                  src_encodings, tgt_encodings, weights):
+            src_spans = self._spans(s_enc, m.text, s_ids)
+            tgt_spans = self._spans(t_enc, translation, t_ids)
+            rows = [t for t, span in enumerate(tgt_spans) if span is not None]
+            cols = [s for s, span in enumerate(src_spans) if span is not None]
+            out.append(markup.insert(m, translation, [src_spans[s] for s in cols], [tgt_spans[t] for t in rows],
+                                     w[rows][:, cols]))
+        return out
 
     @staticmethod
-    def _spans(tok, text: str, ids: list[int], specials: bool) -> list[tuple[int, int] | None]:
+    def _spans(encoding, text: str, ids: list[int]) -> list[tuple[int, int] | None]:
         """Per id of `ids` (the model's view of `text`: maybe a leading tag, a final </s>, cut to a length), the
-        character range of `text` it stands for; None for a token the text lacks. Where the tokenizer's own
-        encoding is not those ids (a typed control token spelled out), the words are spread evenly over them."""
-        encoding = tok.encode(text, add_special_tokens=specials)
+        character range of `text` it stands for, read from the tokenizer's `encoding` of `text`; None for a token
+        the text lacks. Where the encoding is not those ids (a typed control token spelled out), the words are
+        spread evenly over them."""
         found = [None if special else span for span, special in zip(encoding.offsets, encoding.special_tokens_mask)]
         for lead in (0, 1):  # a multilingual source's tag leads the text's own tokens; </s> (or a cut one) ends them
             mine = len(ids) - 1 - lead

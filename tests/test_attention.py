@@ -10,7 +10,7 @@ from helpers import EOS, one_thread, src_batch, tiny_model  # noqa: F401  (one_t
 from matplotlib.image import imread
 
 from nmt import Translator, train
-from nmt.attention import cross_attention, plot_alignment
+from nmt.attention import cross_attention, cross_attentions, plot_alignment
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
@@ -50,6 +50,16 @@ def test_weights_are_the_ones_the_model_attends_with(pre_norm):
         assert (weights >= 0).all() and torch.allclose(weights.sum(1), torch.ones(len(tgt)), atol=1e-5)
         assert torch.allclose(weights, per_head.mean(0))
     assert not torch.allclose(cross_attention(model, src_ids, tgt, 0), cross_attention(model, src_ids, tgt, -1))
+
+
+def test_a_padded_batch_gives_each_pair_its_weights_alone():
+    model = tiny_model(seed=5, layers=2)
+    gen = torch.Generator().manual_seed(5)
+    sources = [src_batch(gen, [n], 24)[0].tolist() for n in (7, 3, 5)]
+    targets = [[5, 9, 7, EOS], [6, EOS], [4, 8, 8, 11, 12, EOS]]
+    batched = cross_attentions(model, sources, targets, layer=0)
+    for src, tgt, weights in zip(sources, targets, batched):
+        assert torch.allclose(weights, cross_attention(model, torch.tensor(src), tgt, layer=0), atol=1e-5)
 
 
 def test_translator_attention_and_picture(model_dir, tmp_path):

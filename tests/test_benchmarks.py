@@ -216,6 +216,17 @@ def test_confidence(corpus_dir, tmp_path):
     assert confidence == sorted(confidence) and 0 < confidence[0] <= confidence[-1] < 1
 
 
+def test_markup(corpus_dir, tmp_path):
+    from helpers import model_dir
+
+    model = model_dir(tmp_path / "model")  # a random tiny model: the tags are kept whatever it translates
+    out = run("markup.py", "--data", str(corpus_dir), "--model", str(model), "--sentences", "30", "--beam", "2",
+              "--output", str(tmp_path / "out"))
+    assert "--format html" in out and "--format xml" in out
+    for format in ("html", "xml"):
+        assert f"  {format}: parse 30/30, same tags and nesting 30/30, text as the plain translation 30/30" in out
+
+
 def test_finetune_adapts_an_opus_mt_style_hub_model_three_ways(corpus_dir, tmp_path):
     """finetune.py: the two domains under --work, the OPUS-MT-style start as a Hub cache entry, README's fine-tuning
     command (as its words) with and without LoRA and its own-corpus command from scratch, one table and the floors."""
