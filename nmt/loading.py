@@ -84,6 +84,14 @@ def open_model(directory: str | Path, device: str | torch.device = "cpu", cfg: M
     source = "the given config" if cfg is not None else str(directory / CONFIG_FILE)
     cfg = cfg or load_model_config(directory)
     path = directory / WEIGHTS_FILE
+    if not path.is_file():
+        pickled = sorted(p.name for p in directory.glob("pytorch_model*"))
+        if pickled:
+            raise NmtError(f"{directory}: its weights are a pickle ({pickled[0]}), which nmt never reads (loading one "
+                           "can run code); a transformers model: convert it where you trust the file with python -c "
+                           "\"import transformers as t; t.AutoModelForSeq2SeqLM.from_pretrained('DIR')"
+                           ".save_pretrained('DIR')\" and nmt import DIR OUT; nmt's model directories hold "
+                           f"{WEIGHTS_FILE}")
     stored = _stored_tensors(path)
     _check_sizes(cfg, stored, path, source)
     with torch.device(device):

@@ -250,3 +250,16 @@ def test_averaging_an_own_model_with_tied_weights(tiny_cfg, capsys):
     averaged = average_weights(list_checkpoints(tiny_cfg.output_dir))
     assert len([k for k in averaged if k in ("inner.src_embed.weight", "out.weight")]) == 1  # stored once
     assert model.out.weight is model.inner["src_embed"].weight  # still tied after loading the average
+
+
+def test_a_model_directory_of_pickled_weights_is_refused_saying_how_to_convert(tmp_path, capsys):
+    from nmt.cli import main
+
+    directory = tmp_path / "m"
+    tiny_model(seed=1, vocab=V).save_pretrained(directory)
+    (directory / WEIGHTS_FILE).unlink()
+    (directory / "pytorch_model.bin").write_bytes(b"\x80\x04not read")
+    assert main(["translate", str(directory)]) == 2
+    err = capsys.readouterr().err
+    assert "pytorch_model.bin), which nmt never reads" in err and "save_pretrained" in err and len(err.splitlines()) == 1
+
