@@ -6,9 +6,9 @@
 N sentences of two words or more, taken at even steps through the test file, each get, by a seeded draw, one to
 three elements around runs of its words (some nested, some with attributes), a void element (<br>, <img>) and `&`
 written as `&amp;`. Prints the three translate commands (plain, html, xml) and their times, then per format: how
-many outputs parse (html.parser with every non-void element closed in order; xml.etree for xml), how many hold exactly the source's elements with their attributes in the same nesting
-(siblings in any order: they follow their words), and how many have, outside the tags, the plain translation's
-text.
+many outputs parse (html.parser with every non-void element closed in order; xml.etree for xml), how many hold
+exactly the source's elements with their attributes in the same nesting (siblings in any order: they follow their
+words), and how many have, outside the tags, the plain translation's text.
 """
 
 from __future__ import annotations
