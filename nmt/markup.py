@@ -255,6 +255,8 @@ def insert(marked: Marked, translation: str, src_spans: list[tuple[int, int]], t
     if len(rows) != len(tgt_spans) or any(len(r) != len(src_spans) for r in rows):
         raise NmtError(f"an alignment of {len(rows)} rows does not fit {len(tgt_spans)} target and {len(src_spans)} "
                        "source tokens")
+    src_spans = [_trimmed(marked.text, span) for span in src_spans]  # a subword's span may hold the space before it
+    tgt_spans = [_trimmed(translation, span) for span in tgt_spans]
     tgt_words = words(translation)
     word_of = [_word_at(tgt_words, span) for span in tgt_spans]  # target token -> word (None: no word)
     row_best = [max(range(len(r)), key=r.__getitem__) if r else None for r in rows]  # target token -> source token
@@ -265,6 +267,15 @@ def insert(marked: Marked, translation: str, src_spans: list[tuple[int, int]], t
     starts = [a for a, _ in tgt_words] + [len(translation)]
     ends = [0] + [z for _, z in tgt_words]
     return _render(placed, translation, starts, ends, 0, len(translation))
+
+
+def _trimmed(text: str, span: tuple[int, int]) -> tuple[int, int]:
+    a, z = span
+    while a < z and text[a].isspace():
+        a += 1
+    while z > a and text[z - 1].isspace():
+        z -= 1
+    return a, z
 
 
 def _word_at(tgt_words: list[tuple[int, int]], span: tuple[int, int]) -> int | None:

@@ -132,6 +132,10 @@ def test_tags_land_around_the_words_the_alignment_gives():
     weights = torch.eye(4)[[0, 2, 1, 3]]  # zwei -> three, drei -> two: b and i would overlap
     out = insert(marked, translation, src, tgt, weights)
     assert out == "<p><b>eins</b> <i>zwei</i> drei</p> vier"
+    # subword spans as the tokenizer gives them, each with the space before it: that space is not the word
+    marked = parse("<b>the </b>big dog", "html")
+    out = insert(marked, "der große Hund", [(0, 3), (3, 7), (7, 11)], [(0, 3), (3, 9), (9, 14)], torch.eye(3))
+    assert out == "<b>der</b> große Hund"
 
 
 def test_html_is_repaired_as_a_browser_does():
