@@ -52,7 +52,7 @@ class SearchConfig:
 class Hypothesis:
     tokens: list[int]  # generated ids, ending in </s> unless the length limit cut it
     score: float  # log-probability divided by the length penalty
-    logprob: float = 0.0  # total log-probability
+    logprob: float = 0.0  # total log-probability; a </s> forced at the length limit counts 0, as in transformers
     finished: bool = True  # ended in </s>
 
 

@@ -121,7 +121,9 @@ def check_hypothesis(model, src_row: torch.Tensor, hyp: Hypothesis, limit: int, 
     toks = hyp.tokens
     assert 1 <= len(toks) <= limit and toks[-1] == EOS and hyp.finished
     assert EOS not in toks[:-1] and PAD not in toks and BOS not in toks
-    assert abs(hyp.logprob - forced_logprob(model, src_row, toks)) < 1e-4
+    # a </s> forced at the limit counts 0, as in transformers (ForcedEOSTokenLogitsProcessor): what the model chose
+    chosen = toks if len(toks) < limit else toks[:-1]
+    assert abs(hyp.logprob - (forced_logprob(model, src_row, chosen) if chosen else 0.0)) < 1e-4
     assert abs(hyp.score - hyp.logprob / ((5 + len(toks)) / 6) ** alpha) < 1e-5
 
 
@@ -492,16 +494,17 @@ def test_scores_are_the_log_softmax_at_the_reference_tokens():
 
 
 def test_beam_best_outscores_every_hypothesis_it_kept():
-    """Scored independently, each kept hypothesis' log-probability is the beam's, and the best one's
-    length-normalised score is the highest."""
+    """Scored independently, each kept hypothesis' log-probability is the beam's (a </s> forced at the limit of 10
+    tokens counting 0), and the best one's length-normalised score is the highest."""
     model = tiny_model(seed=9, vocab=V)
     src_ids = src_batch(torch.Generator().manual_seed(3), [6, 4, 2], V)
     cfg = SearchConfig(beam_size=4, nbest=4, alpha=0.6, max_new_tokens=10)
     for i, nbest in enumerate(beam_search(model, src_ids, cfg)):
         src = [t for t in src_ids[i].tolist() if t]
         scores = score_encoded(model, [src] * len(nbest), [h.tokens[:-1] for h in nbest], batch_tokens=1000)
-        assert [s.total for s in scores] == pytest.approx([h.logprob for h in nbest], abs=1e-4)
-        normalised = [s.total / ((5 + len(h.tokens)) / 6) ** cfg.alpha for s, h in zip(scores, nbest)]
+        totals = [s.total - s.token_logprobs[-1] * (len(h.tokens) == 10) for s, h in zip(scores, nbest)]
+        assert totals == pytest.approx([h.logprob for h in nbest], abs=1e-4)
+        normalised = [t / ((5 + len(h.tokens)) / 6) ** cfg.alpha for t, h in zip(totals, nbest)]
         assert normalised[0] == max(normalised) and len(nbest) > 1
 
 
