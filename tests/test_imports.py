@@ -80,7 +80,7 @@ def test_nmt_info_reads_json_and_headers_only(tmp_path):
 LAYERS = [
     {"errors", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
-    {"metrics", "textfiles", "launch", "sentences"},
+    {"metrics", "textfiles", "launch", "sentences", "markup"},  # markup: tags taken out of a sentence and put back
     {"config", "tools.plot", "hub"},  # plot: writes with textfiles; hub: Hub ids resolved to local directories
     {"plan"},
     {"checkpoint"},  # a model directory's files name its ModelConfig
