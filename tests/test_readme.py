@@ -99,6 +99,7 @@ def runner_for(cmd: Cmd) -> str | None:
 
 
 RUN_DIRS = re.compile(r"\bruns/\w+")
+GLOSSARY_TARGET = "Haturi"  # a word of the synthetic target language (nmt.synthetic), the term README's glossary gives
 
 
 def needs(cmd: Cmd) -> list[Cmd]:
@@ -129,6 +130,11 @@ class Readme:
             shutil.copy(corpus / f"{split}.xx", self.dir / "D" / f"{split}.de")
         lines = (corpus / "test.en").read_text(encoding="utf-8").splitlines(keepends=True)
         (self.dir / "input.en").write_text("".join(lines[:5]), encoding="utf-8")
+        # what the pages' translate examples read: a glossary, markup, a document of two paragraphs
+        (self.dir / "terms.tsv").write_text(f"{lines[0].split()[1]}\t{GLOSSARY_TARGET}\n", encoding="utf-8")
+        tagged = [re.sub(r"^(\S+)", r"<b>\1</b>", line, count=1) for line in lines[:5]]
+        (self.dir / "input.html").write_text("".join(tagged), encoding="utf-8")
+        (self.dir / "letter.txt").write_text(f"{lines[0].strip()} {lines[1]}\n{lines[2]}", encoding="utf-8")
         (tmp / "home").mkdir()
         self.env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                                      "MASTER_PORT", "ACCELERATE_USE_CPU")}
@@ -274,13 +280,25 @@ def run_resolved(readme: Readme, cmd: Cmd, monkeypatch) -> None:
 
 
 def run_decode(readme: Readme, cmd: Cmd, monkeypatch) -> None:
-    """`nmt translate` writes one line per input line; `nmt evaluate` prints BLEU and chrF with signatures."""
+    """`nmt translate` writes one line per input line (--paragraphs: per paragraph and blank line), as each of its
+    options says: a glossary's term where its source term is, three TSV fields with --scores, the source's tags with
+    --format html; `nmt evaluate` prints BLEU and chrF with signatures."""
+    from nmt.sentences import paragraphs
+
     proc = readme.shell(cmd.text)
     assert proc.returncode == 0, tail(proc)
     words, redirect = without_redirections(split_env(cmd.text)[1])
     if words[1] == "translate":
-        n = len((readme.dir / redirect["<"]).read_text().splitlines())
-        assert len((readme.dir / redirect[">"]).read_text().splitlines()) == n
+        given = (readme.dir / redirect["<"]).read_text().splitlines()
+        out = (readme.dir / redirect[">"]).read_text().splitlines()
+        assert len(out) == (len(list(paragraphs(given))) if "--paragraphs" in words else len(given)), tail(proc)
+        if "--glossary" in words:
+            term = (readme.dir / words[words.index("--glossary") + 1]).read_text().split("\t")[0]
+            assert all(GLOSSARY_TARGET in o for g, o in zip(given, out) if term in g.split()), out
+        if "--scores" in words:
+            assert all(len(o.split("\t")) == 3 and 0 <= float(o.split("\t")[2]) <= 1 for o in out), out
+        if "--format" in words:
+            assert all(o.count("<b>") == g.count("<b>") == o.count("</b>") for g, o in zip(given, out)), out
     else:
         bleu, chrf = proc.stdout.splitlines()
         assert re.match(r"BLEU [\d.]+  nrefs:1\|", bleu) and re.match(r"chrF [\d.]+  nrefs:1\|", chrf), proc.stdout
