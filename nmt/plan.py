@@ -77,6 +77,14 @@ LR_AT_192 = 1.1e-3  # peak lr for d_model 192; scaled by 1/sqrt(d_model), as Vas
 VALIDATIONS = 16  # about this many validations per run
 AVERAGE_LAST = 3  # checkpoints averaged at the end (kept only if it validates at least as well)
 TIMED_VALID_SENTENCES = 500  # under a time budget validation BLEU decodes this many pairs
+# Fine-tuning a trained model (init_from) is planned apart: the architecture, tokenizer and dropout are the model's,
+# and a model nmt trained is fine-tuned at the peak rate it was trained with (nmt.training.run.pretrained reads it
+# from its training.json). A d128 model trained 6 minutes on Tatoeba's short half, fine-tuned 400 steps on its long
+# half (docs/configuration.md): validation BLEU 10.5 at the start; 3e-5 and 1e-4 never beat it, 3e-4 12.4, 1e-3
+# 16.7, its own 1.3e-3 20.5 with the from-scratch warmup (12%) and 17.8 with a 5% one: inverse_sqrt decays from the
+# warmup's end, so a shorter warmup is a lower rate for the rest of the run.
+FINETUNE_LR = 1e-4  # a model of unknown training (an import): the field's rate for full fine-tuning of Marian/NLLB
+LORA_LR = 1e-3  # LoRA trains only the adapters, from zero: the top of the field's range (1e-4 to 1e-3)
 
 # the keys a plan may choose, in the order it prints them
 KEYS = ("max_epochs", "tokenizer.vocab_size", "model.size", *(f"model.{k}" for k in DIM_KEYS), "max_tokens",
@@ -110,16 +118,21 @@ class Plan:
     seconds_per_token: float | None = None  # measured on the chosen model, one process
     retimed: dict | None = None  # the re-plan after the first real steps (`retime`)
     precision: list | None = None  # [mixed precision, why] when nmt chose it (`precision_for`); None: the launcher's
+    init_from: str | None = None  # fine-tuning: the model directory the run starts from
+    given: dict[str, list] = field(default_factory=dict)  # fine-tuning: key -> [value, note], a setting kept over the rule
 
     def lines(self) -> list[str]:
         """The printed plan: one line per value nmt chose, with its reason; nothing for the values given."""
         precision = [f"  precision {self.precision[0]}: {self.precision[1]}"] if self.precision else []
-        if not self.chosen and not precision:
+        given = [f"  {key} {show(value)}: {note}" for key, (value, note) in self.given.items()]
+        if not self.chosen and not precision and not given:
             return ["plan: every setting given; nothing chosen"]
-        head = "plan: chosen for " + (f"the {self.minutes:g}-minute budget" if self.minutes else "this corpus") + \
+        head = ("plan: fine-tuning " + self.init_from + ", " if self.init_from else "plan: ") + "chosen for " + \
+            (f"the {self.minutes:g}-minute budget" if self.minutes else "this corpus") + \
             (f" (~{self.steps:,} steps, {self.epochs:.1f} epochs)" if self.steps and self.epochs else "") + \
             "; set a key to override it"
-        return [head] + precision + [f"  {key} {show(self.chosen[key])}: {self.reasons[key]}" for key in self.chosen]
+        return [head] + precision + [f"  {key} {show(self.chosen[key])}: {self.reasons[key]}" for key in self.chosen] \
+            + given
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -266,7 +279,7 @@ def resolve(cfg: TrainConfig, facts: Facts, *, speed: Speed | None = None, proce
     """
     if previous is not None:
         return _kept(cfg, facts, previous, speed, processes, minutes_left, inherited or {})
-    choose = _Chooser(cfg, Plan(minutes=cfg.max_minutes), open_keys(cfg))
+    choose = _Chooser(cfg, Plan(minutes=cfg.max_minutes, init_from=cfg.init_from), open_keys(cfg))
     limits = _limits(choose, minutes_left, speed, processes)
     choose("tokenizer.vocab_size", vocab_size_for(facts.train_pairs), f"for {facts.train_pairs:,} training pairs")
     dims, timed = _shape(choose, facts, limits, speed)
@@ -282,14 +295,39 @@ def resolve(cfg: TrainConfig, facts: Facts, *, speed: Speed | None = None, proce
     choose.plan.steps, choose.plan.epochs = steps, epochs or None
     choose("model.dropout", *dropout_for(facts.train_pairs, epochs))
     choose("tokenizer.dropout", *bpe_dropout_for(facts.train_pairs, epochs))
-    d = choose.cfg.model.d_model
-    choose("optim.lr", float(f"{LR_AT_192 * math.sqrt(192 / d):.2g}"), f"for d_model {d} (1.1e-3 x sqrt(192/d))")
+    choose("optim.lr", *lr_for(choose.cfg))
     for key, (value, why) in step_choices(steps or 1, choose.cfg, choose.keys, timed=limits.minutes is not None).items():
         choose(key, value, why)
     sentences = TIMED_VALID_SENTENCES if limits.minutes is not None else None
-    choose("eval_max_sentences", sentences, "under a time budget, BLEU on the first validation pairs (the loss only "
-           "during the warmup)" if sentences else "all validation pairs")
+    choose("eval_max_sentences", sentences, ("under a time budget, BLEU on the first validation pairs" + (
+        "" if cfg.init_from else " (the loss only during the warmup)")) if sentences else "all validation pairs")
+    if cfg.init_from:
+        _note_given(choose, steps or 1, limits.minutes is not None, inherited or {})
     return _finish(choose.cfg, choose.plan, inherited or {}), choose.plan
+
+
+def lr_for(cfg: TrainConfig) -> tuple[float, str]:
+    """The peak learning rate and why: from scratch 1.1e-3 x sqrt(192 / d_model); fine-tuning (init_from) a trained
+    model FINETUNE_LR, its LoRA adapters LORA_LR, whatever the width."""
+    if cfg.init_from and cfg.finetune.lora_r:
+        return LORA_LR, f"LoRA (rank {cfg.finetune.lora_r}) on a trained model: the adapters start from zero"
+    if cfg.init_from:
+        return FINETUNE_LR, ("fine-tuning a model of unknown training (no training.json, e.g. an imported one): the "
+                             "field's rate for full fine-tuning of Marian/NLLB models")
+    d = cfg.model.d_model
+    return float(f"{LR_AT_192 * math.sqrt(192 / d):.2g}"), f"for d_model {d} (1.1e-3 x sqrt(192/d))"
+
+
+def _note_given(choose: _Chooser, steps: int, timed: bool, inherited: dict[str, str]) -> None:
+    """Fine-tuning: the settings of the fine-tuning rule that the user gave, printed as kept, with the rule's value."""
+    cfg = choose.cfg
+    keys = [k for k in ("optim.lr", "optim.warmup_steps", "eval_every") if k not in choose.keys and k not in inherited]
+    rule = {k: v for k, (v, _) in step_choices(steps, cfg, keys, timed=timed).items()}
+    rule["optim.lr"] = lr_for(cfg)[0]
+    for key in keys:
+        value = get(cfg, key)
+        choose.plan.given[key] = [value, "given, the fine-tuning rule's too" if value == rule[key] else
+                                  f"given, kept over the fine-tuning rule's {show(rule[key])}"]
 
 
 def _kept(cfg: TrainConfig, facts: Facts, previous: Plan, speed: Speed | None, processes: int,
@@ -367,10 +405,14 @@ def step_choices(steps: int, cfg: TrainConfig, keys: list[str], timed: bool,
     cadence when the time validations take is known (`retime`), else ~VALIDATIONS in the run."""
     out: dict[str, tuple[Any, str]] = {}
     warmup = max(1, min(MAX_WARMUP, round(WARMUP_SHARE * steps)))
-    out["optim.warmup_steps"] = warmup, f"{WARMUP_SHARE:.0%} of ~{steps:,} steps"
+    out["optim.warmup_steps"] = warmup, f"{WARMUP_SHARE:.0%} of ~{steps:,} steps" + (
+        ", as from scratch: inverse_sqrt decays from the warmup's end, and fine-tuning with 5% validated lower"
+        if cfg.init_from else "")
     out["optim.decay_steps"] = steps, ("the linear schedule ends with the budget's steps" if timed else
                                        "the linear schedule ends with the run's last step")
     why = f"~{VALIDATIONS} validations in ~{steps:,} steps" if every is None else "the validations that fit the time left"
+    if cfg.init_from:
+        why += ", each scoring BLEU against the start's (validated before step 1)"
     every = every or max(1, steps // VALIDATIONS)
     out["eval_every"] = every, why
     out["save_every"] = (cfg.eval_every if "eval_every" not in keys else every), "with each validation"
@@ -436,7 +478,7 @@ def _finish(cfg: TrainConfig, plan: Plan, inherited: dict[str, str]) -> TrainCon
     out = put(cfg, plan.chosen)
     plan.chosen = {k: plan.chosen[k] for k in KEYS if k in plan.chosen}
     if inherited:
-        plan.chosen = {**{k: get(out, k) for k in inherited}, **plan.chosen}
+        plan.chosen = {**{k: get(out, k) for k in KEYS if k in inherited}, **plan.chosen}
         plan.reasons = {**inherited, **plan.reasons}
     return out
 

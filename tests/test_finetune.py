@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from nmt import train
-from nmt.config import ModelConfig, OptimConfig, TokenizerConfig
+from nmt.config import FinetuneConfig, ModelConfig, OptimConfig, TokenizerConfig
 from nmt.errors import NmtError
+from nmt.plan import LORA_LR
 from nmt.loading import open_model
 from nmt.synthetic import generate_pairs
 from nmt.tools.check import preflight
@@ -95,7 +96,7 @@ def test_fine_tuning_on_a_new_domain_raises_its_bleu_from_the_start_and_keeps_th
     assert open_model(result.model_dir).model.cfg == open_model(
         statements_model).model.cfg  # the architecture of the model fine-tuned
     rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["lr"] < cfg.optim.lr  # a fresh schedule: warming up again
+    assert next(r["lr"] for r in rows if "lr" in r) < cfg.optim.lr  # a fresh schedule: warming up again
 
 
 @pytest.mark.slow
@@ -178,6 +179,19 @@ def test_a_pretrained_model_with_another_tokenizer_is_refused(domains, statement
     model = open_model(statements_model).model
     with pytest.raises(NmtError, match=r"another tokenizer.*init_from="):
         train(cfg, model=model)  # before: a new tokenizer of the same size, ids silently meaning other subwords
+
+
+def test_the_plan_fine_tunes_at_the_rate_the_model_was_trained_with(domains, statements_model, tmp_path):
+    """nmt check (the plan training follows): a model nmt trained is fine-tuned at its own training.json's peak lr
+    (5e-3 here), said so; its LoRA adapters at LORA_LR."""
+    cfg = domain_config(domains, "b", tmp_path, init_from=str(statements_model), model=ModelConfig(),
+                        tokenizer=TokenizerConfig(), optim=OptimConfig(), eval_every=None, max_steps=100)
+    plan = preflight(cfg, probe_steps=0).plan
+    assert "  optim.lr 0.005: the peak rate the model was trained with (its training.json): fine-tuning a model nmt " \
+           "trained, it validated best of 3e-5 to 1.3e-3 (docs/configuration.md)" in plan
+    assert any(line.startswith("  optim.warmup_steps 12: 12% of ~100 steps, as from scratch") for line in plan), plan
+    lora = dataclasses.replace(cfg, finetune=FinetuneConfig(lora_r=4))
+    assert any(line.startswith(f"  optim.lr {LORA_LR:g}: LoRA (rank 4)") for line in preflight(lora, probe_steps=0).plan)
 
 
 def test_check_reports_the_old_tokenizer_on_the_new_corpus(domains, statements_model, tmp_path):

@@ -3,11 +3,13 @@ complete config and the plan that says what was chosen out."""
 
 import pytest
 
-from nmt.config import MODEL_PRESETS, ModelConfig, OptimConfig, TokenizerConfig, TrainConfig, load_config
+from nmt.config import MODEL_PRESETS, FinetuneConfig, ModelConfig, OptimConfig, TokenizerConfig, TrainConfig, load_config
 from nmt.plan import (
     BATCHES,
     FILL,
+    FINETUNE_LR,
     KEYS,
+    LORA_LR,
     SIZES,
     TARGET_STEPS,
     TRAIN_SHARE,
@@ -208,6 +210,37 @@ def test_retiming_with_a_timed_validation_fits_the_validations_in_their_share_of
     left = 60 * 25 - 300
     validations = (dear_plan.steps - 700) // dear.eval_every
     assert validations * 60.0 <= 0.15 * left + 60.0 and dear_plan.retimed["validation_s"] == 60.0
+
+
+def test_fine_tuning_has_its_own_plan_and_the_flags_given_win():
+    """init_from under a budget: the fine-tuning learning rate (LoRA's higher), the warmup and the validation
+    cadence, each printed with its reason; the model directory's shape and dropout come in as `inherited` (as
+    nmt.training.run.pretrained passes them, and the lr of a model nmt trained: test_finetune); an explicit flag is
+    kept and the plan says so."""
+    d128 = ModelConfig(**{k: MODEL_PRESETS["d128"][k] for k in ("d_model", "n_heads", "n_encoder_layers",
+                                                                "n_decoder_layers", "d_ff")}, dropout=0.1)
+    model = {"model.dropout": "as the model was trained (its training.json)"}
+    speed = speed_for(1200, 2, "d128")
+    scratch, _ = resolve(budget(2, model=d128, tokenizer=TokenizerConfig(vocab_size=8000)), TATOEBA, speed=speed)
+    tuned, plan = resolve(budget(2, init_from="runs/a/model", model=d128, tokenizer=TokenizerConfig(vocab_size=8000)),
+                          TATOEBA, speed=speed, inherited=model)
+    assert (scratch.optim.lr, tuned.optim.lr) == (pytest.approx(1.3e-3), FINETUNE_LR)
+    assert tuned.optim.warmup_steps == round(0.12 * plan.steps)
+    assert tuned.eval_every == plan.steps // 16 and tuned.model.dropout == 0.1
+    lines = plan.lines()
+    assert lines[0].startswith("plan: fine-tuning runs/a/model, chosen for the 2-minute budget")
+    printed = {line.split()[0]: line for line in lines[1:]}
+    assert "unknown training" in printed["optim.lr"] and "fine-tuning with 5% validated lower" in printed[
+        "optim.warmup_steps"]
+    assert "against the start's" in printed["eval_every"] and "as the model was trained" in printed["model.dropout"]
+    lora, plan = resolve(budget(2, init_from="runs/a/model", model=d128, finetune=FinetuneConfig(lora_r=8)), TATOEBA,
+                         speed=speed)
+    assert lora.optim.lr == LORA_LR > FINETUNE_LR and "LoRA (rank 8)" in plan.reasons["optim.lr"]
+    mine, plan = resolve(budget(2, init_from="runs/a/model", model=d128, optim=OptimConfig(lr=5e-4), eval_every=50),
+                         TATOEBA, speed=speed)
+    assert (mine.optim.lr, mine.eval_every) == (5e-4, 50) and "optim.lr" not in plan.chosen
+    assert f"  optim.lr 0.0005: given, kept over the fine-tuning rule's {FINETUNE_LR:g}" in plan.lines()
+    assert any(line.startswith("  eval_every 50: given, kept over") for line in plan.lines())
 
 
 def test_keys_cover_every_field_the_plan_fills():

@@ -194,8 +194,14 @@ def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dic
     tok_cfg = dataclasses.replace(cfg.tokenizer, vocab_size=(trained.get("tokenizer") or {}).get("vocab_size")
                                   or tokenizer.tgt_vocab_size, kind=_kind(tokenizer))
     out = dataclasses.replace(cfg, model=model_cfg, tokenizer=tok_cfg)
+    trained_lr = (trained.get("optim") or {}).get("lr")
+    if cfg.optim.lr is None and not cfg.finetune.lora_r and isinstance(trained_lr, float):
+        out = dataclasses.replace(out, optim=dataclasses.replace(out.optim, lr=trained_lr))
     fixed = set(open_keys(cfg)) - set(open_keys(out))
     why = {k: f"the model directory's (init_from {directory})" for k in fixed}
+    if "optim.lr" in why:  # the plan's fine-tuning rule for a model nmt trained (nmt.plan.lr_for for the others)
+        why["optim.lr"] = ("the peak rate the model was trained with (its training.json): fine-tuning a model nmt "
+                           "trained, it validated best of 3e-5 to 1.3e-3 (docs/configuration.md)")
     if "model.dropout" in why:  # the plan's dropout for fine-tuning: the one the model was trained with
         trained_with = (trained.get("model") or {}).get("dropout") == model_cfg.dropout
         why["model.dropout"] = ("as the model was trained (its training.json)" if trained_with else
