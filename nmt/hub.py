@@ -117,6 +117,9 @@ def _refuse_pickles(repo_id: str, revision: str | None, folder: Path, offline: b
             pass
     pickled = sorted(n for n in names if n.endswith(PICKLES))
     at = f" --revision {revision}" if revision else ""
+    if offline and not pickled:
+        raise NmtError(f"{repo_id}{at}: the cached snapshot ({folder}) holds no .safetensors weights and HF_HUB_OFFLINE "
+                       "is set; unset HF_HUB_OFFLINE to download them")
     if pickled:
         raise NmtError(f"{repo_id}: its weights are a pickle ({pickled[0]}), which nmt never downloads or reads "
                        "(loading one can run code); convert them where you trust the file: python -c \"import "
