@@ -420,11 +420,11 @@ def write_state(directory: Path, rank: int, main: bool, model, optimizer, schedu
     """The training state into checkpoint folder `directory`: the main process writes the weights of `model` (the
     bare objective), the optimizer's, the schedule's and the loss scaler's state (under DDP they are the same on
     every process); every process writes its own random states."""
-    from safetensors.torch import save_file, save_model
+    from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     if main:
-        save_model(model, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})  # a tied weight stored once
+        save_file(_stored_once(model.state_dict()), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
         tensors, meta = _optimizer_record(optimizer.state_dict())
         save_file(tensors, str(directory / OPTIMIZER_FILE), metadata=meta)
         (directory / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict(), allow_nan=False))
@@ -432,6 +432,18 @@ def write_state(directory: Path, rank: int, main: bool, model, optimizer, schedu
             (directory / SCALER_FILE).write_text(json.dumps(scaler.state_dict(), allow_nan=False))
     tensors, meta = _rng_record(accelerator_step)
     save_file(tensors, str(directory / rng_file(rank)), metadata=meta)
+
+
+def _stored_once(state_dict: dict) -> dict:
+    """`state_dict` with a tensor shared under several names (a tied embedding) kept under its first name only, as
+    model directories store it (`tgt_embed.weight`); safetensors' `load_model` takes either name back."""
+    out, seen = {}, set()
+    for name, tensor in state_dict.items():
+        where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if where not in seen:
+            seen.add(where)
+            out[name] = tensor.detach().contiguous()
+    return out
 
 
 def _optimizer_record(state_dict: dict) -> tuple[dict, dict]:

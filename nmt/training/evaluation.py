@@ -143,11 +143,11 @@ def evaluate_and_keep_best(run: Run, decode: bool = True) -> bool:
     metrics = validate(run, decode)
     if metrics is None:
         return False
-    score = metrics.get("bleu", -metrics["valid_nll"])
-    improved = score > state.best_score
+    score, nll = metrics.get("bleu", -metrics["valid_nll"]), metrics["valid_nll"]
+    improved = score > state.best_score or (score == state.best_score and nll < state.best_nll)  # a BLEU tie: the loss
     state.evals_since_best = 0 if improved else state.evals_since_best + 1
     if improved:
-        state.best_score, state.best_step = score, state.step
+        state.best_score, state.best_nll, state.best_step = score, nll, state.step
         save_model_dir(run, run.out / "best", metrics)
     log_metrics(run, {k: v for k, v in metrics.items() if not isinstance(v, str)})
     if run.is_main:
@@ -166,7 +166,8 @@ def validate_start(run: Run) -> bool:
     if metrics is None:
         return False
     state.start = {k: v for k, v in metrics.items() if isinstance(v, float)}
-    state.best_score, state.best_step, state.evals_since_best = metrics.get("bleu", -metrics["valid_nll"]), 0, 0
+    state.best_score, state.best_nll = metrics.get("bleu", -metrics["valid_nll"]), metrics["valid_nll"]
+    state.best_step, state.evals_since_best = 0, 0
     save_model_dir(run, run.out / "best", metrics)
     log_metrics(run, state.start)
     if run.is_main:
@@ -198,7 +199,7 @@ def try_average(run: Run) -> None:
         print(f"average of {names}: {_shown(metrics)} (best single: {run.state.best_score:.2f})", file=sys.stderr,
               flush=True)
     if score >= run.state.best_score:
-        run.state.best_score = score
+        run.state.best_score, run.state.best_nll = score, metrics["valid_nll"]
         save_model_dir(run, run.out / "best", {**metrics, "averaged": names})
 
 

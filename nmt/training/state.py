@@ -64,6 +64,7 @@ class TrainState:
     step: int = 0
     best_score: float = -math.inf  # validation BLEU, or minus the validation loss for models without search
     best_step: int = -1
+    best_nll: float = math.inf  # the best's validation loss: of two validations with one BLEU, the lower loss is better
     evals_since_best: int = 0  # for early stopping
     tokens_seen: int = 0
     skipped_steps: int = 0  # steps whose loss or gradient was not finite (no update made)
