@@ -186,9 +186,9 @@ def test_multilingual_against_one_model_per_direction(corpus_dir, tmp_path):
 
 def test_memory_samples_a_users_run(corpus_dir, tmp_path):
     out = run("memory.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.3", "--precision", "no",
-              "--every", "0.2", "--", "--max_steps", "40", "--max_tokens", "400", "--eval_every", "20",
+              "--every", "0.2", "--", "--max_steps", "300", "--max_tokens", "400", "--eval_every", "100",
               "--data.cache_dir", str(tmp_path / "cache"), home=tmp_path)
-    assert "--max_minutes 0.3 --output_dir" in out and "--max_steps 40" in out  # the user's command, then the extras
+    assert "--max_minutes 0.3 --output_dir" in out and "--max_steps 300" in out  # the user's command, then the extras
     fp32 = next(line.split() for line in out.splitlines()[::-1] if line.startswith("fp32"))
     assert int(fp32[1].replace(",", "")) > 0 and float(fp32[5]) > 0, out  # steps sampled, RSS read at the end
 

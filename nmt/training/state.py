@@ -407,11 +407,11 @@ def restore(run: Run, path: Path) -> str | None:
     failed, which the checkpoint restored next replaces). Weights that do not fit the model stop the run, named."""
     accelerator, optimizer, scheduler = run.accelerator, run.optim.optimizer, run.optim.scheduler
     try:
-        saved = ckpt.read_state(path, accelerator.process_index, optimizer, scheduler, accelerator.scaler)
-        try:
+        try:  # the weights first: another model size is named as such, not as a damaged optimizer state
             ckpt.load_weights(accelerator.unwrap_model(run.objective), path)
         except RuntimeError as e:  # weights of another model size: name the tensor, both shapes and the changed keys
             raise load_state_error(e, path, run.cfg) from None
+        saved = ckpt.read_state(path, accelerator.process_index, optimizer, scheduler, accelerator.scaler)
         ckpt.apply_state(saved, optimizer, scheduler, accelerator.scaler)
     except ckpt.StateDamage as e:
         return str(e)
