@@ -98,7 +98,7 @@ def open_model(directory: str | Path, device: str | torch.device = "cpu", cfg: M
         model = Seq2SeqTransformer(cfg)
     _check_tensors(model, stored, path, source)
     try:
-        state = load_file(str(path), device=str(device))
+        state = load_file(str(path), device="cpu" if torch.device(device).type == "cpu" else str(device))  # (cpu:0)
     except (SafetensorError, OSError) as e:
         raise NmtError(f"{path}: cannot read the weights ({e}); re-export the model") from None
     if model.src_embed is model.tgt_embed:

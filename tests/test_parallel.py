@@ -72,7 +72,8 @@ def _initial(cfg) -> dict[str, torch.Tensor]:
     """The parameters before training: train() seeds, then builds the model from the same config."""
     from accelerate.utils import set_seed
 
-    from nmt.model import Seq2SeqTransformer, load_model_config
+    from nmt.checkpoint import load_model_config
+    from nmt.model import Seq2SeqTransformer
 
     set_seed(cfg.seed)
     state = Seq2SeqTransformer(load_model_config(Path(cfg.output_dir) / "model")).state_dict()
