@@ -34,40 +34,26 @@ def cross_attention(model, src_ids: torch.Tensor, tgt_ids: list[int], layer: int
     src_ids = src_ids.reshape(1, -1)
     if bool(src_ids.eq(model.cfg.pad_id).any()):
         raise NmtError("cross_attention takes one sentence without padding")
-    if not tgt_ids:
-        raise NmtError("cross_attention needs at least one target token")
-    n_layers = len(model.decoder)
-    if not -n_layers <= layer < n_layers:
-        raise NmtError(f"decoder layer {layer} does not exist: the model has {n_layers} "
-                       f"(0..{n_layers - 1}, or -1 for the last)")
-    block = model.decoder[layer]
-    tgt_in = torch.tensor([[model.cfg.bos_id, *tgt_ids[:-1]]], device=src_ids.device)
-    seen: list[torch.Tensor] = []
-    handle = block.cross_attn.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-    try:
-        memory = model.encode(src_ids)
-        model.decode_hidden(tgt_in, memory, src_ids)
-    finally:
-        handle.remove()
-    attn = block.cross_attn
-    q = attn.heads(attn.q(seen[-1])).float()  # (1, H, T, Dh)
-    k = block.cross_kv(memory)[0].float()  # (1, H, S, Dh)
-    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)[0]  # (H, T, S)
-    weights = weights.cpu()
-    return weights.mean(0) if average else weights
+    return cross_attentions(model, src_ids.tolist(), [list(tgt_ids)], layer, average)[0]
 
 
 @torch.no_grad()
-def cross_attentions(model, src_ids: list[list[int]], tgt_ids: list[list[int]], layer: int = -1) -> list[torch.Tensor]:
-    """`cross_attention` (heads averaged) of many sentence pairs in one padded teacher-forced pass: per pair, its
-    (T_i, S_i) weights, as the pair alone gives them (padded keys get no weight; the decoder is causal, so padding
-    after a target changes none of its rows). `src_ids` and `tgt_ids`: one list of ids per pair, without padding."""
+def cross_attentions(model, src_ids: list[list[int]], tgt_ids: list[list[int]], layer: int = -1,
+                     average: bool = True) -> list[torch.Tensor]:
+    """`cross_attention` of many sentence pairs in one padded teacher-forced pass: per pair, its (T_i, S_i) weights
+    ((H, T_i, S_i) without `average`), as the pair alone gives them (padded keys get no weight; the decoder is
+    causal, so padding after a target changes none of its rows). `src_ids` and `tgt_ids`: one list of ids per
+    pair, without padding."""
     from nmt.batching import pad
 
     if not src_ids:
         return []
     if any(not t for t in tgt_ids):
         raise NmtError("cross_attention needs at least one target token")
+    n_layers = len(model.decoder)
+    if not -n_layers <= layer < n_layers:
+        raise NmtError(f"decoder layer {layer} does not exist: the model has {n_layers} "
+                       f"(0..{n_layers - 1}, or -1 for the last)")
     block = model.decoder[layer]
     device = next(model.parameters()).device
     src = pad(src_ids, model.cfg.pad_id).to(device)  # (B, S)
@@ -84,8 +70,9 @@ def cross_attentions(model, src_ids: list[list[int]], tgt_ids: list[list[int]], 
     k = block.cross_kv(memory)[0].float()  # (B, H, S, Dh)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, S)
     scores = scores.masked_fill(src.eq(model.cfg.pad_id)[:, None, None, :], torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1).mean(1).cpu()  # (B, T, S)
-    return [weights[i, : len(t), : len(s)] for i, (s, t) in enumerate(zip(src_ids, tgt_ids))]
+    weights = torch.softmax(scores, dim=-1).cpu()  # (B, H, T, S)
+    weights = weights.mean(1) if average else weights
+    return [weights[i, ..., : len(t), : len(s)] for i, (s, t) in enumerate(zip(src_ids, tgt_ids))]
 
 
 def plot_alignment(src_tokens: list[str], tgt_tokens: list[str], weights: torch.Tensor, out: str | Path,
