@@ -188,7 +188,8 @@ def train_marian(d: Path, tok, train, valid, minutes: float, cfg: BaselineConfig
         vocab_size=V, decoder_vocab_size=V, d_model=cfg.d_model, encoder_layers=cfg.layers,
         decoder_layers=cfg.layers, encoder_attention_heads=cfg.heads, decoder_attention_heads=cfg.heads,
         encoder_ffn_dim=cfg.ffn, decoder_ffn_dim=cfg.ffn, activation_function="swish", dropout=cfg.dropout,
-        attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True, max_position_embeddings=512, pad_token_id=pad, eos_token_id=tok.eos_token_id, decoder_start_token_id=pad,
+        attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True, max_position_embeddings=512,
+        pad_token_id=pad, eos_token_id=tok.eos_token_id, decoder_start_token_id=pad,
         forced_eos_token_id=tok.eos_token_id, share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
     torch.manual_seed(cfg.seed)
     model = MarianMTModel(config)

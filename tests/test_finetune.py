@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from nmt import train
 from nmt.config import FinetuneConfig, ModelConfig, OptimConfig, TokenizerConfig
 from nmt.errors import NmtError
-from nmt.plan import LORA_LR
 from nmt.loading import open_model
+from nmt.plan import LORA_LR
 from nmt.synthetic import generate_pairs
 from nmt.tools.check import preflight
 from tests.conftest import tiny_config, write_pairs
