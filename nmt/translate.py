@@ -88,6 +88,18 @@ class Scored:
         return math.exp(self.mean_logprob)
 
 
+def _model_directory(name: str | Path, revision: str | None) -> Path:
+    """The model directory `name` names: a path as it is, a Hub id through `nmt.interop.model_directory` (which
+    imports transformers only then)."""
+    from nmt.hub import is_repo_id
+
+    if revision is None and not is_repo_id(str(name)):
+        return Path(name)
+    from nmt.interop import model_directory
+
+    return model_directory(name, revision)
+
+
 class Translator:
     """A trained model and its tokenizer, ready to translate sentences."""
 
@@ -181,12 +193,15 @@ class Translator:
         return "torch" if isinstance(self.model, torch.nn.Module) else "ctranslate2"
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path | list[str | Path], device: str | torch.device = "cpu") -> Translator:
+    def from_pretrained(cls, directory: str | Path | list[str | Path], device: str | torch.device = "cpu",
+                        revision: str | None = None) -> Translator:
         """Load config.json, model.safetensors and tokenizer.json from a model directory; from a list of
-        them, an ensemble (same tokenizer required; search defaults from the first)."""
+        them, an ensemble (same tokenizer required; search defaults from the first). A Hub id `ORG/NAME` (at
+        `revision`) names the model directory it holds, or its transformers model imported once, as `nmt
+        translate ORG/NAME` does (`nmt.interop.model_directory`)."""
         if isinstance(directory, (list, tuple)):
-            return cls._ensemble([Path(d) for d in directory], device)
-        directory = Path(directory)
+            return cls._ensemble([_model_directory(d, revision) for d in directory], device)
+        directory = _model_directory(directory, revision)
         bound_onednn_primitive_caches()  # before the first packed linear (nmt.compat)
         opened = open_model(directory)
         model = use_cpu_kernels(opened.model, packed_linears=True)  # fixed weights

@@ -129,7 +129,12 @@ def check_checkpoint(key: str, path: Path, cfg: TrainConfig) -> None:
 
 
 def check_model_dir(key: str, path: Path, cfg: TrainConfig) -> None:
-    """A model directory as training writes it (what fine-tuning or a teacher would start from)."""
+    """A model directory as training writes it (what fine-tuning or a teacher would start from); init_from may be a
+    Hub id too (`ORG/NAME`, resolved when the run starts: nmt.hub)."""
+    from nmt.hub import is_repo_id
+
+    if key == "init_from" and is_repo_id(str(path)):
+        return
     if not path.exists():
         raise _refuse(key, path, "does not exist", "model")
     if not path.is_dir():

@@ -75,6 +75,9 @@ def test_a_hub_id_imports_and_translates_from_the_cache_as_the_downloaded_direct
     assert (imported / "model.safetensors").read_bytes() == (tmp_path / "local" / "model.safetensors").read_bytes()
     assert _translate(REPO, capsys, monkeypatch, "--revision", hub["other"]) == \
         _translate(str(tmp_path / "local-v2"), capsys, monkeypatch)
+    from nmt import Translator  # the same from Python
+
+    assert Translator.from_pretrained(REPO).translate(SENTENCES, beam_size=1) == expected
 
 
 def test_hf_home_locates_the_cache_when_hf_hub_cache_is_unset(hub, tmp_path, capsys, monkeypatch):
@@ -121,12 +124,20 @@ def test_a_local_transformers_directory_is_imported_first(marian, capsys):
     assert f"nmt import {marian[0]} OUT" in _error(capsys)
 
 
-def test_init_from_a_hub_id_fine_tunes_its_import(hub, corpus_dir, tmp_path, fresh_accelerate_state):
-    code = main(["train", "--init-from", REPO, "--data.train", str(corpus_dir / "train"),
-                 "--data.valid", str(corpus_dir / "valid"), "--data.test", str(corpus_dir / "test"),
-                 "--data.cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "run"),
-                 "--max_steps", "1", "--max_tokens", "400", "--eval_max_sentences", "4"])
-    assert code == 0
+@pytest.mark.parametrize("via", ["cli", "python"])
+def test_init_from_a_hub_id_fine_tunes_its_import(via, hub, corpus_dir, tmp_path, fresh_accelerate_state):
+    flags = ["--data.train", str(corpus_dir / "train"), "--data.valid", str(corpus_dir / "valid"),
+             "--data.test", str(corpus_dir / "test"), "--data.cache_dir", str(tmp_path / "cache"),
+             "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--max_tokens", "400",
+             "--eval_max_sentences", "4"]
+    if via == "cli":
+        assert main(["train", "--init-from", REPO, *flags]) == 0
+    else:  # nmt.train of a config naming the Hub id, as from a notebook
+        import nmt
+        from nmt.cli import overrides_from_flags
+        from nmt.config import load_config
+
+        nmt.train(load_config(None, overrides_from_flags(flags) + ["init_from=" + REPO]))
     imported = tmp_path / "xdg" / "nmt" / "imported" / REPO.replace("/", "--") / hub["main"]
     for name in ("tokenizer.src.json", "tokenizer.tgt.json"):
         assert (tmp_path / "run" / "model" / name).read_bytes() == (imported / name).read_bytes()

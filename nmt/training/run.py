@@ -180,6 +180,12 @@ def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dic
     """
     if not cfg.init_from:
         return cfg, None, {}
+    from nmt.hub import is_repo_id
+
+    if is_repo_id(cfg.init_from):  # a Hub id: the model directory it holds, or its import (nmt.interop)
+        from nmt.interop import model_directory
+
+        cfg = dataclasses.replace(cfg, init_from=str(model_directory(cfg.init_from, None, "init_from")))
     directory = Path(cfg.init_from)
     if not directory.is_dir():
         raise NmtError(f"init_from {directory}: not a folder; give a trained model directory (output_dir/model)")
