@@ -265,6 +265,21 @@ def test_an_nllb_import_translates_into_each_of_its_languages_by_short_code(nllb
         assert server.call("POST", "/translate", {"sentences": SENTENCES[:2], "tgt_lang": "xx"})[0] == 400
 
 
+
+def test_a_fine_tuned_multilingual_import_keeps_its_languages(nllb, corpus_dir, tmp_path, fresh_accelerate_state):
+    """Fine-tuning an NLLB import into one language keeps the model's languages: the fine-tuned directory
+    translates into each of them, as the import did."""
+    hf_dir, _ = nllb
+    start = tmp_path / "start"
+    assert main(["import", str(hf_dir), str(start), "--src-lang", "en", "--tgt-lang", "de"]) == 0
+    assert main(["train", "--init-from", str(start), "--data.train", str(corpus_dir / "train"),
+                 "--data.valid", str(corpus_dir / "valid"), "--data.cache_dir", str(tmp_path / "cache"),
+                 "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--max_tokens", "400",
+                 "--eval_max_sentences", "4"]) == 0
+    translator = Translator.from_pretrained(tmp_path / "run" / "model")
+    assert translator.target_languages == NLLB_CODES
+    assert len(translator.translate(SENTENCES[:2], beam_size=1, max_new_tokens=4, tgt_lang="fr")) == 2
+
 # --- export ------------------------------------------------------------------------------------------------------------
 
 

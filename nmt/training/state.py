@@ -33,7 +33,7 @@ from accelerate.utils import DistributedType, broadcast_object_list, gather_obje
 from nmt import checkpoint as ckpt
 from nmt import plan as planlib
 from nmt.adapters import save_adapted
-from nmt.checkpoint import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, damage, languages_record
+from nmt.checkpoint import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, damage, languages_record, read_languages
 from nmt.compat import is_fsdp
 from nmt.config import TrainConfig, flat, read_yaml, save_yaml, to_dict
 from nmt.data import Corpus, corpora_line, overlap_line
@@ -581,7 +581,10 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
                    ckpt.FINGERPRINTS: fingerprints(run, tmp)}  # what loading compares (checkpoint.check_fingerprint)
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         data = run.cfg.data
-        if data.is_multilingual:  # what translate and serve check a requested target language against
+        start = read_languages(run.cfg.init_from) if run.cfg.init_from else None
+        if start and start.get("first_tokens"):  # an imported M2M100/NLLB: its language tokens stay the model's
+            shutil.copy2(Path(run.cfg.init_from) / LANGUAGES_FILE, tmp / LANGUAGES_FILE)
+        elif data.is_multilingual:  # what translate and serve check a requested target language against
             record = languages_record(data.pairs(), data.target_languages(), data.tags())
             (tmp / LANGUAGES_FILE).write_text(json.dumps(record, indent=2))
         ckpt.publish(tmp, final)
