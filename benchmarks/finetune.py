@@ -175,10 +175,10 @@ def batches(rows: list[tuple[list[int], list[int]]], max_tokens: int, seed: int 
     return global_batches(cost, max_tokens, 1, seed, ties=ties)
 
 
-def train_marian(d: Path, tok, train, valid, minutes: float, cfg: BaselineConfig, log=print):
+def train_marian(d: Path, tok, train, valid, minutes: float, cfg: BaselineConfig, log=print, bf16: bool = False):
     """A MarianMTModel as OPUS-MT configures one, trained with the HF baseline's recipe for `minutes` of wall time
-    (validation included), the epoch with the best validation loss kept; saved in `d`. Returns (steps, epochs,
-    seconds)."""
+    (validation included), the epoch with the best validation loss kept; saved in `d` in fp32. `bf16`: the steps
+    under bf16 autocast, as HF's Trainer runs them with `--bf16`. Returns (steps, epochs, seconds)."""
     import torch
     from transformers import MarianConfig, MarianMTModel
 
@@ -206,7 +206,8 @@ def train_marian(d: Path, tok, train, valid, minutes: float, cfg: BaselineConfig
         total, count = 0.0, 0
         for batch in valid_batches:
             n = int(batch["labels"].ne(-100).sum())
-            total += float(model(**batch).loss) * n  # HF's loss: mean token NLL, no smoothing
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                total += float(model(**batch).loss) * n  # HF's loss: mean token NLL, no smoothing
             count += n
         model.train()
         return total / max(count, 1)
@@ -218,8 +219,9 @@ def train_marian(d: Path, tok, train, valid, minutes: float, cfg: BaselineConfig
         for order in batches(train, cfg.max_tokens, cfg.seed + epochs):
             batch = collate([train[int(i)] for i in order], pad)
             labels = batch.pop("labels")
-            logits = model(**batch, use_cache=False).logits
-            loss = ce(logits.view(-1, logits.shape[-1]), labels.view(-1))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = model(**batch, use_cache=False).logits
+            loss = ce(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             optimizer.step()
@@ -265,24 +267,36 @@ def hub_cache_entry(cache: Path, repo_id: str, files_from: Path) -> Path:
 
 
 def build_base(domain_a: Path, work: Path, src: str, tgt: str, minutes: float, cfg: BaselineConfig,
-               spm_vocab: int) -> dict:
-    """The start, trained on domain A and saved as the Hub cache entry REPO_ID under WORK/hub."""
+               spm_vocab: int, bf16: bool = False) -> dict:
+    """The start, trained on domain A and saved as the Hub cache entry REPO_ID under WORK/hub, its figures in
+    WORK/base/base.json. A start built before in WORK with the same settings is kept: the adaptations can be rerun
+    (with WORK/runs removed) without training it again."""
     import torch  # noqa: F401  (transformers' torch backend)
 
     folder = work / "base"
+    settings = {"minutes": minutes, "spm_vocab": spm_vocab, "bf16": bf16, "recipe": vars(cfg)}
+    record = folder / "base.json"
+    if record.is_file() and (work / "hub").is_dir():
+        saved = json.loads(record.read_text())
+        if saved.get("settings") == json.loads(json.dumps(settings)):
+            print(f"base: the start built before in {folder} ({saved['steps']} steps, {saved['epochs']} epochs in "
+                  f"{saved['minutes']:.1f} min), kept", flush=True)
+            return saved
     t0 = time.perf_counter()
     train = read_pairs(domain_a, "train", src, tgt)
     tok = opus_mt_tokenizer(folder, train, spm_vocab)
     encoded_train, encoded_valid = encode(tok, train), encode(tok, read_pairs(domain_a, "valid", src, tgt))
     print(f"base: OPUS-MT tokenizer (spm_train, {spm_vocab} pieces a side; vocab.json {len(tok.get_vocab())}) and "
           f"encoding in {time.perf_counter() - t0:.0f} s; MarianMTModel d{cfg.d_model}, {cfg.layers}+{cfg.layers} "
-          f"layers, HF baseline recipe ({cfg.max_tokens}-token batches, {cfg.warmup_steps} warmup steps), "
-          f"{minutes:g} min on domain A", flush=True)
+          f"layers, HF baseline recipe ({cfg.max_tokens}-token batches, {cfg.warmup_steps} warmup steps"
+          f"{', bf16 autocast' if bf16 else ''}), {minutes:g} min on domain A", flush=True)
     steps, epochs, seconds = train_marian(folder, tok, encoded_train, encoded_valid, minutes, cfg,
-                                          log=lambda line: print(line, flush=True))
+                                          log=lambda line: print(line, flush=True), bf16=bf16)
     snapshot = hub_cache_entry(work / "hub", REPO_ID, folder)
     print(f"base: {steps} steps, {epochs} epochs in {seconds / 60:.1f} min; Hub cache entry {snapshot}", flush=True)
-    return {"steps": steps, "epochs": epochs, "minutes": seconds / 60}
+    base = {"steps": steps, "epochs": epochs, "minutes": seconds / 60, "settings": settings}
+    record.write_text(json.dumps(base, indent=1))
+    return base
 
 
 # --- 3. the three ways, 4. scoring -----------------------------------------------------------------------------------
@@ -329,6 +343,7 @@ def main() -> None:
     p.add_argument("--base-size", default="128,2,4,512", help="the start's d_model,layers,heads,ffn")
     p.add_argument("--base-max-tokens", type=int, default=1024, help="the start's batch, in tokens")
     p.add_argument("--base-warmup", type=int, default=200, help="the start's warmup steps")
+    p.add_argument("--base-bf16", action="store_true", help="the start's steps under bf16 autocast (HF's --bf16)")
     args = p.parse_args()
     import torch
 
@@ -346,7 +361,8 @@ def main() -> None:
     d_model, layers, heads, ffn = map(int, args.base_size.split(","))
     base = build_base(domains["a"], work, args.src, args.tgt, args.base_minutes,
                       BaselineConfig(d_model=d_model, layers=layers, heads=heads, ffn=ffn,
-                                     max_tokens=args.base_max_tokens, warmup_steps=args.base_warmup), args.spm_vocab)
+                                     max_tokens=args.base_max_tokens, warmup_steps=args.base_warmup), args.spm_vocab,
+                      args.base_bf16)
 
     imported = runs / "opus"
     nmt(["nmt", "import", REPO_ID, str(imported)], env)
