@@ -1,18 +1,25 @@
-"""Run directories: a used output_dir is never mixed with a fresh run, `--resume auto`, a checkpoint resumes only
-its own run, and a damaged newest checkpoint falls back to the previous one, bit-exactly."""
+"""Run folders: a used output_dir is never mixed with a fresh run nor destroyed, `--resume auto`, a checkpoint
+resumes only its own run, a damaged newest checkpoint falls back to the previous one bit-exactly, a resume that
+holds none of a folder's checkpoints leaves it as it is, a resume on other data or a model directory with another
+tokenizer is named, and one `nmt train` uses a folder at a time (a lock that a killed run gives back)."""
 
+import hashlib
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_reliability import nmt_cmd, start, train_args, wait_for_step
 
 from nmt import train
-from nmt.checkpoint import COMPLETE, list_checkpoints
+from nmt.checkpoint import COMPLETE, list_checkpoints, tokenizer_sha256
 from nmt.cli import main
+from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
+from nmt.training.state import lock_file
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -120,3 +127,198 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_bit_exactly(
     tiny_cfg.resume, tiny_cfg.max_steps = str(first / "checkpoints" / "step_4"), 6  # asked for by name: stop, naming
     with pytest.raises(NmtError, match=r"step_4 is damaged: optimizer.safetensors is cut short.*--resume .*step_2"):
         train(tiny_cfg)
+
+
+
+def args_for(corpus: Path, tmp: Path, run: str, steps: int) -> list[str]:
+    return [str(a) for a in train_args(corpus, tmp, run, steps)]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` and the sha256 of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def error_of(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def finished_run(corpus_dir, tmp_path_factory) -> Path:
+    """A run trained to its end through the CLI (2 steps): checkpoints, best/, model/, metrics.jsonl."""
+    tmp = tmp_path_factory.mktemp("finished")
+    reset_accelerate_state()
+    assert main(["train", *args_for(corpus_dir, tmp, "run", 2)]) == 0
+    reset_accelerate_state()
+    return tmp / "run"
+
+
+def test_resume_auto_leaves_a_run_whose_checkpoints_were_deleted_as_it_is(finished_run, corpus_dir, tmp_path,
+                                                                          capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    shutil.rmtree(run / "checkpoints")  # a finished run, its checkpoints deleted to save space
+    before = snapshot(run)
+    assert {"config.yaml", "metrics.jsonl", "best/model.safetensors", "model/model.safetensors"} <= set(before)
+    args = args_for(corpus_dir, tmp_path, "run", 2)
+    assert main(["train", *args, "--resume", "auto"]) == 2
+    line = error_of(capsys)
+    assert "holds a run but none of its checkpoints" in line and "--overwrite" in line and "--output_dir" in line
+    # a checkpoint of another run into this folder: refused alike
+    other = finished_run / "checkpoints" / "step_2"
+    assert main(["train", *args, "--resume", str(other)]) == 2
+    assert "already holds another run" in error_of(capsys)
+    assert snapshot(run) == before  # best/ and model/ kept, metrics.jsonl not cut, config.yaml not rewritten
+    assert main(["train", *args, "--overwrite"]) == 0  # what the message offers: the old run moved aside, whole
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
+    assert len(aside) == 1 and snapshot(aside[0]) == before
+
+
+def test_overwrite_refuses_to_move_aside_a_folder_holding_this_runs_input(finished_run, corpus_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    args = args_for(corpus_dir, tmp_path, "run", 2)
+    assert main(["train", *args, "--init_from", str(run / "model"), "--overwrite"]) == 2  # fine-tune into its own folder
+    line = error_of(capsys)
+    assert f"init_from {run / 'model'} lies inside it" in line and "--output_dir" in line
+    assert snapshot(run) == before and not any(p.name.startswith("run.old-") for p in tmp_path.iterdir())
+
+
+def test_runs_checkpoints_and_model_directories_record_their_data_and_tokenizer(finished_run):
+    step = list_checkpoints(finished_run)[-1]
+    recorded = json.loads((step / COMPLETE).read_text())["fingerprints"]
+    assert set(recorded) == {"train", "valid", "test", "tokenizer"}
+    assert len({recorded["train"], recorded["valid"], recorded["test"]}) == 3  # one per split
+    assert recorded["tokenizer"] == tokenizer_sha256(step) == tokenizer_sha256(finished_run / "model")
+    for summary in (finished_run / "data.json", finished_run / "model" / "training.json"):
+        assert json.loads(summary.read_text())["fingerprints"] == recorded, summary
+
+
+def swap_two_subwords(model_dir: Path) -> None:
+    """Another tokenizer of the same size: two subwords trade their ids."""
+    path = model_dir / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = (word for word, i in vocab.items() if i in (10, 11))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    path.write_text(json.dumps(tok))
+
+
+def test_a_model_directory_with_another_tokenizer_of_the_same_size_is_refused(finished_run, corpus_dir, tmp_path,
+                                                                             capsys):
+    from nmt.translate import Translator
+
+    model = tmp_path / "model"
+    shutil.copytree(finished_run / "model", model)
+    src = tmp_path / "in.txt"
+    src.write_text("hello\n")
+    assert main(["translate", str(model), "--input", str(src)]) == 0  # as trained: it translates
+    capsys.readouterr()
+    swap_two_subwords(model)
+    assert main(["translate", str(model), "--input", str(src)]) == 2
+    line = error_of(capsys)
+    assert "tokenizer.json is not the tokenizer this model was trained with" in line and "training.json" in line
+    with pytest.raises(NmtError, match="not the tokenizer this model was trained with"):
+        Translator.from_pretrained(model)
+    assert main(["train", *args_for(corpus_dir, tmp_path, "tuned", 2), "--init-from", str(model)]) == 2
+    assert "not the tokenizer this model was trained with" in error_of(capsys)
+    assert not (tmp_path / "tuned").exists()
+
+
+def edited_copy(corpus_dir: Path, into: Path) -> Path:
+    shutil.copytree(corpus_dir, into)
+    return into
+
+
+def drop_first_lines(prefix: Path, n: int) -> None:
+    """Edit a corpus in place: its first n pairs removed."""
+    for side in ("en", "xx"):
+        path = Path(f"{prefix}.{side}")
+        path.write_text("".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[n:]), encoding="utf-8")
+
+
+def test_resume_on_edited_data_is_refused_naming_the_split(corpus_dir, tmp_path, capsys):
+    data = edited_copy(corpus_dir, tmp_path / "data")
+    args = args_for(data, tmp_path, "run", 2)
+    assert main(["train", *args]) == 0
+    run = tmp_path / "run"
+    drop_first_lines(data / "train", 100)
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["train", *args_for(data, tmp_path, "run", 4), "--resume", "latest"]) == 2
+    line = error_of(capsys)
+    assert "the data changed since" in line and "step_2" in line and "--allow-data-change" in line
+    assert f"train ({data / 'train'})" in line and "valid (" not in line and "test (" not in line
+    assert snapshot(run) == before  # refused before the run directory was touched
+
+
+def test_allow_data_change_continues_with_the_runs_own_tokenizer(corpus_dir, tmp_path, capsys, caplog):
+    data = edited_copy(corpus_dir, tmp_path / "data")
+    assert main(["train", *args_for(data, tmp_path, "run", 2)]) == 0
+    run = tmp_path / "run"
+    first = (run / "checkpoints" / "step_2" / "tokenizer.json").read_bytes()
+    drop_first_lines(data / "train", 300)  # half the corpus: a tokenizer trained again would differ
+    code = main(["train", *args_for(data, tmp_path, "run", 4), "--resume", "latest", "--allow-data-change"])
+    assert code == 0, capsys.readouterr().err
+    assert "on changed data (--allow-data-change): train (" in caplog.text
+    for folder in (run / "checkpoints" / "step_4", run / "model"):
+        assert (folder / "tokenizer.json").read_bytes() == first, folder  # the ids mean the same subwords
+    recorded = json.loads((run / "checkpoints" / "step_4" / COMPLETE).read_text())["fingerprints"]
+    assert recorded["train"] != json.loads((run / "checkpoints" / "step_2" / COMPLETE).read_text())["fingerprints"][
+        "train"]  # the new data are what the run now records
+
+
+@pytest.mark.slow
+def test_one_run_per_folder_and_a_killed_run_gives_the_folder_back(corpus_dir, tmp_path, capsys):
+    args = args_for(corpus_dir, tmp_path, "run", 500)
+    first = start(nmt_cmd(*args), tmp_path)
+    try:
+        wait_for_step(tmp_path / "run", 3, first)  # checkpoints at steps 2 (and later)
+        for extra in ([], ["--resume", "auto"], ["--overwrite"]):
+            assert main(["train", *args, *extra]) == 2
+            line = error_of(capsys)
+            assert f"another nmt train is using output_dir {tmp_path / 'run'} (pid {first.pid})" in line, extra
+    finally:
+        first.send_signal(signal.SIGKILL)  # no chance to clean up
+        first.wait()
+    assert not any(p.name.startswith("run.old-") for p in tmp_path.iterdir())  # --overwrite moved nothing
+    step = int(list_checkpoints(tmp_path / "run")[-1].name.split("_")[1])
+    assert main(["train", *args_for(corpus_dir, tmp_path, "run", step + 1), "--resume", "auto"]) == 0
+    assert not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith(".")]  # none left over
+
+
+def claim_and_report(cfg, reports: str) -> None:  # top level: launched processes import it by name
+    from accelerate import Accelerator
+
+    from nmt.training.state import claim_output_dir
+
+    accelerator = Accelerator(cpu=True)
+    try:
+        claim_output_dir(accelerator, cfg)
+        outcome = "claimed"
+    except NmtError as e:
+        outcome = str(e)
+    Path(reports, f"rank{accelerator.process_index}").write_text(outcome)
+
+
+@pytest.mark.multiprocess
+def test_every_process_stops_when_the_folder_is_in_use(tiny_cfg, tmp_path):
+    """Only the main process tries the lock; the others must hear that it failed before any collective."""
+    from filelock import FileLock
+
+    from nmt.launch import launch
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    with FileLock(str(lock_file(Path(tiny_cfg.output_dir)))):  # another nmt train, in the launched ranks' eyes
+        launch(claim_and_report, (tiny_cfg, str(reports)), num_processes=2)
+    outcomes = {p.name: p.read_text() for p in reports.iterdir()}
+    assert sorted(outcomes) == ["rank0", "rank1"]
+    for rank, outcome in outcomes.items():
+        assert outcome.startswith(f"another nmt train is using output_dir {tiny_cfg.output_dir} (pid unknown)"), rank
+    assert not Path(tiny_cfg.output_dir).exists()
