@@ -687,7 +687,9 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
 
     `main_first` (e.g. nmt.launch.main_process_first) lets the main process fill the cache while the
     others wait and then read it. A null `tok_cfg.vocab_size` is the plan's (`nmt.plan.vocab_size_for`) for the number of
-    training pairs left after cleaning, recorded as stats["sizing_pairs"]. stats["seconds"] times each phase.
+    training pairs left after cleaning, recorded as stats["sizing_pairs"], the size trained with as stats["vocab_size"]
+    (what the plan records: it is chosen here, once, because the tokenizer is trained before the plan can run; None
+    for a given tokenizer). stats["seconds"] times each phase.
     Every split keeps only pairs of at most data.max_subwords tokens a side, and at most `max_positions` (the
     model's) when given. stats["clean"] counts what cleaning did to train, stats["clean_eval"] to valid and test.
     """
@@ -722,6 +724,7 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
             # trains the vocabulary its plan prints, whichever size an earlier nmt chose for the same data
             work = work / f"vocab-{tok_cfg.vocab_size}"
             work.mkdir(exist_ok=True)
+        vocab_size = None if tokenizer is not None else tok_cfg.vocab_size
         with _timed(seconds, "tokenizer"):
             tokenizer = tokenizer or _cached_tokenizer(raw["train"], tok_cfg, work)
         with _timed(seconds, "encode"):
@@ -735,7 +738,8 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
         if name in encoded:
             encoded[name] = drop_long_eval(encoded[name], name, limit, eval_stats[name], eval_pairs.get(name))
     stats = {**split_stats, "clean": clean_stats, "clean_eval": eval_stats, "cache": str(work),
-             "sizing_pairs": sizing_pairs, "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
+             "sizing_pairs": sizing_pairs, "vocab_size": vocab_size,
+             "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
     if line := eval_clean_line(stats):
         log.info("%s", line)
     return Corpus(encoded, tokenizer, stats, mixing if "train" in encoded else None)

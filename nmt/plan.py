@@ -104,6 +104,9 @@ class Facts:
     longest_cost: int = 0
     # the training sampler's optimizer steps in an epoch for a max_tokens (exact; None: estimated from epoch_cost)
     epoch_steps: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
+    # the tokenizer's requested size as data.prepare trained it (chosen there by `vocab_size_for` when left open,
+    # before the plan could run: the plan records that choice, it does not make a second one); None: no corpus yet
+    vocab_size: int | None = None
 
 
 @dataclass
@@ -281,7 +284,8 @@ def resolve(cfg: TrainConfig, facts: Facts, *, speed: Speed | None = None, proce
         return _kept(cfg, facts, previous, speed, processes, minutes_left, inherited or {})
     choose = _Chooser(cfg, Plan(minutes=cfg.max_minutes, init_from=cfg.init_from), open_keys(cfg))
     limits = _limits(choose, minutes_left, speed, processes)
-    choose("tokenizer.vocab_size", vocab_size_for(facts.train_pairs), f"for {facts.train_pairs:,} training pairs")
+    choose("tokenizer.vocab_size", facts.vocab_size or vocab_size_for(facts.train_pairs),
+           f"for {facts.train_pairs:,} training pairs")
     dims, timed = _shape(choose, facts, limits, speed)
     choose.plan.seconds_per_token = timed[1] if timed else None
 
