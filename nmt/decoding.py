@@ -40,6 +40,9 @@ class SearchConfig:
     max_len_a: float = ranged(10, "[0, 1e6]")  # a generated sentence has at most a + b * source length tokens ...
     max_len_b: float = ranged(2.0, "[0, 1e6]")  # ... (including the final </s>)
     max_new_tokens: int = ranged(256, "[1, 1e6]")  # and never more than this
+    # the token every translation starts with, forced (an imported M2M100/NLLB's target language); None: the
+    # model's own forced_bos_id (config.json), or none
+    first_token: int | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, noun="search setting")
@@ -97,7 +100,7 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
     pad, bos, eos = special_id(model, "pad_id"), special_id(model, "bos_id"), special_id(model, "eos_id")
     B, dev = src_ids.shape[0], src_ids.device
     limits = length_limits(src_ids, pad, cfg, _most(model))
-    steps, never, forced = int(limits.max()), _never(pad, bos, eos, dev), _forced(model)
+    steps, never, forced = int(limits.max()), _never(pad, bos, eos, dev), _forced(model, cfg)
     dec = start_decoder(model, src_ids)
     generator = sampling.generator(dev) if sampling is not None else None
     alive = torch.arange(B, device=dev)  # sentence of each row
@@ -152,7 +155,7 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig, terms: list[lis
     B, K, dev = src_ids.shape[0], cfg.beam_size, src_ids.device
     limits = length_limits(src_ids, pad, cfg, _most(model))
     steps = int(limits.max())
-    dec, never, forced = start_decoder(model, src_ids), _never(pad, bos, eos, dev), _forced(model)
+    dec, never, forced = start_decoder(model, src_ids), _never(pad, bos, eos, dev), _forced(model, cfg)
     sent = torch.arange(B, device=dev)  # sentence of each active group of rows
     scores = torch.zeros(B, 1, device=dev)  # (N, W) log-probability of each row's prefix; W = 1, then K
     history = torch.full((B, 0), pad, dtype=torch.long, device=dev)  # (N*W, t) tokens of each row
@@ -272,7 +275,10 @@ def _best_continuations(scores: torch.Tensor, lp: torch.Tensor, n: int) -> tuple
     return top, beam, tok
 
 
-def _forced(model) -> int | None:
+def _forced(model, cfg: SearchConfig) -> int | None:
+    """The first token a search forces: the search's own, else the model's forced_bos_id."""
+    if cfg.first_token is not None:
+        return cfg.first_token
     return getattr(getattr(model, "cfg", model), "forced_bos_id", None)
 
 

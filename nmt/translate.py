@@ -18,7 +18,6 @@ decoding with the exported model (`CT2Model`).
 from __future__ import annotations
 
 import codecs
-import contextlib
 import json
 import logging
 import math
@@ -140,25 +139,13 @@ class Translator:
             raise NmtError(f"the tokenizer has no token {firsts[code]!r} that languages.json names for {code!r}")
         return token_id
 
-    @contextlib.contextmanager
-    def _forcing(self, tgt_lang: str | None):
-        """The search starts every translation with `first_token(tgt_lang)`, for this call, on each model."""
+    def _search(self, tgt_lang: str | None, **settings) -> SearchConfig:
+        """The SearchConfig of one call: `settings`, and the first token `tgt_lang` forces (`first_token`)."""
         token = self.first_token(tgt_lang)
-        models = list(getattr(self.model, "models", [self.model]))
-        if token is None or all(m.cfg.forced_bos_id == token for m in models):
-            yield
-            return
-        if self.backend != "torch":
+        if token is not None and self.backend != "torch" and token != self.model.cfg.forced_bos_id:
             raise NmtError("choosing an imported M2M100/NLLB model's target language per translation needs the "
                            "PyTorch model (nmt translate MODEL_DIR without --ct2)")
-        saved = [m.cfg.forced_bos_id for m in models]
-        for m in models:
-            m.cfg.forced_bos_id = token
-        try:
-            yield
-        finally:
-            for m, was in zip(models, saved):
-                m.cfg.forced_bos_id = was
+        return SearchConfig(**settings, first_token=token)
 
     def source_tag(self, tgt_lang: str | None) -> int | None:
         """The id of the target-language tag that starts every source of a multilingual model (None for a model of
@@ -255,7 +242,8 @@ class Translator:
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         src_ids = torch.tensor([ids], device=self.device)
         with torch.inference_mode():
-            best = beam_search(self.model, src_ids, SearchConfig(beam_size=beam_size, **search_kwargs))[0][0].tokens
+            search = self._search(tgt_lang, beam_size=beam_size, **search_kwargs)
+            best = beam_search(self.model, src_ids, search)[0][0].tokens
             weights = cross_attention(self.model, src_ids, best, layer)
         src_tokens = self.tokenizer.src_tokens(text)
         if len(ids) > len(src_tokens) or ids[0] != self.tokenizer.src.token_to_id(src_tokens[0]):  # a tag leads
@@ -301,7 +289,7 @@ class Translator:
         search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         beams = beam_size if sampling is None else max(beam_size, nbest)  # nbest samples need no beams
-        search = SearchConfig(beam_size=beams, nbest=nbest, **search_kwargs)
+        search = self._search(tgt_lang, beam_size=beams, nbest=nbest, **search_kwargs)
         pieces, owner = self._pieces(texts, limit, long_inputs, tgt_lang)
         terms = None
         if glossary is not None:
@@ -311,12 +299,11 @@ class Translator:
             terms = self._terms(glossary, texts, pieces, owner)
         found: dict = {}
         if pieces and self.backend == "torch":
-            with torch.inference_mode(), self._forcing(tgt_lang):
+            with torch.inference_mode():
                 found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device, sampling=sampling,
                                        terms=terms, joins=None if terms is None else self._joins())
         elif pieces:
-            with self._forcing(tgt_lang):
-                found = self.model.search(pieces, search, batch_tokens, sampling)
+            found = self.model.search(pieces, search, batch_tokens, sampling)
             if with_scores:  # CTranslate2's search scores leave out </s>: its forced decoding gives them whole
                 self.model.add_logprobs(pieces, found, batch_tokens)
         hyps = [_exactly(found[j], nbest) for j in range(len(pieces))]  # (pieces, nbest)
