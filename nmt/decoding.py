@@ -42,7 +42,7 @@ class SearchConfig:
     max_new_tokens: int = ranged(256, "[1, 1e6]")  # and never more than this
     # the token every translation starts with, forced (an imported M2M100/NLLB's target language); None: the
     # model's own forced_bos_id (config.json), or none
-    first_token: int | None = None
+    first_token: int | None = ranged(None, "[0, 1e9]")
 
     def __post_init__(self) -> None:
         check_fields(self, noun="search setting")

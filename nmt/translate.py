@@ -140,12 +140,14 @@ class Translator:
         return token_id
 
     def _search(self, tgt_lang: str | None, **settings) -> SearchConfig:
-        """The SearchConfig of one call: `settings`, and the first token `tgt_lang` forces (`first_token`)."""
-        token = self.first_token(tgt_lang)
+        """The SearchConfig of one call: `settings`, and the first token `tgt_lang` forces (`first_token`) unless
+        they name one."""
+        search = SearchConfig(**{"first_token": self.first_token(tgt_lang), **settings})
+        token = search.first_token
         if token is not None and self.backend != "torch" and token != self.model.cfg.forced_bos_id:
             raise NmtError("choosing an imported M2M100/NLLB model's target language per translation needs the "
                            "PyTorch model (nmt translate MODEL_DIR without --ct2)")
-        return SearchConfig(**settings, first_token=token)
+        return search
 
     def source_tag(self, tgt_lang: str | None) -> int | None:
         """The id of the target-language tag that starts every source of a multilingual model (None for a model of
