@@ -19,6 +19,13 @@ AdamW; bf16 autocast or fp32) on random batches of varied shapes: neither, each 
 does); RSS every 100 steps.
 
     python benchmarks/memory.py --heap 1000
+
+`--serve BATCHES` measures what the bound costs and buys in decoding, as a server decodes: beam 4 over BATCHES
+batches of 1-64 random sentences of 3-60 tokens, through a random d256 3+3 model packed as `Translator` packs it,
+one thread, in a fresh process with each cache at 64 primitives (`Translator`'s bound) and at 1,024 (the
+libraries' default): seconds, and RSS every 100 batches.
+
+    python benchmarks/memory.py --serve 400
 """
 
 from __future__ import annotations
@@ -62,6 +69,35 @@ for step in range(1, steps + 1):
         release_free_memory()
     if step % 100 == 0:
         print(step, rss(), round(time.perf_counter() - start, 1), flush=True)
+"""
+SERVE_DECODING = """
+import random, sys, time, torch
+from nmt.compat import bound_onednn_primitive_caches
+from nmt.config import ModelConfig
+from nmt.decoding import SearchConfig, beam_search
+from nmt.kernels import use_cpu_kernels
+from nmt.model import Seq2SeqTransformer
+batches, capacity = int(sys.argv[1]), int(sys.argv[2])
+bound_onednn_primitive_caches(capacity)
+torch.set_num_threads(1)
+rss = lambda: next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) // 1024
+torch.manual_seed(0)
+rnd = random.Random(0)
+model = Seq2SeqTransformer(ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=256, n_heads=4, d_ff=1024,
+                                       n_encoder_layers=3, n_decoder_layers=3, dropout=0.0)).eval()
+model = use_cpu_kernels(model, packed_linears=True)  # as Translator decodes
+with torch.no_grad():  # </s> about as likely as the best other token, so sentences end at many lengths
+    model.dec_norm.bias.fill_(1.0)
+    model.tgt_embed.weight[model.cfg.eos_id] = 5.4 / 256
+start = time.perf_counter()
+with torch.inference_mode():
+    for i in range(1, batches + 1):
+        B, S = rnd.randint(1, 64), rnd.randint(3, 60)
+        src = torch.randint(4, 8000, (B, S))
+        src[:, -1] = model.cfg.eos_id
+        beam_search(model, src, SearchConfig(beam_size=4, max_len_a=S, max_len_b=0.0, max_new_tokens=S))
+        if i % 100 == 0:
+            print(i, rss(), round(time.perf_counter() - start, 1), flush=True)
 """
 PROGRESS = re.compile(r"step (\d+)/\d+.*?epoch=(\d+)")
 
@@ -148,6 +184,18 @@ def heap(steps: int, precisions: list[str]) -> None:
             print(f"{name:<5} {label:<25} RSS MiB every 100 steps {shown}; {samples[-1][2]:.0f} s", flush=True)
 
 
+def serve(batches: int) -> None:
+    """Beam-4 decoding of batches of random shapes with each primitive cache at 64 and at 1,024: RSS over them."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    for capacity in (64, 1024):
+        out = subprocess.run([sys.executable, "-c", SERVE_DECODING, str(batches), str(capacity)], env=env,
+                             capture_output=True, text=True, check=True).stdout.split("\n")
+        samples = [tuple(map(float, line.split())) for line in out if line.strip()]
+        shown = " ".join(f"{int(rss)}" for _, rss, _ in samples)
+        print(f"{capacity:>5} primitives a cache: RSS MiB every 100 batches {shown}; {samples[-1][2]:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, help="folder with train/valid/test.{src,tgt}")
@@ -159,12 +207,16 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=2.0, help="seconds between two samples")
     parser.add_argument("--heap", type=int, metavar="STEPS", help="measure the training step alone with and without "
                         "training's memory settings, for STEPS steps (no --data needed)")
+    parser.add_argument("--serve", type=int, metavar="BATCHES", help="measure beam-4 decoding of BATCHES batches of "
+                        "random shapes with the primitive caches bounded and not (no --data needed)")
     parser.add_argument("extra", nargs="*", help="after --: settings added to the command")
     args = parser.parse_args()
     if args.heap:
         return heap(args.heap, args.precision)
+    if args.serve:
+        return serve(args.serve)
     if args.data is None:
-        parser.error("give --data (or --heap STEPS)")
+        parser.error("give --data (or --heap STEPS, or --serve BATCHES)")
     rows = []
     for precision in args.precision:
         with tempfile.TemporaryDirectory() as tmp:
