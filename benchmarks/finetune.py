@@ -19,8 +19,9 @@ second with the same budget three ways, each the command a user runs.
    length-bucketed batches, validation loss after every epoch with the best weights kept) at its size (d_model
    256, 3+3 layers, 4,096-token batches, 1,000 warmup steps) and under bf16 autocast (HF's `--bf16`), 2,000
    pieces a side. A pretrained model is trained far longer than it is adapted: 55 minutes of one core give
-   ~1,400 steps (18 epochs of A); ten minutes of d128 with 2+2 layers (`--base-size 128,2,4,512 --base-max-tokens
-   1024 --base-warmup 200`) gave a start too weak to measure fine-tuning with (docs/results.md).
+   1,400-2,500 steps (18-32 epochs of A) on the CPUs measured; ten minutes of d128 with 2+2 layers
+   (`--base-size 128,2,4,512 --base-max-tokens 1024 --base-warmup 200`) gave a start too weak to measure
+   fine-tuning with (docs/results.md).
    It is saved as huggingface_hub lays out a download, WORK/hub/models--nmt-bench--opus-mt-en-de/.
 3. On domain B, `--minutes` each, with HF_HUB_CACHE=WORK/hub and HF_HUB_OFFLINE=1:
    (a) `nmt import nmt-bench/opus-mt-en-de` and README's fine-tuning command (`nmt train --init_from ...`);

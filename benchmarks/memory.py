@@ -73,28 +73,21 @@ for step in range(1, steps + 1):
 SERVE_DECODING = """
 import random, sys, time, torch
 from nmt.compat import bound_onednn_primitive_caches
-from nmt.config import ModelConfig
-from nmt.decoding import SearchConfig, beam_search
-from nmt.kernels import use_cpu_kernels
-from nmt.model import Seq2SeqTransformer
 batches, capacity = int(sys.argv[1]), int(sys.argv[2])
-bound_onednn_primitive_caches(capacity)
+bound_onednn_primitive_caches(capacity)  # before decode_speed builds the packed model
+from decode_speed import EOS, VOCAB, nmt_model
+from nmt.decoding import SearchConfig, beam_search
 torch.set_num_threads(1)
 rss = lambda: next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) // 1024
-torch.manual_seed(0)
-rnd = random.Random(0)
-model = Seq2SeqTransformer(ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000, d_model=256, n_heads=4, d_ff=1024,
-                                       n_encoder_layers=3, n_decoder_layers=3, dropout=0.0)).eval()
-model = use_cpu_kernels(model, packed_linears=True)  # as Translator decodes
+model, rnd = nmt_model(0), random.Random(0)  # packed as Translator packs it
 with torch.no_grad():  # </s> about as likely as the best other token, so sentences end at many lengths
-    model.dec_norm.bias.fill_(1.0)
-    model.tgt_embed.weight[model.cfg.eos_id] = 5.4 / 256
+    model.tgt_embed.weight[EOS] = 5.4 / model.cfg.d_model
 start = time.perf_counter()
 with torch.inference_mode():
     for i in range(1, batches + 1):
         B, S = rnd.randint(1, 64), rnd.randint(3, 60)
-        src = torch.randint(4, 8000, (B, S))
-        src[:, -1] = model.cfg.eos_id
+        src = torch.randint(4, VOCAB, (B, S))
+        src[:, -1] = EOS
         beam_search(model, src, SearchConfig(beam_size=4, max_len_a=S, max_len_b=0.0, max_new_tokens=S))
         if i % 100 == 0:
             print(i, rss(), round(time.perf_counter() - start, 1), flush=True)
@@ -169,16 +162,23 @@ def summary(samples: list[tuple[float, int, int, float]]) -> dict:
             "slope": slope_per_1000_steps([(s, r) for _, s, _, r in after])}
 
 
+def fresh_process(script: str, *args) -> list[tuple[float, ...]]:
+    """Run `script` with `args` in a fresh Python (nmt and benchmarks/ importable, the primitive caches' variables
+    unset): its lines of numbers (count, RSS MiB, seconds)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    here = Path(__file__).resolve().parent
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent), str(here)])
+    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return [tuple(map(float, line.split())) for line in out.splitlines() if line.strip()]
+
+
 def heap(steps: int, precisions: list[str]) -> None:
     """The training step alone with neither memory setting, each alone and both: RSS over the steps."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     settings = {"neither": (0, 0), "heap release": (1, 0), "bounded caches": (0, 1), "both (training)": (1, 1)}
     for precision in precisions:
         for label, (release, bounded) in settings.items():
-            out = subprocess.run([sys.executable, "-c", HEAP_STEP, precision, str(steps), str(release), str(bounded)],
-                                 env=env, capture_output=True, text=True, check=True).stdout.split("\n")
-            samples = [tuple(map(float, line.split())) for line in out if line.strip()]
+            samples = fresh_process(HEAP_STEP, precision, steps, release, bounded)
             shown = " ".join(f"{int(rss)}" for _, rss, _ in samples)
             name = "fp32" if precision == "no" else precision
             print(f"{name:<5} {label:<25} RSS MiB every 100 steps {shown}; {samples[-1][2]:.0f} s", flush=True)
@@ -186,12 +186,8 @@ def heap(steps: int, precisions: list[str]) -> None:
 
 def serve(batches: int) -> None:
     """Beam-4 decoding of batches of random shapes with each primitive cache at 64 and at 1,024: RSS over them."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     for capacity in (64, 1024):
-        out = subprocess.run([sys.executable, "-c", SERVE_DECODING, str(batches), str(capacity)], env=env,
-                             capture_output=True, text=True, check=True).stdout.split("\n")
-        samples = [tuple(map(float, line.split())) for line in out if line.strip()]
+        samples = fresh_process(SERVE_DECODING, batches, capacity)
         shown = " ".join(f"{int(rss)}" for _, rss, _ in samples)
         print(f"{capacity:>5} primitives a cache: RSS MiB every 100 batches {shown}; {samples[-1][2]:.0f} s", flush=True)
 
