@@ -14,7 +14,7 @@ and </s> is impossible before it (nmt/CT2: the output embedding of </s> is set s
 -30 for every decoder state; HF: min_new_tokens). Systems run interleaved in every round, in a rotating
 order; the figure is the median round. CPU; `--threads` for torch and CTranslate2 alike.
 "nmt sample" draws (top-k 10) on the same decoding path as greedy; the figure to watch is nmt beam 4 /
-CT2 float32 beam 4 (same float32 arithmetic; target >= 0.9).
+CT2 float32 beam 4 (same float32 arithmetic; target >= 1.1).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def report(results: dict[str, tuple[float, int]], args, n_sentences: int) -> Non
         print(f"{name:<20}{tok / sec:>10.0f}{sec:>10.2f}")
     speed = {n: t / s for n, (s, t) in results.items()}
     print()
-    for a, b, target in (("nmt beam4", "CT2 float32 beam4", 0.9), ("nmt greedy", "CT2 float32 greedy", None),
+    for a, b, target in (("nmt beam4", "CT2 float32 beam4", 1.1), ("nmt greedy", "CT2 float32 greedy", None),
                          ("nmt sample", "nmt greedy", None), ("nmt ens2 beam4", "nmt beam4", None),
                          ("nmt beam4", "HF beam4", 2.0), ("nmt greedy", "HF greedy", 1.5),
                          ("CT2 int8 beam4", "HF beam4", 5.0), ("CT2 float32 beam4", "HF beam4", None),

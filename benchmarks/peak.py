@@ -1,12 +1,15 @@
-"""The machine's GEMM ceiling and nmt's model FLOPs utilisation (MFU) in training.
+"""The machine's GEMM ceiling and the model FLOPs utilisation (MFU) of nmt's training and HF Marian's.
 
 Ceiling: fp32 and bf16 torch.matmul at 2048^3 and at the model's own shapes (N tokens of a batch times
 the weight matrices, forward and backward). MFU: the training FLOPs a batch needs, counted from the model's
 shapes on its real (non-pad) tokens, times measured target tokens/s, over the fp32 ceiling. The GEMM
-ceiling and the training rounds are interleaved, so a load that comes and goes hits both alike.
+ceiling and each system's training rounds are interleaved, so a load that comes and goes hits all alike.
+With hf among the systems it also prints the most any model of these FLOPs could be over HF on this machine
+(100% MFU against HF's): the bound on train_speed.py's ratio that no padded core doing the same products can
+pass.
 
     python benchmarks/peak.py
-    python benchmarks/peak.py --data ../shared/data/tatoeba-en-de --profile
+    python benchmarks/peak.py --data ../shared/data/tatoeba-en-de --systems nmt,hf --profile
 """
 
 from __future__ import annotations
@@ -78,11 +81,11 @@ def ceilings(d: ts.Dims, n: int, dtypes=(torch.float32, torch.bfloat16), size: i
     return rows
 
 
-def profile_step(batch: dict, d: ts.Dims) -> str:
-    """Share of one nmt training step's CPU time by operator: what is matmul and what is not."""
+def profile_step(batch: dict, d: ts.Dims, name: str = "nmt") -> str:
+    """Share of one training step's CPU time by operator (system `name`): what is matmul and what is not."""
     from torch.profiler import ProfilerActivity, profile
 
-    trainer = ts.Trainer("nmt", d, 0.1, bf16=False)
+    trainer = ts.Trainer(name, d, 0.1, bf16=False)
     trainer.step(batch)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         trainer.step(batch)
@@ -90,7 +93,7 @@ def profile_step(batch: dict, d: ts.Dims) -> str:
     total = sum(e.self_cpu_time_total for e in events)
     matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
-    lines = [f"profile of one step: matmuls (mm, addmm, bmm) {matmul / total:.1%} of aten time; top operators:"]
+    lines = [f"profile of one {name} step: matmuls (mm, addmm, bmm) {matmul / total:.1%} of aten time; top operators:"]
     lines += [f"  {e.key:32s} {e.self_cpu_time_total / total:6.1%}  ({e.count} calls)" for e in top]
     return "\n".join(lines)
 
@@ -100,6 +103,7 @@ def main(argv=None) -> None:
     p.add_argument("--profile", action="store_true", help="also print the operator breakdown of one step")
     p.add_argument("--ceiling-size", type=int, default=2048, help="the square GEMM that measures the ceiling")
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 ceilings (minutes without bf16 units)")
+    p.set_defaults(systems="nmt")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,26 +121,37 @@ def main(argv=None) -> None:
     dtypes = (torch.float32,) if args.no_bf16 else (torch.float32, torch.bfloat16)
     for dtype, shape, rate in ceilings(d, args.max_tokens, dtypes, args.ceiling_size):
         print(f"  {dtype:9s} {shape:36s} {rate:7.1f}")
-    fp32_ceiling, speeds = [], []
-    trainer = ts.Trainer("nmt", d, 0.1, bf16=False)
-    for b in batches:
-        trainer.step(b)
-    for r in range(args.rounds):  # interleaved: ceiling, then a training round
-        fp32_ceiling.append(gemm_rate(*[args.ceiling_size] * 3, torch.float32))
-        start = time.perf_counter()
+    names = args.systems.split(",")
+    trainers = {n: ts.Trainer(n, d, 0.1, bf16=False) for n in names}
+    for t in trainers.values():  # warm-up: every batch shape once
         for b in batches:
-            trainer.step(b)
-        speeds.append(tokens / (time.perf_counter() - start))
-        print(f"  round {r + 1}/{args.rounds}: ceiling {fp32_ceiling[-1]:.1f} GFLOP/s, nmt {speeds[-1]:.0f} tokens/s, "
-              f"MFU {flops_per_token * speeds[-1] / 1e9 / fp32_ceiling[-1]:.1%}")
-    ceiling, speed = statistics.median(fp32_ceiling), statistics.median(speeds)
-    mfus = [flops_per_token * s / 1e9 / c for s, c in zip(speeds, fp32_ceiling)]
-    print(f"nmt fp32 training: {speed:.0f} target tokens/s (median of {args.rounds}; {min(speeds):.0f}-{max(speeds):.0f}) "
-          f"x {flops_per_token / 1e6:.1f} MFLOP = {flops_per_token * speed / 1e9:.1f} GFLOP/s; "
-          f"fp32 GEMM ceiling {ceiling:.1f} GFLOP/s ({args.ceiling_size}^3, median); "
-          f"MFU {flops_per_token * speed / 1e9 / ceiling:.1%} (per round {min(mfus):.1%}-{max(mfus):.1%})")
+            t.step(b)
+    fp32_ceiling, speeds = [], {n: [] for n in names}
+    for r in range(args.rounds):  # interleaved: the ceiling, then a round of each system
+        fp32_ceiling.append(gemm_rate(*[args.ceiling_size] * 3, torch.float32))
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            start = time.perf_counter()
+            for b in batches:
+                trainers[n].step(b)
+            speeds[n].append(tokens / (time.perf_counter() - start))
+        print(f"  round {r + 1}/{args.rounds}: ceiling {fp32_ceiling[-1]:.1f} GFLOP/s, " + ", ".join(
+            f"{n} {speeds[n][-1]:.0f} tokens/s MFU {flops_per_token * speeds[n][-1] / 1e9 / fp32_ceiling[-1]:.1%}"
+            for n in names))
+    ceiling = statistics.median(fp32_ceiling)
+    for n in names:
+        speed = statistics.median(speeds[n])
+        mfus = [flops_per_token * s / 1e9 / c for s, c in zip(speeds[n], fp32_ceiling)]
+        print(f"{n} fp32 training: {speed:.0f} target tokens/s (median of {args.rounds}; {min(speeds[n]):.0f}-"
+              f"{max(speeds[n]):.0f}) x {flops_per_token / 1e6:.1f} MFLOP = {flops_per_token * speed / 1e9:.1f} "
+              f"GFLOP/s; fp32 GEMM ceiling {ceiling:.1f} GFLOP/s ({args.ceiling_size}^3, median); "
+              f"MFU {flops_per_token * speed / 1e9 / ceiling:.1%} (per round {min(mfus):.1%}-{max(mfus):.1%})")
+    if "hf" in speeds:
+        bounds = [c * 1e9 / flops_per_token / s for s, c in zip(speeds["hf"], fp32_ceiling)]
+        print(f"the most a model of these FLOPs can be over HF here (100% MFU against HF's): "
+              f"{statistics.median(bounds):.2f}x HF (per round {min(bounds):.2f}-{max(bounds):.2f})")
     if args.profile:
-        print(profile_step(batches[len(batches) // 2], d))
+        for n in names:
+            print(profile_step(batches[len(batches) // 2], d, n))
 
 
 if __name__ == "__main__":

@@ -154,21 +154,33 @@ def build_seed(dims: Dims) -> nn.Module:
     return SeedTransformer(dims.vocab, dims.d_model, dims.heads, dims.layers, dims.layers, dims.ffn, dims.dropout)
 
 
+def trainers_objective(model, smoothing: float, compile: bool) -> nn.Module:
+    """The objective nmt's training builds for `model` on the CPU (nmt.training.run.make_objective), made once:
+    the fused cross-entropy of nmt.kernels, or with `compile` the plain objective compiled whole."""
+    name = "compiled_objective" if compile else "objective"
+    if not hasattr(model, name):
+        from nmt.config import TrainConfig
+        from nmt.training.run import make_objective
+
+        cfg = TrainConfig(compile=compile)
+        cfg.optim.label_smoothing = smoothing
+        object.__setattr__(model, name, make_objective(model, cfg, torch.device("cpu")))
+    return getattr(model, name)
+
+
 def loss_nmt(model, b: dict, smoothing: float) -> torch.Tensor:
-    """What nmt's train_step does: Seq2SeqLoss, the model's logits through the label-smoothed cross-entropy."""
+    """What nmt's train_step does on a CPU: the objective training builds, its loss."""
+    return trainers_objective(model, smoothing, False)(b["src_ids"], b["tgt_in_ids"], b["labels"]).loss
+
+
+def loss_nmt_plain(model, b: dict, smoothing: float) -> torch.Tensor:
+    """The plain objective (a GPU's): Seq2SeqLoss, the model's logits through F.log_softmax and autograd."""
     return Seq2SeqLoss(model, smoothing)(b["src_ids"], b["tgt_in_ids"], b["labels"]).loss
 
 
 def loss_nmt_compiled(model, b: dict, smoothing: float) -> torch.Tensor:
-    """What `compile: true` trains: the plain objective compiled whole (nmt.training.run.make_objective)."""
-    if not hasattr(model, "compiled_objective"):
-        from nmt.config import TrainConfig
-        from nmt.training.run import make_objective
-
-        cfg = TrainConfig(compile=True)
-        cfg.optim.label_smoothing = smoothing
-        object.__setattr__(model, "compiled_objective", make_objective(model, cfg, torch.device("cpu")))
-    return model.compiled_objective(b["src_ids"], b["tgt_in_ids"], b["labels"]).loss
+    """What `compile: true` trains: the plain objective compiled whole."""
+    return trainers_objective(model, smoothing, True)(b["src_ids"], b["tgt_in_ids"], b["labels"]).loss
 
 
 def loss_hf(model, b: dict, smoothing: float) -> torch.Tensor:
@@ -186,9 +198,11 @@ def loss_seed(model, b: dict, smoothing: float) -> torch.Tensor:
     return ce(logits.permute(1, 2, 0), b["labels"])
 
 
-# nmt: what a CPU trains (with nmt.kernels' fast dropout); nmt_plain: the plain core, a GPU's (nmt against it: the
+# nmt: what a CPU trains (nmt.kernels' fast dropout and fused loss); nmt_unfused: the fast dropout and the plain
+# loss (nmt against it: the fused loss's worth); nmt_plain: the plain core, a GPU's (nmt_unfused against it: the
 # fast dropout's worth)
-SYSTEMS = {"nmt": (build_nmt, loss_nmt), "nmt_plain": (build_plain, loss_nmt),
+SYSTEMS = {"nmt": (build_nmt, loss_nmt), "nmt_unfused": (build_nmt, loss_nmt_plain),
+           "nmt_plain": (build_plain, loss_nmt_plain),
            "nmt_compiled": (build_nmt, loss_nmt_compiled),
            "hf": (build_hf, loss_hf), "seed": (build_seed, loss_seed)}
 

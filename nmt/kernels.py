@@ -1,12 +1,13 @@
 """Opt-in CPU fast paths for nmt's model: a linear through oneDNN with its weight packed once, a dropout whose
-mask costs a quarter of torch's random draws. The model itself is plain PyTorch (`F.linear`, `nn.Dropout`); nothing
-here runs until `use_cpu_kernels` switches it on for one model, and importing this module changes nothing global
+mask costs a quarter of torch's random draws, a label-smoothed cross-entropy with a hand-written backward. The model
+and its objective are plain PyTorch (`F.linear`, `nn.Dropout`, `F.log_softmax` and autograd); nothing here runs
+until `use_cpu_kernels` switches it on for one model or objective, and importing this module changes nothing global
 (no hooks on anyone's optimizers, no caches shared between models).
 
 Who opts in: `Translator.from_pretrained` on a CPU (packed linears: inference with a model directory's fixed
-weights) and a training run on the CPU (the fast dropout; not under torch.compile). Both swap
-modules of the plain model for subclasses defined here (and back), so the model's own code and signatures know
-nothing of them; on a GPU neither runs. Training never packs its linears: a fused optimizer step
+weights) and a training run on the CPU (the fast dropout and the fused loss; not under torch.compile). Both swap
+modules of the plain model or objective for subclasses defined here (and back), so the model's own code and
+signatures know nothing of them; on a GPU none runs. Training never packs its linears: a fused optimizer step
 (torch.optim.AdamW(fused=True), what training uses) updates weights in place without bumping their version counter,
 so a pack could not see a training step, and validation would decode with stale weights.
 
@@ -23,6 +24,7 @@ from torch import nn
 
 from nmt import compat
 from nmt.layers import FeedForward, Linear
+from nmt.model import LossSums, Seq2SeqLoss
 
 AVAILABLE = compat.mkldnn_packed_linear_available()
 MIN_WEIGHT = 256 * 256  # smaller weights take F.linear: oneDNN's ~0.1 ms set-up per call outweighs its gain
@@ -35,7 +37,9 @@ def use_cpu_kernels(model: nn.Module, packed_linears: bool = False, fast_dropout
     `packed_linears`: every `nmt.layers.Linear` of the model becomes a `PackedLayerLinear` (the same parameters,
     multiplied through a `PackedLinear` of its own), and the model's output projection goes through one too.
     For inference only (see above). `fast_dropout`: every `nn.Dropout` of the model becomes a `FastDropout` (and
-    back when False). Call it before adapters are added, so that their own layers stay torch's.
+    back when False). Call it before adapters are added, so that their own layers stay torch's. (The objective's
+    fused loss has a switch of its own, `use_fused_loss`: it serves any model's objective, and switching it
+    leaves the model's modules as they are.)
     """
     for module in model.modules():
         if type(module) in (Linear, PackedLayerLinear):
@@ -164,3 +168,60 @@ class FastDropout(nn.Dropout):
                 or torch.compiler.is_compiling()):
             return super().forward(x)
         return _CpuDropout.apply(x, self.p)
+
+
+# --- The fused label-smoothed cross-entropy ------------------------------------------------------------------------
+# Autograd through F.log_softmax, the nll's gather and the smoothing term's sum builds three (N, V) gradients in the
+# backward (the gather's scattered one, the sum's expanded one, their sum) and then log_softmax's own backward over
+# them: four passes over the logits' size, a quarter of a CPU training step at d_model 128 and 8,000 subwords.
+# Here the backward is one expression, softmax - (1 - eps) onehot - eps / V per real token, written into the saved
+# log-probabilities' buffer (so a second backward fails autograd's version check instead of going wrong).
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """label_smoothed_nll's sums with a hand-written backward: (logits (N, V), labels (N,)) -> (loss, nll)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, pad_id: int, smoothing: float):
+        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V), fp32 also under autocast
+        weight = labels.ne(pad_id).to(lprobs.dtype)  # (N,) 1 for a real token, 0 for padding
+        nll = -(lprobs.gather(1, labels[:, None]).squeeze(1) * weight).sum()
+        loss = nll.clone()  # its own tensor: the nll alone is marked as carrying no gradient
+        if smoothing:
+            loss = (1.0 - smoothing) * nll - smoothing * (lprobs.mean(-1) * weight).sum()
+        ctx.save_for_backward(lprobs, labels, weight)
+        ctx.smoothing, ctx.dtype = smoothing, logits.dtype
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_nll):
+        lprobs, labels, weight = ctx.saved_tensors
+        eps = ctx.smoothing
+        g = (grad_loss * weight)[:, None]  # (N, 1): the loss's gradient on each row; padding's rows get 0
+        grad = lprobs.exp_().mul_(g)  # softmax * g, in the log-probabilities' buffer
+        if eps:
+            grad.sub_(g * (eps / grad.shape[1]))
+        grad.scatter_add_(1, labels[:, None], g * -(1.0 - eps))
+        return grad.to(ctx.dtype), None, None, None
+
+
+class FusedSeq2SeqLoss(Seq2SeqLoss):
+    """`nmt.model.Seq2SeqLoss` scoring the model's logits through `_SmoothedCrossEntropy`: the same sums (within
+    float rounding) and gradient. Under torch.compile, which fuses the plain loss itself, the plain loss runs."""
+
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor) -> LossSums:
+        if torch.compiler.is_compiling():
+            return super().forward(src_ids, tgt_in_ids, labels)
+        logits = self.model(src_ids, tgt_in_ids)  # (B, T, V)
+        labels = labels.flatten()
+        loss, nll = _SmoothedCrossEntropy.apply(logits.flatten(0, 1), labels, self.pad_id, self.label_smoothing)
+        return LossSums(loss, nll, labels.ne(self.pad_id).sum())
+
+
+def use_fused_loss(objective: Seq2SeqLoss, on: bool = True) -> Seq2SeqLoss:
+    """Score `objective` through the fused cross-entropy (on) or the plain one (off), in place; returns it. Its
+    state dict, hooks and wrapped model stay as they are."""
+    if type(objective) in (Seq2SeqLoss, FusedSeq2SeqLoss):
+        objective.__class__ = FusedSeq2SeqLoss if on else Seq2SeqLoss
+    return objective

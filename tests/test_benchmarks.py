@@ -40,8 +40,10 @@ def test_train_speed():
 
 
 def test_peak():
-    out = run("peak.py", *TINY, "--rounds", "1", "--ceiling-size", "256", "--no-bf16")
-    assert "GEMM ceiling" in out and "MFU" in out.splitlines()[-1]
+    out = run("peak.py", *TINY, "--rounds", "1", "--ceiling-size", "256", "--no-bf16", "--systems", "nmt,hf")
+    lines = out.splitlines()
+    assert "GEMM ceiling" in out and [line.split()[0] for line in lines[-3:-1]] == ["nmt", "hf"]
+    assert "MFU" in lines[-2] and "the most a model of these FLOPs can be over HF here" in lines[-1]
 
 
 def test_padding(corpus_dir):

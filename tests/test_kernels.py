@@ -1,10 +1,12 @@
 """The opt-in CPU kernels (nmt.kernels): PyTorch's private oneDNN ops the packed linear relies on still exist and
 still compute F.linear; the packed weight follows the weight when it changes; anything but no-grad float32 CPU
-inference goes through F.linear; the fast dropout keeps its rate, scale and seed. And nothing is switched on by
-importing: a plain model is plain PyTorch, only Translator and CPU training opt in."""
+inference goes through F.linear; the fast dropout keeps its rate, scale and seed; the fused loss gives the plain
+loss's sums and gradients. And nothing is switched on by importing: a plain model is plain PyTorch, only Translator
+and CPU training opt in."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -81,6 +83,50 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert torch.equal(drop.eval()(x), x)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_fused_loss_gives_the_plain_losss_sums_and_gradients(smoothing, autocast):
+    """Seq2SeqLoss through the fused cross-entropy and through F.cross_entropy's autograd, on a padded batch: the
+    same loss, nll and token count, the same gradient on every parameter, in fp32 and under bf16 autocast; the
+    loss is F.cross_entropy's (ignore_index, label_smoothing, summed); switching it off gives the plain class back."""
+    from helpers import tiny_model
+
+    from nmt.model import Seq2SeqLoss
+
+    gen = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 24, (3, 7), generator=gen)
+    tgt = torch.randint(4, 24, (3, 6), generator=gen)
+    src[0, 5:], tgt[0, 4:], tgt[2, 1:] = 0, 0, 0  # padding (pad_id 0) in both sides, a one-token target
+    tgt_in, labels = torch.cat([torch.full((3, 1), 2), tgt[:, :-1]], 1), tgt
+    results = []
+    for fused in (False, True):
+        model = tiny_model(seed=3).train()
+        objective = Seq2SeqLoss(model, smoothing)
+        if fused:
+            kernels.use_fused_loss(objective)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            sums = objective(src, tgt_in, labels)
+        sums.loss.backward()
+        results.append((sums, {n: p.grad for n, p in model.named_parameters()}))
+        assert type(objective) is (kernels.FusedSeq2SeqLoss if fused else Seq2SeqLoss)
+    (plain, plain_grads), (fused, fused_grads) = results
+    tol = {"atol": 1e-2, "rtol": 1e-2} if autocast else {"atol": 1e-5, "rtol": 1e-5}
+    assert int(fused.tokens) == int(plain.tokens) == int(labels.ne(0).sum())
+    torch.testing.assert_close(fused.loss, plain.loss, **tol)
+    torch.testing.assert_close(fused.nll, plain.nll, **tol)
+    assert not fused.nll.requires_grad and fused.loss.requires_grad
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, **tol, msg=name)
+    if not autocast:
+        logits = tiny_model(seed=3)(src, tgt_in)
+        with torch.no_grad():
+            want = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=0, label_smoothing=smoothing,
+                                   reduction="sum")
+            got = kernels._SmoothedCrossEntropy.apply(logits.flatten(0, 1), labels.flatten(), 0, smoothing)[0]
+        torch.testing.assert_close(got, want)
+    assert type(kernels.use_fused_loss(objective, on=False)) is Seq2SeqLoss
+
+
 def test_importing_hooks_nothing_and_a_plain_model_is_plain_pytorch():
     """No optimizer hook after importing the model, its decoding and the kernels (in a fresh interpreter), and a
     Seq2SeqTransformer built directly drops with nn.Dropout's exact p (the fast dropout's p is 0.100006)."""
@@ -104,7 +150,8 @@ def test_importing_hooks_nothing_and_a_plain_model_is_plain_pytorch():
 
 def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     """Translator.from_pretrained opts its model into packed linears (and translates as the plain model does);
-    the model a CPU training run builds gets the fast dropout and no packed linears, an opted-out one neither."""
+    the model a CPU training run builds gets the fast dropout and no packed linears, an opted-out one neither;
+    its objective takes the fused loss on a CPU, the plain one on other devices and when compiled."""
     from nmt.config import ModelConfig, TrainConfig
     from nmt.layers import Linear
     from nmt.tokenizer import PairTokenizer
@@ -130,3 +177,10 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     assert not kernels.uses_packed_linears(model)
     kernels.use_cpu_kernels(model)  # off again
     assert not any(type(m) is kernels.FastDropout for m in model.modules())
+
+    from nmt.model import Seq2SeqLoss
+    from nmt.training.run import make_objective
+
+    assert type(make_objective(model, cfg, torch.device("cpu"))) is kernels.FusedSeq2SeqLoss
+    assert type(make_objective(model, cfg, torch.device("meta"))) is Seq2SeqLoss  # a device that is not the CPU
+    assert type(make_objective(model, dataclasses.replace(cfg, compile=True), torch.device("cpu"))) is Seq2SeqLoss
