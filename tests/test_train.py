@@ -407,7 +407,8 @@ def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     preflight(tiny_cfg, probe_steps=1)
     train(tiny_cfg)
     assert [c[0] for c in calls] == ["OneDevice", "OneDevice", "Accelerator"]  # warm-up, timed, trained
-    assert {c[1] for c in calls} == {Seq2SeqLoss}
+    kinds = {c[1] for c in calls}  # one objective class (on a CPU: nmt.kernels' fused loss)
+    assert len(kinds) == 1 and issubclass(kinds.pop(), Seq2SeqLoss)
     probe, trained = calls[1], calls[2]
     assert probe[2] == trained[2] and probe[3] == trained[3]  # the same AdamW settings (fused where available)
 
