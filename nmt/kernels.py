@@ -24,7 +24,7 @@ from torch import nn
 
 from nmt import compat
 from nmt.layers import FeedForward, Linear
-from nmt.model import LossSums, Seq2SeqLoss
+from nmt.model import LossSums, Seq2SeqLoss, smoothed_sums
 
 AVAILABLE = compat.mkldnn_packed_linear_available()
 MIN_WEIGHT = 256 * 256  # smaller weights take F.linear: oneDNN's ~0.1 ms set-up per call outweighs its gain
@@ -184,11 +184,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, pad_id: int, smoothing: float):
         lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V), fp32 also under autocast
-        weight = labels.ne(pad_id).to(lprobs.dtype)  # (N,) 1 for a real token, 0 for padding
-        nll = -(lprobs.gather(1, labels[:, None]).squeeze(1) * weight).sum()
-        loss = nll.clone()  # its own tensor: the nll alone is marked as carrying no gradient
-        if smoothing:
-            loss = (1.0 - smoothing) * nll - smoothing * (lprobs.mean(-1) * weight).sum()
+        loss, nll, real = smoothed_sums(lprobs, labels, pad_id, smoothing)
+        if loss is nll:  # its own tensor: the nll alone is marked as carrying no gradient
+            loss = nll.clone()
+        weight = real.to(lprobs.dtype)  # (N,) 1 for a real token, 0 for padding
         ctx.save_for_backward(lprobs, labels, weight)
         ctx.smoothing, ctx.dtype = smoothing, logits.dtype
         ctx.mark_non_differentiable(nll)

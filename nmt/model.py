@@ -242,14 +242,21 @@ def label_smoothed_nll(logits: torch.Tensor, labels: torch.Tensor, pad_id: int,
     pass over the (B, T, V) log-probabilities.
     """
     lprobs = F.log_softmax(logits.flatten(0, 1).float(), dim=-1)  # (B*T, V), fp32 also under autocast
-    labels = labels.flatten()
+    loss, nll, real = smoothed_sums(lprobs, labels.flatten(), pad_id, smoothing)
+    return loss, nll.detach(), real.sum()
+
+
+def smoothed_sums(lprobs: torch.Tensor, labels: torch.Tensor, pad_id: int,
+                  smoothing: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lprobs (N, V), labels (N,) -> (smoothed loss sum, nll sum, real (N,) bool): the formula of both losses (this
+    one and nmt.kernels' fused one)."""
     real = labels.ne(pad_id)
     nll = F.nll_loss(lprobs, labels, ignore_index=pad_id, reduction="sum")
     loss = nll
     if smoothing:
         uniform = -(lprobs.sum(-1) * real).sum() / lprobs.shape[-1]  # -log p averaged over the vocabulary
         loss = (1.0 - smoothing) * nll + smoothing * uniform
-    return loss, nll.detach(), real.sum()
+    return loss, nll, real
 
 
 # --- The training objective ------------------------------------------------------------------------------------------
