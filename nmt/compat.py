@@ -99,6 +99,16 @@ def default_store():
         return dist.distributed_c10d._get_default_store()
 
 
+def set_process_group_timeout(timeout) -> None:
+    """Give the default process group, made before (by `nmt.launch` or the user) with torch's default timeout, the
+    run's collective timeout `timeout` (a timedelta): init_process_group takes it only at creation (torch 2.13.0:
+    the private `distributed_c10d._set_pg_timeout`)."""
+    import torch.distributed as dist
+
+    with private("torch", "distributed_c10d._set_pg_timeout", "2.13"):
+        dist.distributed_c10d._set_pg_timeout(timeout)
+
+
 def generator_yielded_nothing(error: Exception) -> bool:
     """Whether `Dataset.from_generator` failed because the generator yielded no rows (datasets 5.2.0 says so only
     in the text of its error: "... corresponds to no data")."""

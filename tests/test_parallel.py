@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from nmt.compat import reset_accelerate_state
@@ -266,3 +268,85 @@ def test_node_local_cache_lets_each_node_prepare_and_a_shared_one_only_the_first
     start_processes(_enter_times, args=(free_port(), local, tmp_path), nprocs=2, start_method="fork")
     waited = float((tmp_path / "entered1").read_text())
     assert waited < 2 if local else waited >= 3  # node 1's main: its own cache at once, or after node 0's
+
+
+# --- no path one rank takes alone ends in a collective the others skip ----------------------------------------------
+
+def _train_signalled(cfg, stop: tuple[int, int] | None, out: str) -> None:
+    """One process of a run: with `stop` (rank, k) that rank's k-th model encode inside the training loop
+    (a training step, the validation loss, or validation decoding) sends this process SIGTERM."""
+    import signal
+
+    from nmt.model import Seq2SeqTransformer
+    from nmt.train import train
+
+    rank = int(os.environ.get("RANK", 0))
+    if stop is not None and stop[0] == rank:
+        encode, calls = Seq2SeqTransformer.encode, [0]
+
+        def counting(self, *args, **kwargs):
+            looping = getattr(signal.getsignal(signal.SIGTERM), "__self__", None).__class__.__name__ == "StopSignals"
+            calls[0] += looping
+            if looping and calls[0] == stop[1]:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return encode(self, *args, **kwargs)
+
+        Seq2SeqTransformer.encode = counting
+    result = train(cfg)
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"stopped_by": result.stopped_by, "test": result.test,
+                                                          "best": result.best}, default=str))
+
+
+def _validated_alone(cfg, model_dir: Path) -> dict:
+    """Validation metrics of `model_dir`'s model on one process, as the run computes them."""
+    from accelerate import Accelerator
+
+    from nmt.data import prepare
+    from nmt.loading import open_model
+    from nmt.model import Seq2SeqLoss
+    from nmt.training.evaluation import validate
+    from nmt.training.state import Run
+
+    accelerator = Accelerator(cpu=True)
+    corpus = prepare(cfg.data, cfg.tokenizer, accelerator.main_process_first)
+    model = open_model(model_dir).model
+    return validate(Run(accelerator, cfg, corpus, Seq2SeqLoss(model)))
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(world=st.sampled_from([2, 3, 4]), n_valid=st.sampled_from([1, 2, 3, 40]), n_test=st.sampled_from([1, 3, 40]),
+       stop_rank=st.integers(0, 3), stop_at=st.integers(0, 6))
+def test_every_run_ends_whatever_the_shares_and_signals(corpus_dir, world, n_valid, n_test, stop_rank, stop_at):
+    """2-4 processes, validation and test sets from 1 pair (shares left empty) to several batches, and SIGTERM
+    on one rank at a point of the loop: every run ends (a collective waits 6 s at most, so a hang fails), all
+    ranks agree, and a run that finished scored validation and test as one process does."""
+    import tempfile
+
+    from nmt.metrics import corpus_scores
+    from nmt.synthetic import generate_pairs
+    from nmt.translate import Translator
+    from tests.conftest import write_pairs
+
+    stop = (stop_rank % world, stop_at) if stop_at else None  # that rank's stop_at-th encode in the loop
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        pairs = generate_pairs(n_valid + n_test, seed=11)
+        write_pairs(tmp / "valid", pairs[:n_valid])
+        write_pairs(tmp / "test", pairs[n_valid:])
+        cfg = tiny_config(corpus_dir, tmp, max_steps=3, eval_every=1, save_every=3, eval_max_sentences=None,
+                          max_tokens=200, dist_timeout_minutes=0.1)  # 40 pairs: several batches
+        cfg.data.valid, cfg.data.test = str(tmp / "valid"), str(tmp / "test")
+        launch(_train_signalled, (cfg, stop, str(tmp)), num_processes=world)
+        ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
+        assert all(r == ranks[0] for r in ranks[1:]), ranks  # one outcome on every rank
+        if ranks[0]["stopped_by"]:
+            assert stop is not None and ranks[0]["stopped_by"] == "SIGTERM"
+            return
+        alone = _validated_alone(cfg, Path(cfg.output_dir) / "model")
+        _reset()
+        assert all(alone[k] == ranks[0]["best"][k] for k in ("bleu", "chrf"))
+        assert alone["valid_nll"] == pytest.approx(ranks[0]["best"]["valid_nll"], rel=1e-6)
+        hyps = Translator.from_pretrained(Path(cfg.output_dir) / "model").translate(
+            [a for a, _ in pairs[n_valid:]], beam_size=4)
+        scores = corpus_scores(hyps, [b for _, b in pairs[n_valid:]])
+        assert ranks[0]["test"] == {"bleu": scores["bleu"], "chrf": scores["chrf"], "pairs": n_test}

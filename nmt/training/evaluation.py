@@ -48,8 +48,11 @@ def bleu_due(cfg, step: int) -> bool:
 
 
 def valid_loss(run: Run) -> dict | None:
-    """Summed nll of the validation set through the objective, this process's share."""
+    """Summed nll of the validation set through the objective, this process's share (which may be empty: a
+    validation set of fewer batches than processes). The objective runs unwrapped, in the run's mixed precision:
+    DDP's forward broadcasts buffers, a collective that a process with no batch would never join."""
     accelerator, valid = run.accelerator, run.corpus.splits["valid"]
+    objective = accelerator.unwrap_model(run.objective)  # keeps accelerate's autocast around forward
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, tokens, stopped
     columns = valid.select_columns(["src_ids", "tgt_ids"])
@@ -59,7 +62,7 @@ def valid_loss(run: Run) -> dict | None:
             sums[2] = 1
             break
         b = {k: v.to(device) for k, v in collate.columns(columns[batch.tolist()]).items()}
-        _, nll, n = run.objective(b["src_ids"], b["tgt_in_ids"], b["labels"])
+        _, nll, n = objective(b["src_ids"], b["tgt_in_ids"], b["labels"])
         sums[:2] += torch.stack([nll, n]).double()
     sums = accelerator.reduce(sums, "sum")
     if sums[2] > 0:

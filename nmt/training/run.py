@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import PartialState
-from accelerate.utils import InitProcessGroupKwargs, LoggerType, broadcast_object_list, set_seed
+from accelerate.utils import InitProcessGroupKwargs, LoggerType, broadcast_object_list, gather_object, set_seed
 from torch.utils.data import DataLoader
 
 from nmt import checkpoint as ckpt
@@ -41,7 +41,13 @@ from nmt import plan as planlib
 from nmt.adapters import apply_finetune
 from nmt.batching import Collator, TokenBatchSampler, bpe_dropout
 from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE, load_model_config
-from nmt.compat import accelerate_state_exists, bound_onednn_primitive_caches, is_fsdp, reset_accelerate_state
+from nmt.compat import (
+    accelerate_state_exists,
+    bound_onednn_primitive_caches,
+    is_fsdp,
+    reset_accelerate_state,
+    set_process_group_timeout,
+)
 from nmt.config import SIZE_FIELDS, ModelConfig, TrainConfig, from_dict, to_dict
 from nmt.data import Corpus, column, prepare, source_lengths
 from nmt.decoding import compile_decoder
@@ -156,7 +162,10 @@ def check_trackers(names: list) -> None:
 
 def make_accelerator(cfg: TrainConfig, precision: str) -> Accelerator:
     """The run's Accelerator, training in mixed precision `precision` (`run_precision`: the launcher's, else
-    chosen for the budget; the plan prints it)."""
+    chosen for the budget; the plan prints it). Its collectives wait `dist_timeout_minutes` at most, in a process
+    group it makes or in one made before (`nmt.launch`, a notebook's own)."""
+    timeout = datetime.timedelta(minutes=cfg.dist_timeout_minutes)
+    made_before = torch.distributed.is_available() and torch.distributed.is_initialized()
     accelerator = Accelerator(
         # without a GPU, processes started by torchrun (accelerate launch) must still join one gloo group
         cpu=default_device().type == "cpu",
@@ -166,8 +175,10 @@ def make_accelerator(cfg: TrainConfig, precision: str) -> Accelerator:
         project_dir=cfg.output_dir,
         # batches are sharded by our own sampler, so one scheduler step per optimizer step
         dataloader_config=DataLoaderConfiguration(split_batches=True),
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(minutes=cfg.dist_timeout_minutes))],
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)],
     )
+    if made_before:  # the kwargs above apply only to a group the Accelerator makes itself
+        set_process_group_timeout(timeout)
     return accelerator
 
 
@@ -528,36 +539,41 @@ def finish(run: Run) -> TrainResult:
 
 
 def score_test(run: Run, model_dir: Path) -> dict:
-    """BLEU and chrF of the final model on the test split, beam 4 as `nmt evaluate` decodes (empty: no test set).
-    The main process translates; the others wait. A test split of several language pairs is scored per pair
-    (`nmt evaluate --tgt-lang` on each), bleu and chrf then being their means."""
+    """BLEU and chrF of the final model on the test split, beam 4 as `nmt evaluate` decodes (empty: no test set),
+    on every process. Each process translates its share of the sentences (`translate_shared`), so a large test set
+    takes no longer than its share and no process waits on the others in a collective. A test split of several
+    language pairs is scored per pair (`nmt evaluate --tgt-lang` on each), bleu and chrf then being their means."""
     test = run.corpus.splits.get("test")
-    scores = {}
-    if run.is_main and test is not None and len(test) and (model_dir / CONFIG_FILE).is_file():  # nmt's model: searchable
-        translator = Translator.from_pretrained(model_dir, device=run.accelerator.device)
-        blocks = run.corpus.stats.get("eval_pairs", {}).get("test")
-        if not blocks:
-            hyps = translator.translate(list(test["src"]), beam_size=4)
-            scores = {**{k: v for k, v in corpus_scores(hyps, list(test["tgt"])).items() if k in ("bleu", "chrf")},
-                      "pairs": len(hyps)}
-        else:
-            scores = _score_pairs(translator, test, blocks)
-    run.accelerator.wait_for_everyone()
-    return scores
-
-
-def _score_pairs(translator, test, blocks: list[list]) -> dict:
-    """Test BLEU/chrF per language pair of a multilingual run (its sources start with their tags, which the
-    translator adds itself from tgt_lang), and their means (`nmt.metrics.scores_by_pair`)."""
-    hyps, start, sources = [], 0, list(test["src"])
-    for _, n in blocks:
+    if test is None or not len(test) or not (model_dir / CONFIG_FILE).is_file():  # nmt's model: searchable
+        return {}
+    translator = Translator.from_pretrained(model_dir, device=run.accelerator.device)
+    sources, refs = list(test["src"]), list(test["tgt"])
+    blocks = run.corpus.stats.get("eval_pairs", {}).get("test")
+    if not blocks:
+        hyps = translate_shared(run.accelerator, translator, sources)
+        scores = corpus_scores(hyps, refs)
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"], "pairs": len(hyps)}
+    hyps, start = [], 0
+    for _, n in blocks:  # a multilingual run's sources start with their tags, which the translator adds itself
         if n:
             tag = sources[start][: sources[start].index(">") + 1]  # "<2de>..." -> <2de>, de
-            hyps += translator.translate([s[len(tag):] for s in sources[start: start + n]], beam_size=4,
-                                         tgt_lang=tag[2:-1])
+            hyps += translate_shared(run.accelerator, translator, [s[len(tag):] for s in sources[start: start + n]],
+                                     tgt_lang=tag[2:-1])
         start += n
-    scores = scores_by_pair(hyps, list(test["tgt"])[:start], [(pair, n) for pair, n in blocks])
+    scores = scores_by_pair(hyps, refs[:start], [(pair, n) for pair, n in blocks])
     return {k: v for k, v in scores.items() if k != "bleu_signature"} | {"pairs": start}
+
+
+def translate_shared(accelerator: Accelerator, translator: Translator, sources: list[str], **options) -> list[str]:
+    """`translator.translate(sources, beam_size=4)` shared by all processes: each translates every world-th
+    sentence (an empty share too), and all receive every translation, in order."""
+    rank, world = accelerator.process_index, accelerator.num_processes
+    mine = translator.translate(sources[rank::world], beam_size=4, **options)
+    shares = gather_object([mine]) if world > 1 else [mine]  # one list per process, in rank order
+    hyps = [""] * len(sources)
+    for r, share in enumerate(shares):
+        hyps[r::world] = share
+    return hyps
 
 
 def commands(cfg: TrainConfig, model_dir: Path) -> list[str]:
