@@ -48,8 +48,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _gpu_count() -> int:
-    # torch.cuda.device_count() does not create a CUDA context, so forking afterwards stays possible.
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # torch.cuda.device_count() asks NVML and creates no CUDA context, so forking afterwards stays possible;
+    # torch.cuda.is_available() calls cudaGetDeviceCount, which initialises the driver and poisons the fork.
+    return torch.cuda.device_count()
 
 
 def launch(

@@ -150,9 +150,18 @@ def test_bad_arguments(kwargs):
 
 
 def test_gpu_path_uses_notebook_launcher(monkeypatch):
-    """With GPUs, launch() hands over to accelerate.notebook_launcher (simulated here: no GPU needed)."""
+    """With GPUs, launch() hands over to accelerate.notebook_launcher (simulated here: no GPU needed), and
+    counts the GPUs without initialising CUDA, which would poison the fork ("Cannot re-initialize CUDA in
+    forked subprocess"): only torch.cuda.device_count(), which asks NVML, is allowed before it."""
     import accelerate
 
+    def poisons_fork(*args):
+        raise AssertionError("CUDA initialised before notebook_launcher forks")
+
+    for name in ("is_available", "init", "_lazy_init", "current_device", "is_bf16_supported"):
+        monkeypatch.setattr(torch.cuda, name, poisons_fork)
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", poisons_fork, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     calls = []
 
     def fake_notebook_launcher(function, args, num_processes, mixed_precision, use_port):
@@ -160,7 +169,6 @@ def test_gpu_path_uses_notebook_launcher(monkeypatch):
         PartialState(cpu=True)  # a state the child must not inherit
         function(*args)
 
-    monkeypatch.setattr(nmt_launch, "_gpu_count", lambda: 4)
     monkeypatch.setattr(accelerate, "notebook_launcher", fake_notebook_launcher)
     got = []
 
