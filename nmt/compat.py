@@ -192,6 +192,14 @@ def bound_onednn_primitive_caches(capacity: int = ONEDNN_PRIMITIVES) -> None:
         os.environ.setdefault(name, str(capacity))
 
 
+def uncompiled(module):
+    """`module` without torch.compile's wrapper (an OptimizedModule keeps the module it compiled as `_orig_mod`,
+    as accelerate's unwrap_model reads it; torch 2.13)."""
+    from accelerate.utils import is_compiled_module
+
+    return module._orig_mod if is_compiled_module(module) else module
+
+
 def is_fsdp(accelerator) -> bool:
     """Whether the run shards with FSDP (accelerate 1.15.0: `DistributedType.FSDP`, versions 1 and 2)."""
     from accelerate.utils import DistributedType

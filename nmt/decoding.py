@@ -366,10 +366,27 @@ def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tok
 # `decode` are re-run on the whole prefix each step; a model with its own `start_decoder(src_ids)` (an
 # `Ensemble`, below) returns its own object with `step` and `reorder`.
 
+COMPILED_FROM = 2  # cached steps before this one run eagerly: a cache of 0 or 1 steps would be a graph of its own
+
+
 def compile_decoder(model: nn.Module) -> nn.Module:
-    """`model` (in place) with its `decode`, the call every search step makes, compiled whole (`fullgraph=True`,
-    sizes dynamic: the cache's length and the rows change every step, so a few graphs serve every batch)."""
-    model.decode = torch.compile(model.decode, fullgraph=True, dynamic=True)
+    """`model` (in place) with its cached `decode`, the call every search step makes, compiled whole
+    (`fullgraph=True`, sizes dynamic: the cache's length and the rows change every step).
+
+    The compiled step always sees one kind of cache, so that a handful of graphs serve every batch and beam size
+    (a graph per beam size, and one more for a batch of one sentence, whose size-1 dimensions torch specialises):
+    the first `COMPILED_FROM` steps of a batch (an empty cache, then one of length 1) run eagerly, and a reorder
+    of the rows is applied before the call rather than inside it. Full-prefix calls (no cache) run eagerly."""
+    eager = model.decode
+    compiled = torch.compile(eager, fullgraph=True, dynamic=True)
+
+    def decode(tgt_in_ids: torch.Tensor, memory: torch.Tensor, src_ids: torch.Tensor, cache=None) -> torch.Tensor:
+        if cache is None or cache.length < COMPILED_FROM:
+            return eager(tgt_in_ids, memory, src_ids, cache)
+        cache.settle()
+        return compiled(tgt_in_ids, memory, src_ids, cache)
+
+    model.decode = decode
     return model
 
 

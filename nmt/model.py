@@ -167,6 +167,11 @@ class SelfKV:
         if self.k is not None:
             self.rows = rows if self.rows is None else self.rows.index_select(0, rows)
 
+    def settle(self) -> None:
+        """Apply the noted reorder now (a compiled step then sees one kind of cache: rows in order)."""
+        if self.rows is not None:
+            self.k, self.v, self.rows = self.k.index_select(1, self.rows), self.v.index_select(1, self.rows), None
+
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new positions k, v (R, H, n, Dh); returns all positions, (R, H, t + n, Dh) each."""
         self.k, self.v = self._append(self.k, k), self._append(self.v, v)
@@ -224,6 +229,11 @@ class DecoderCache:
     def reorder(self, index: torch.Tensor) -> None:
         """Keep rows `index` (K,) of a cache holding one row per sentence, in that order."""
         self.select(index, index, 1)
+
+    def settle(self) -> None:
+        """Apply every layer's noted reorder now (`SelfKV.settle`)."""
+        for kv in self.self_kv:
+            kv.settle()
 
 
 # --- Label-smoothed cross-entropy ------------------------------------------------------------------------------------

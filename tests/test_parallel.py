@@ -350,3 +350,41 @@ def test_every_run_ends_whatever_the_shares_and_signals(corpus_dir, world, n_val
             [a for a, _ in pairs[n_valid:]], beam_size=4)
         scores = corpus_scores(hyps, [b for _, b in pairs[n_valid:]])
         assert ranks[0]["test"] == {"bleu": scores["bleu"], "chrf": scores["chrf"], "pairs": n_test}
+
+
+def _train_noting_what_is_compiled(cfg, out: str) -> None:
+    """A run of `cfg` that notes, per process, the prepared objective's type, whether it is compiled, and whether
+    the module inside it is."""
+    import nmt.training.run as training_run
+    from nmt.train import train
+
+    prepare = training_run.prepare_objective
+
+    def noting(accelerator, cfg, model, current=None):
+        objective, optim = prepare(accelerator, cfg, model, current)
+        inner = accelerator.unwrap_model(objective, keep_torch_compile=False)
+        Path(out, f"rank{accelerator.process_index}.json").write_text(json.dumps(
+            [type(objective).__name__, type(getattr(objective, "_orig_mod", None)).__name__,
+             inner._compiled_call_impl is not None]))
+        return objective, optim
+
+    training_run.prepare_objective = noting
+    train(cfg)
+
+
+@pytest.mark.slow
+def test_compile_true_on_two_processes_trains_and_validates_as_eager(corpus_dir, tmp_path):
+    """`compile: true` on 2 processes: the prepared objective is compiled with DDP's wrapper inside the graph
+    (so DDP's gradient all-reduce can overlap the backward), validation decodes through the compiled decoder
+    step on uneven shares, and the weights after 3 steps are the eager run's."""
+    runs = {}
+    for compiled in (False, True):
+        cfg = tiny_config(corpus_dir, tmp_path / str(compiled), max_steps=3, eval_every=1, save_every=3,
+                          eval_max_sentences=5, compile=compiled, dist_timeout_minutes=1.0)
+        cfg.model.dropout = 0.0
+        launch(_train_noting_what_is_compiled, (cfg, str(tmp_path)), num_processes=2)
+        runs[compiled] = final_params(cfg)
+    noted = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert noted == [["OptimizedModule", "DistributedDataParallel", False]] * 2  # DDP compiled, not inside it
+    worst = max(float((p - runs[True][name]).abs().max()) for name, p in runs[False].items())
+    assert worst <= 1e-5

@@ -52,7 +52,7 @@ def valid_loss(run: Run) -> dict | None:
     validation set of fewer batches than processes). The objective runs unwrapped, in the run's mixed precision:
     DDP's forward broadcasts buffers, a collective that a process with no batch would never join."""
     accelerator, valid = run.accelerator, run.corpus.splits["valid"]
-    objective = accelerator.unwrap_model(run.objective)  # keeps accelerate's autocast around forward
+    objective = run.bare_objective  # keeps accelerate's autocast around forward
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, tokens, stopped
     columns = valid.select_columns(["src_ids", "tgt_ids"])

@@ -373,8 +373,10 @@ def _update(accelerator, objective, optim: Optim, sums: torch.Tensor, n_tokens: 
 
 
 def _pad_id(accelerator, objective) -> int:
+    # keep_torch_compile=False: accelerate's default re-points a compiled wrapper at the module it unwrapped,
+    # which would take DDP out of torch.compile(DDP(objective)) for the rest of the run
     unwrap = getattr(accelerator, "unwrap_model", None)
-    return (unwrap(objective) if unwrap else objective).pad_id
+    return (unwrap(objective, keep_torch_compile=False) if unwrap else objective).pad_id
 
 
 # --- the optimizer and its schedule -------------------------------------------------------------------------------

@@ -412,20 +412,22 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
     if cfg.finetune.freeze or cfg.finetune.lora_r:
         apply_finetune(model, cfg.finetune)  # parts frozen, or LoRA layers that alone train
     check_contract(model, tokenizer)
-    if cfg.compile and hasattr(model, "start_cache"):  # the training objective is compiled in make_objective
+    if cfg.compile and hasattr(model, "start_cache"):  # the training objective is compiled in prepare_objective
         compile_decoder(model)  # validation decodes through the compiled step
     return model
 
 
 def make_objective(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
-                   flat_state_dict: bool = True) -> Seq2SeqLoss:
-    """The training objective of `model`: `Seq2SeqLoss`, compiled whole (`fullgraph`) when `cfg.compile` says so,
-    else on a CPU through the fused cross-entropy of `nmt.kernels` (docs/results.md: its measured worth).
+                   flat_state_dict: bool = True, compile_now: bool = True) -> Seq2SeqLoss:
+    """The training objective of `model`: `Seq2SeqLoss`, compiled whole (`fullgraph`) when `cfg.compile` says so
+    (here, or by the caller once DDP wraps it: `compile_now` False), else on a CPU through the fused
+    cross-entropy of `nmt.kernels` (docs/results.md: its measured worth).
     (A CPU variant that projected and scored only the real target positions was measured on Tatoeba's bucketed
     batches, 2.8% padding: +4% in fp32, -3% in bf16, within the runs' spread; it is gone.)"""
     objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=flat_state_dict)
-    if cfg.compile:  # in place: the module keeps its type, state_dict keys and save/load
-        objective.compile(fullgraph=True)
+    if cfg.compile:
+        if compile_now:  # in place: the module keeps its type, state_dict keys and save/load
+            objective.compile(fullgraph=True)
     elif device.type == "cpu":
         use_fused_loss(objective)
     return objective
@@ -490,11 +492,17 @@ def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, mode
 def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.nn.Module,
                       current: Callable[[], TrainConfig] | None = None) -> tuple:
     """The model's `Seq2SeqLoss`, its optimizer and schedule, through `Accelerator.prepare`; `current`: the run's
-    settings in force at each step (the schedule follows a re-timed plan)."""
-    objective = make_objective(model, cfg, accelerator.device, flat_state_dict=not is_fsdp(accelerator))
+    settings in force at each step (the schedule follows a re-timed plan). `compile: true` compiles the prepared
+    objective, DDP's wrapper included: torch then splits the graph at DDP's gradient buckets, so their all-reduce
+    overlaps the backward (an objective compiled inside DDP would hand it every gradient at the very end)."""
+    objective = make_objective(model, cfg, accelerator.device, flat_state_dict=not is_fsdp(accelerator),
+                               compile_now=False)
     optim = make_optim(objective, cfg, current)
     objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
-    register_search_methods(accelerator, accelerator.unwrap_model(objective).model)
+    if cfg.compile:  # torch.compile(DDP(objective)), torch's way for DDP (accelerate's unwrap_model undoes both)
+        wrapped = objective is not accelerator.unwrap_model(objective)  # DDP's own pre- and post-forward run eagerly
+        objective = torch.compile(objective, fullgraph=not wrapped)
+    register_search_methods(accelerator, accelerator.unwrap_model(objective, keep_torch_compile=False).model)
     return objective, optim
 
 

@@ -34,7 +34,7 @@ from nmt import checkpoint as ckpt
 from nmt import plan as planlib
 from nmt.adapters import save_adapted
 from nmt.checkpoint import LANGUAGES_FILE, SUMMARY_FILE, WEIGHTS_FILE, damage, languages_record, read_languages
-from nmt.compat import is_fsdp
+from nmt.compat import is_fsdp, uncompiled
 from nmt.config import TrainConfig, flat, read_yaml, save_yaml, to_dict
 from nmt.data import Corpus, corpora_line, overlap_line
 from nmt.errors import NmtError
@@ -108,9 +108,16 @@ class Run:
         return Path(self.cfg.output_dir)
 
     @property
+    def bare_objective(self):
+        """The objective without DDP/FSDP's or torch.compile's wrappers (accelerate's autocast kept): its own
+        state_dict keys, and a forward that runs no collective. (Not accelerate's default keep_torch_compile=True,
+        which re-points a compiled wrapper at the unwrapped module: DDP would drop out of the compiled objective.)"""
+        return self.accelerator.unwrap_model(self.objective, keep_torch_compile=False)
+
+    @property
     def model(self):
         """The plain model (no DDP/FSDP/compile wrapper, no objective): what search and saving use."""
-        return unwrap_objective(self.accelerator.unwrap_model(self.objective))
+        return unwrap_objective(self.bare_objective)
 
     @property
     def is_main(self) -> bool:
@@ -408,7 +415,7 @@ def restore(run: Run, path: Path) -> str | None:
     accelerator, optimizer, scheduler = run.accelerator, run.optim.optimizer, run.optim.scheduler
     try:
         try:  # the weights first: another model size is named as such, not as a damaged optimizer state
-            ckpt.load_weights(accelerator.unwrap_model(run.objective), path)
+            ckpt.load_weights(run.bare_objective, path)
         except RuntimeError as e:  # weights of another model size: name the tensor, both shapes and the changed keys
             raise load_state_error(e, path, run.cfg) from None
         saved = ckpt.read_state(path, accelerator.process_index, optimizer, scheduler, accelerator.scaler)
@@ -531,7 +538,7 @@ def log_metrics(run: Run, metrics: dict) -> None:
 def plain_weights(accelerator, objective) -> dict:
     """The model's full weights (gathered on the main process under FSDP/DeepSpeed), named as in the bare
     model: without the objective's `model.` prefix, which FSDP's state dicts keep."""
-    weights = accelerator.get_state_dict(objective)
+    weights = accelerator.get_state_dict(uncompiled(objective))
     return {k.removeprefix("model."): v for k, v in weights.items()} if is_fsdp(accelerator) else weights
 
 
@@ -546,7 +553,7 @@ def save_checkpoint(run: Run) -> None:
         broadcast_object_list(tmp)
     tmp = tmp[0]
     accelerator.wait_for_everyone()
-    ckpt.write_state(tmp, accelerator.process_index, run.is_main, accelerator.unwrap_model(run.objective),
+    ckpt.write_state(tmp, accelerator.process_index, run.is_main, run.bare_objective,
                      run.optim.optimizer, run.optim.scheduler, accelerator.scaler, accelerator.step)
     accelerator.wait_for_everyone()
     if run.is_main:
