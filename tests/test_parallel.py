@@ -270,6 +270,34 @@ def test_node_local_cache_lets_each_node_prepare_and_a_shared_one_only_the_first
     assert waited < 2 if local else waited >= 3  # node 1's main: its own cache at once, or after node 0's
 
 
+def _train_on_own_disk(cfg, elsewhere: str, out: str) -> None:
+    """One process of a run whose rank 1 has an output_dir of its own, as a second node whose path is a local
+    folder rather than the shared one: what each process is told goes to out/rank{rank}.txt."""
+    import dataclasses
+
+    from nmt.errors import NmtError
+    from nmt.train import train
+
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        train(dataclasses.replace(cfg, output_dir=elsewhere) if rank == 1 else cfg)
+        told = "trained"
+    except NmtError as e:
+        told = str(e)
+    Path(out, f"rank{rank}.txt").write_text(told)
+
+
+def test_a_process_that_cannot_see_the_run_directory_stops_every_process_before_training(corpus_dir, tmp_path):
+    """Multi-node without a shared output_dir: each process checks that it reads what the main process writes
+    there, and every process stops with one message naming the blind process and the fix."""
+    cfg = tiny_config(corpus_dir, tmp_path / "shared", max_steps=2, dist_timeout_minutes=0.2)
+    launch(_train_on_own_disk, (cfg, str(tmp_path / "node1" / "run"), str(tmp_path)), num_processes=2)
+    told = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
+    assert [t.split(": ", 1)[1] for t in told] == [told[1].split(": ", 1)[1]] * 2  # each names its own path
+    assert "process 1 on " in told[0] and "--output_dir on a file system all nodes share" in told[0]
+    assert not (tmp_path / "shared" / "run" / "checkpoints").exists()
+
+
 # --- no path one rank takes alone ends in a collective the others skip ----------------------------------------------
 
 def _train_signalled(cfg, stop: tuple[int, int] | None, out: str) -> None:

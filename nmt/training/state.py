@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -184,6 +185,7 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
         raise NmtError(f"output_dir {out}: is a file; give a folder (it is made if missing)")
     check_checkpointable(accelerator)
     lock_output_dir(accelerator, out)
+    check_shared_output_dir(accelerator, out)
     found = ckpt.resume_candidates(cfg.resume, out)
     used = out.is_dir() and any(out.iterdir())
     if used and found and found[0].resolve().parent.parent != out.resolve():
@@ -269,6 +271,43 @@ def lock_output_dir(accelerator, out: Path) -> None:
         problem = box[0]
     if problem:
         raise NmtError(problem)
+
+
+SEEN_WITHIN_S = 10.0  # a network file system may show a new file to the other nodes a few seconds late
+
+
+def check_shared_output_dir(accelerator, out: Path) -> None:
+    """Every process sees the folder the main process writes, or the run stops here on every process alike.
+    The main process alone writes checkpoints, and every process reads them to resume: across nodes without a
+    shared output_dir, node 1 would start fresh (`--resume auto`) while node 0 resumed. Proved with a fresh token
+    that the main process writes beside the lock and every process reads back."""
+    if accelerator.num_processes == 1:
+        return
+    probe = lock_file(out).with_suffix(".probe")
+    box = [None]
+    if accelerator.is_main_process:
+        box[0] = secrets.token_hex(16)
+        with atomic_file(probe) as f:
+            f.write(box[0])
+    broadcast_object_list(box)
+    deadline = time.monotonic() + SEEN_WITHIN_S
+    while not (seen := _reads(probe) == box[0]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    views = gather_object([(seen, socket.gethostname())])  # every process's, in rank order
+    if accelerator.is_main_process:
+        probe.unlink(missing_ok=True)
+    blind = [f"{rank} on {host}" for rank, (ok, host) in enumerate(views) if not ok]
+    if blind:
+        raise NmtError(f"output_dir {out}: process {', '.join(blind)} cannot see what the main process "
+                       f"({views[0][1]}) writes there; every node reads the run's checkpoints from it, so give an "
+                       "--output_dir on a file system all nodes share (NFS, Lustre, a cluster's scratch)")
+
+
+def _reads(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def _take_lock(out: Path) -> None:
