@@ -518,7 +518,7 @@ class TrainConfig:
     allow_data_change: bool = False  # resume although the data files differ from the checkpoint's (its tokenizer is kept)
     init_from: str | None = path_key(None, "model")  # a model directory to fine-tune: its architecture, tokenizer, weights
     max_minutes: float | None = ranged(None, "(0, 1e8]")  # wall-clock budget: stop cleanly (evaluate, save) once it is spent
-    max_bad_steps: int = ranged(20, "[1, 1e9]")  # stop (with a checkpoint) after this many non-finite steps in a row
+    max_bad_steps: int = ranged(20, "[1, 1e9]")  # stop after this many non-finite or out-of-memory steps in a row
     patience: int | None = ranged(None, "[1, 1e9]")  # early stopping: stop after this many validations without a new best
     average_last: int | None = ranged(None, "[0, 1e6]")  # average the last N checkpoints at the end, kept if no worse
     tune_alpha: list[float] | None = ranged(None, "[0, 10]")  # alphas tried on validation at the end (and 0.6); best wins

@@ -11,6 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from nmt.config import DataConfig, ModelConfig, OptimConfig, TokenizerConfig, TrainConfig  # noqa: E402
 from nmt.synthetic import generate_pairs  # noqa: E402
@@ -78,3 +79,47 @@ def fresh_accelerate_state():
 @pytest.fixture
 def tiny_cfg(corpus_dir, tmp_path) -> TrainConfig:
     return tiny_config(corpus_dir, tmp_path)
+
+
+class ShortOfMemory:
+    """Inside it, nmt's model runs out of memory (`torch.OutOfMemoryError`) on this process's training passes
+    numbered (from 1) in `forward` (in the forward), `backward` (at the start of the backward, before any gradient
+    is done) and `late` (in the backward, once the decoder's gradients are done); "all": every pass. `model` is
+    the model it saw, for its weights afterwards."""
+
+    def __init__(self, forward=(), backward=(), late=()):
+        self.at = {"forward": forward, "backward": backward, "late": late}
+        self.passes, self.model = 0, None
+
+    def due(self, where: str) -> bool:
+        chosen = self.at[where]
+        return chosen == "all" or self.passes in chosen
+
+    def __enter__(self):
+        from nmt.model import Seq2SeqTransformer
+
+        self.real = real = Seq2SeqTransformer.decode_hidden
+
+        def decode_hidden(model, tgt_in_ids, memory, src_ids, cache=None):
+            training = model.training and torch.is_grad_enabled()
+            self.model, self.passes = model, self.passes + training
+            if training and self.due("forward"):
+                raise torch.OutOfMemoryError("CUDA out of memory (forward, raised by the test)")
+            if training and self.due("late"):
+                memory.register_hook(self.raise_in_backward)  # the encoder's output: reached after the decoder
+            hidden = real(model, tgt_in_ids, memory, src_ids, cache)
+            if training and self.due("backward"):
+                hidden.register_hook(self.raise_in_backward)
+            return hidden
+
+        Seq2SeqTransformer.decode_hidden = decode_hidden
+        return self
+
+    @staticmethod
+    def raise_in_backward(grad):
+        raise torch.OutOfMemoryError("CUDA out of memory (backward, raised by the test)")
+
+    def __exit__(self, *exc):
+        from nmt.model import Seq2SeqTransformer
+
+        Seq2SeqTransformer.decode_hidden = self.real

@@ -416,3 +416,51 @@ def test_compile_true_on_two_processes_trains_and_validates_as_eager(corpus_dir,
     assert noted == [["OptimizedModule", "DistributedDataParallel", False]] * 2  # DDP compiled, not inside it
     worst = max(float((p - runs[True][name]).abs().max()) for name, p in runs[False].items())
     assert worst <= 1e-5
+
+
+# --- out of memory on one process ---------------------------------------------------------------------------------
+
+def _train_short_of_memory(cfg, on_rank1: dict, out: str) -> None:
+    """One process of a run whose rank 1 runs out of memory where `on_rank1` says (tests.conftest.ShortOfMemory):
+    what each process was told, and the sum of its final weights, go to out/rank{rank}.json."""
+    from nmt.errors import NmtError
+    from nmt.train import train
+    from tests.conftest import ShortOfMemory
+
+    rank = int(os.environ.get("RANK", 0))
+    with ShortOfMemory(**(on_rank1 if rank == 1 else {})) as short:
+        try:
+            train(cfg)
+            told = "trained"
+        except NmtError as e:
+            told = str(e)
+        except RuntimeError as e:  # the others, once one process has left (gloo: its connection closed)
+            told = type(e).__name__
+    weights = sum(float(p.double().sum()) for p in short.model.parameters())
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"told": told, "weights": weights}))
+
+
+def test_a_micro_batch_out_of_memory_on_one_process_is_skipped_on_every_process(corpus_dir, tmp_path):
+    """Rank 1 runs out of memory in a forward and at the start of a backward: each time every process skips the
+    update (the weights stay the same on both), the step is counted, and the run goes on."""
+    cfg = tiny_config(corpus_dir, tmp_path, max_steps=8, save_every=8, eval_every=8, log_every=8,
+                      dist_timeout_minutes=0.2)
+    launch(_train_short_of_memory, (cfg, {"forward": {3}, "backward": {5}}, str(tmp_path)), num_processes=2)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["told"] for r in ranks] == ["trained", "trained"]
+    assert ranks[0]["weights"] == pytest.approx(ranks[1]["weights"], rel=1e-9)
+    rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert next(r for r in rows if "loss" in r)["oom_steps"] == 2
+    adam = load_file(Path(cfg.output_dir) / "checkpoints" / "step_8" / "optimizer.safetensors")
+    assert adam["state.0.step"].item() == 6
+
+
+def test_out_of_memory_after_gradients_began_to_be_shared_ends_the_run_on_every_process(corpus_dir, tmp_path):
+    """Rank 1 runs out of memory in a backward once DDP has begun all-reducing its gradients, which cannot be
+    taken back: it stops with one line naming max_tokens, and the other process ends too (no wait in a
+    collective until the timeout)."""
+    cfg = tiny_config(corpus_dir, tmp_path, max_steps=6, dist_timeout_minutes=0.2)
+    launch(_train_short_of_memory, (cfg, {"late": {2}}, str(tmp_path)), num_processes=2)
+    told = [json.loads((tmp_path / f"rank{rank}.json").read_text())["told"] for rank in (0, 1)]
+    assert "cannot rejoin them" in told[1] and "lower max_tokens" in told[1]
+    assert told[0] != "trained"

@@ -20,6 +20,7 @@ from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 from nmt.loading import open_model
+from tests.conftest import ShortOfMemory
 
 ROOT = Path(__file__).parent.parent
 
@@ -183,6 +184,29 @@ def test_many_nonfinite_steps_in_a_row_stop_with_a_checkpoint(tiny_cfg):
                          bad_calls={"all"})
     with pytest.raises(NmtError, match="3 steps in a row had a non-finite loss"):
         train(tiny_cfg, model=model)
+    assert [p.name for p in list_checkpoints(tiny_cfg.output_dir)] == ["step_3"]
+
+
+def test_a_micro_batch_out_of_memory_makes_no_update_and_training_goes_on(tiny_cfg, caplog):
+    """One process: a forward and a backward that ran out of memory (the latter after the decoder's gradients were
+    done) each skip their step's update, said with the micro-batch's size, counted, and the run goes on."""
+    tiny_cfg.max_steps, tiny_cfg.log_every, tiny_cfg.save_every = 8, 8, 8
+    with ShortOfMemory(forward={3}, late={5}):
+        train(tiny_cfg)
+    rows = [json.loads(x) for x in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert next(r for r in rows if "loss" in r)["oom_steps"] == 2
+    adam = load_file(Path(tiny_cfg.output_dir) / "checkpoints" / "step_8" / "optimizer.safetensors")
+    assert adam["state.0.step"].item() == 6  # AdamW's own count: two of the 8 steps made no update
+    said = [r.getMessage() for r in caplog.records if "out of memory" in r.getMessage()]
+    assert len([m for m in said if m.startswith("process 0: out of memory in a micro-batch of ")]) == 2
+    assert "sentences," in said[0] and "tokens (padded " in said[0]
+
+
+def test_many_out_of_memory_steps_in_a_row_stop_naming_max_tokens(tiny_cfg):
+    tiny_cfg.max_bad_steps = 3
+    with ShortOfMemory(forward="all"), pytest.raises(NmtError, match="3 steps in a row ran out of memory.*lower "
+                                                                        "max_tokens \\(now 400 "):
+        train(tiny_cfg)
     assert [p.name for p in list_checkpoints(tiny_cfg.output_dir)] == ["step_3"]
 
 

@@ -175,7 +175,9 @@ class Loop:
         state.elapsed_s = run.elapsed()
         self.session.stepped(time.perf_counter() - step_start)
         note_finite(run, stats.finite)
-        self.meter.add(stats)
+        note_out_of_memory(run, stats.out_of_memory)
+        if not stats.out_of_memory:
+            self.meter.add(stats)
         bar.update(state.step, {"epoch": self.sampler.epoch, "loss": f"{stats.loss:.3f}", "lr": f"{self.lr:.2e}",
                                 "tok/s": self.rate.update(stats.tokens, time.perf_counter() - step_start)})
         if stats.stop:  # any process was signalled or is out of time: all stop after this same step
@@ -191,7 +193,7 @@ class Loop:
         last = state.step == self.total or self.stopped_by == "time"
         if state.step % cfg.log_every == 0 or last:
             log_metrics(run, {**self.meter.flush(), "lr": self.lr, "epoch": self.sampler.epoch,
-                              "skipped_steps": state.skipped_steps})
+                              "skipped_steps": state.skipped_steps, "oom_steps": state.oom_steps})
         if (state.step % cfg.eval_every == 0 or last) and self.stopped_by in (None, "time"):
             started, decodes = time.perf_counter(), bleu_due(cfg, state.step) or last  # the last one always scores
             kept = evaluate_and_keep_best(run, decodes)
@@ -309,6 +311,26 @@ def note_finite(run: Run, finite: bool) -> None:
                        "instead of fp16")
 
 
+def note_out_of_memory(run: Run, processes: int) -> None:
+    """Count steps skipped because a micro-batch ran out of memory (on `processes` processes); too many in a row
+    stop training with a checkpoint and a message naming max_tokens."""
+    state = run.state
+    if not processes:
+        state.oom_in_row = 0
+        return
+    state.oom_steps += 1
+    state.oom_in_row += 1
+    log.warning(f"step {state.step}: out of memory on {processes} of {run.accelerator.num_processes} processes, "
+                f"update skipped on every process ({state.oom_steps} so far, {state.oom_in_row} in a row)",
+                main_process_only=True)
+    if state.oom_in_row >= run.cfg.max_bad_steps:
+        save_checkpoint(run)
+        raise NmtError(f"stopped at step {state.step}: {state.oom_in_row} steps in a row ran out of memory (the "
+                       f"weights of the last step that fitted are saved in {ckpt.checkpoints_dir(run.out)}); lower "
+                       f"max_tokens (now {run.cfg.max_tokens:,} padded tokens a micro-batch) and raise accum_steps "
+                       f"(now {run.cfg.accum_steps}) to keep the batch, then resume")
+
+
 # --- one optimizer step -----------------------------------------------------------------------------------------
 
 
@@ -322,6 +344,7 @@ class StepStats:
     grad_norm: float | None
     finite: bool  # False: the loss or gradient was not finite and no update was made
     stop: bool  # some process asked to stop after this step
+    out_of_memory: int = 0  # processes whose micro-batch ran out of memory (no update was made)
 
 
 def train_step(accelerator, objective, optim: Optim, window: list[dict], stop: bool = False) -> StepStats:
@@ -332,6 +355,7 @@ def train_step(accelerator, objective, optim: Optim, window: list[dict], stop: b
     the gradient equals the one-process, no-accumulation gradient of the same global batch.
     A step whose gradient is not finite makes no update (under fp16 the loss scaler skips it and
     lowers its scale). `stop` (this process wants to stop) is shared with all processes.
+    A micro-batch that runs out of memory on any process makes no update on every process (`_out_of_memory`).
 
     The micro-batches never read the device from the host (a GPU would wait for it each time): token counts and
     loss sums stay tensors, and the step's figures are read once, with the gradient norm, before the update.
@@ -343,16 +367,70 @@ def train_step(accelerator, objective, optim: Optim, window: list[dict], stop: b
     local = torch.stack([b["labels"].ne(pad_id).sum() for b in window]).sum().to(device)
     n_tokens = accelerator.reduce(local, "sum")
     scale = accelerator.num_processes * len(window) / n_tokens.clamp(min=1)
-    sums = torch.tensor([0.0, 0.0, float(stop)], dtype=torch.float64, device=device)  # loss, nll, stop
-    stats = None
+    sums = torch.tensor([0.0, 0.0, float(stop), 0.0], dtype=torch.float64, device=device)  # loss, nll, stop, OOMs
+    stats, failed = None, None
     for batch in window:
         with accelerator.accumulate(objective):
-            out = objective(batch["src_ids"], batch["tgt_in_ids"], batch["labels"])
-            accelerator.backward(out.loss * scale)
-            sums[:2] += torch.stack([out.loss.detach(), out.nll]).double()
+            if failed is None:
+                try:
+                    out = objective(batch["src_ids"], batch["tgt_in_ids"], batch["labels"])
+                    accelerator.backward(out.loss * scale)
+                    sums[:2] += torch.stack([out.loss.detach(), out.nll]).double()
+                except torch.OutOfMemoryError:
+                    failed = batch
+                if failed is not None:  # outside the handler: its traceback held the step's tensors
+                    out = None
+                    _out_of_memory(accelerator, objective, failed, pad_id)
+                    sums[3] = 1.0
+            if failed is not None and accelerator.sync_gradients and accelerator.num_processes > 1:
+                _rejoin(accelerator, objective, failed, pad_id)
             if accelerator.sync_gradients:
                 stats = _update(accelerator, objective, optim, sums, n_tokens)
     return stats
+
+
+def _out_of_memory(accelerator, objective, batch: dict, pad_id: int) -> None:
+    """This process's micro-batch `batch` ran out of memory: said with its size, its gradient dropped and the
+    device's cached blocks released. The rest of the window is skipped, and the flag in the step's sums makes
+    every process skip the update (`_update`)."""
+    _drop_gradients(objective)
+    if (backend := getattr(torch, accelerator.device.type, None)) is not None and hasattr(backend, "empty_cache"):
+        backend.empty_cache()
+    rank = getattr(accelerator, "process_index", 0)
+    plain_log.warning(f"process {rank}: out of memory in a micro-batch of {_size(batch, pad_id)}; "
+                      "this step makes no update on any process")
+
+
+def _drop_gradients(objective) -> None:
+    for p in objective.parameters():
+        p.grad = None
+
+
+def _size(batch: dict, pad_id: int) -> str:
+    src, tgt = batch["src_ids"], batch["labels"]
+    return (f"{src.shape[0]} sentences, {int(src.ne(pad_id).sum()) + int(tgt.ne(pad_id).sum()):,} tokens "
+            f"(padded {src.shape[0]}x{src.shape[1]} source, {tgt.shape[0]}x{tgt.shape[1]} target)")
+
+
+def _rejoin(accelerator, objective, batch: dict, pad_id: int) -> None:
+    """Under DDP the window's last backward all-reduces the gradients: a process whose micro-batch ran out of
+    memory runs it again on one sentence's first two tokens, weighted zero, so that its all-reduce meets the
+    others' and the run goes on. Once some of its gradients were done before the error, DDP has begun sharing
+    them and cannot take that back: the process then stops, naming the fix (under a launcher the others are then
+    stopped; on their own they fail at their next collective)."""
+    tiny = {k: batch[k][:1, :2] for k in ("src_ids", "tgt_in_ids", "labels")}
+    ddp = getattr(objective, "_orig_mod", objective)  # torch.compile(DDP(objective)) under compile: true
+    if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+        ddp.require_forward_param_sync = False  # its buffers were broadcast before the failed pass: not twice
+    try:
+        out = objective(tiny["src_ids"], tiny["tgt_in_ids"], tiny["labels"])
+        accelerator.backward(out.loss * 0.0)
+    except RuntimeError as e:  # torch.OutOfMemoryError too
+        raise NmtError(f"process {accelerator.process_index} ran out of memory in the backward of a micro-batch of "
+                       f"{_size(batch, pad_id)} after its gradients began to be shared with the other processes, "
+                       f"and cannot rejoin them ({type(e).__name__}); lower max_tokens (the padded tokens of a "
+                       "micro-batch), or raise accum_steps to keep the batch") from None
+    _drop_gradients(objective)
 
 
 def _update(accelerator, objective, optim: Optim, sums: torch.Tensor, n_tokens: torch.Tensor) -> StepStats:
@@ -360,16 +438,22 @@ def _update(accelerator, objective, optim: Optim, sums: torch.Tensor, n_tokens: 
     grad_norm = accelerator.clip_grad_norm_(objective.parameters(), optim.clip_norm or math.inf)
     totals = accelerator.reduce(sums, "sum")
     norm = torch.full((), math.nan, device=totals.device) if grad_norm is None else grad_norm.detach()
-    loss, nll, stop, tokens, norm = torch.cat([totals, n_tokens.reshape(1).double(), norm.reshape(1).double()]).tolist()
+    loss, nll, stop, ooms, tokens, norm = torch.cat(
+        [totals, n_tokens.reshape(1).double(), norm.reshape(1).double()]).tolist()
     finite = grad_norm is None or math.isfinite(norm)  # the same on every process
-    if finite or accelerator.scaler is not None:
+    if ooms:  # a micro-batch ran out of memory somewhere: no update anywhere (the gradient is not the batch's)
+        if accelerator.scaler is not None:  # clipping unscaled the gradients: the scaler expects an update
+            accelerator.scaler.update(new_scale=accelerator.scaler.get_scale())  # its scale kept
+        finite = True
+    elif finite or accelerator.scaler is not None:
         optim.optimizer.step()
         optim.scheduler.step()
         finite = finite and not getattr(optim.optimizer, "step_was_skipped", False)
     optim.optimizer.zero_grad(set_to_none=True)
     tokens = int(tokens)
     return StepStats(loss=loss / max(tokens, 1), nll=nll / max(tokens, 1), tokens=tokens,
-                     grad_norm=None if grad_norm is None else norm, finite=finite, stop=stop > 0)
+                     grad_norm=None if grad_norm is None or ooms else norm, finite=finite, stop=stop > 0,
+                     out_of_memory=int(ooms))
 
 
 def _pad_id(accelerator, objective) -> int:

@@ -382,7 +382,11 @@ def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[
             window = next(batches, None)  # collated inside the timing, as the training loop's loader does
             if window is None:
                 break
-            training_loop.train_step(one, objective, optim, window)  # through the module: a test spies on it
+            stats = training_loop.train_step(one, objective, optim, window)  # through the module: a test spies on it
+            if stats.out_of_memory:
+                raise NmtError(f"a training step of this model ran out of memory on {device} at max_tokens "
+                               f"{cfg.max_tokens:,} (padded tokens a micro-batch); lower max_tokens, and raise "
+                               "accum_steps to keep the batch")
             _sync(device)
             if i > 0:  # step 0 warms up allocator and kernels
                 timed.append((time.perf_counter() - start, window))

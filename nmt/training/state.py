@@ -70,6 +70,8 @@ class TrainState:
     tokens_seen: int = 0
     skipped_steps: int = 0  # steps whose loss or gradient was not finite (no update made)
     bad_in_row: int = 0
+    oom_steps: int = 0  # steps with a micro-batch that ran out of memory on some process (no update made)
+    oom_in_row: int = 0
     elapsed_s: float = 0.0  # wall-clock seconds of the run so far (its time budget), resumes included
     sampler: dict = field(default_factory=dict)  # TokenBatchSampler.state_dict(): epoch and position
     start: dict = field(default_factory=dict)  # fine-tuning: the starting model's validation scores (before step 1)
