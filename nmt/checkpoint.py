@@ -416,16 +416,18 @@ class SavedState:
 
 
 def write_state(directory: Path, rank: int, main: bool, model, optimizer, scheduler, scaler=None,
-                accelerator_step: int = 0) -> None:
+                accelerator_step: int = 0, weights: dict | None = None, optimizer_state: dict | None = None) -> None:
     """The training state into checkpoint folder `directory`: the main process writes the weights of `model` (the
     bare objective), the optimizer's, the schedule's and the loss scaler's state (under DDP they are the same on
-    every process); every process writes its own random states."""
+    every process); every process writes its own random states. `weights` and `optimizer_state`, when given, stand
+    for the model's and the optimizer's state_dict (FSDP2's, gathered whole: `nmt.training.fsdp`)."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     if main:
-        save_file(_stored_once(model.state_dict()), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-        tensors, meta = _optimizer_record(optimizer.state_dict())
+        weights = model.state_dict() if weights is None else weights
+        save_file(_stored_once(weights), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+        tensors, meta = _optimizer_record(optimizer.state_dict() if optimizer_state is None else optimizer_state)
         save_file(tensors, str(directory / OPTIMIZER_FILE), metadata=meta)
         (directory / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict(), allow_nan=False))
         if scaler is not None:
@@ -688,8 +690,20 @@ def load_weights(model, path: Path) -> None:
         raise StateDamage(f"{WEIGHTS_FILE} is unreadable ({type(e).__name__}: {str(e)[:120]})") from None
 
 
-def apply_state(saved: SavedState, optimizer, scheduler, scaler=None) -> None:
-    """Put a checked `read_state` into the run's objects and this process's random generators."""
+def read_weights(path: Path) -> dict:
+    """Checkpoint `path`'s weights as tensors (a StateDamage when the file is unreadable)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path / WEIGHTS_FILE))
+    except (SafetensorError, OSError) as e:
+        raise StateDamage(f"{WEIGHTS_FILE} is unreadable ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def apply_state(saved: SavedState, optimizer, scheduler, scaler=None, load_optimizer=None) -> None:
+    """Put a checked `read_state` into the run's objects and this process's random generators; `load_optimizer`,
+    when given, loads the optimizer's state_dict in place of `optimizer.load_state_dict` (a sharded optimizer's)."""
     import random
 
     import numpy as np
@@ -698,7 +712,7 @@ def apply_state(saved: SavedState, optimizer, scheduler, scaler=None) -> None:
     groups = [{k: tuple(v) if isinstance(now.get(k), tuple) else v for k, v in old.items()}  # betas are a tuple
               for old, now in zip(saved.optimizer["param_groups"], optimizer.param_groups)]
     try:
-        optimizer.load_state_dict({"state": saved.optimizer["state"], "param_groups": groups})
+        (load_optimizer or optimizer.load_state_dict)({"state": saved.optimizer["state"], "param_groups": groups})
         scheduler.load_state_dict(saved.scheduler)
         if scaler is not None:
             scaler.load_state_dict(saved.scaler)

@@ -158,15 +158,18 @@ def test_a_tampered_optimizer_schedule_or_random_state_falls_back_and_alone_is_o
     assert "step_4 is damaged: optimizer.safetensors state 0.exp_avg is (3,)" in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])
-def test_a_sharded_run_whose_checkpoints_would_be_pickles_is_refused_before_any_work(kind):
-    """(On a CPU accelerate runs FSDP as DDP, so the launch is stood in for by its distributed type.)"""
+def test_a_sharded_run_whose_checkpoints_would_be_pickles_is_refused_before_any_work():
+    """DeepSpeed's checkpoints and FSDP1's are pickles; FSDP2's are gathered into nmt's own files. (On a CPU
+    accelerate runs FSDP as DDP, so the launch is stood in for by its distributed type.)"""
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
 
     from nmt.training.state import check_checkpointable
 
-    with pytest.raises(NmtError, match=r"sharded checkpoints are pickles.*multi_gpu.yaml"):
-        check_checkpointable(SimpleNamespace(distributed_type=getattr(DistributedType, kind)))
+    with pytest.raises(NmtError, match=r"DeepSpeed: its checkpoints are pickles.*fsdp.yaml"):
+        check_checkpointable(SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))
+    with pytest.raises(NmtError, match=r"FSDP version 1.*fsdp_version: 2"):
+        check_checkpointable(SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=False))
+    check_checkpointable(SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=True))  # FSDP2 trains
     check_checkpointable(SimpleNamespace(distributed_type=DistributedType.MULTI_GPU))  # DDP trains

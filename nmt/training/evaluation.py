@@ -3,6 +3,7 @@ checkpoint averaging and tuning the length penalty. Decodes through `nmt.decodin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -20,7 +21,8 @@ from nmt.data import column
 from nmt.decoding import SearchConfig, search_encoded
 from nmt.loading import open_model
 from nmt.metrics import scores_by_pair
-from nmt.model import Seq2SeqTransformer
+from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
+from nmt.training import fsdp
 from nmt.training.state import Run, log_metrics, plain_weights, save_model_dir
 
 log = get_logger(__name__)
@@ -32,10 +34,11 @@ def validate(run: Run, decode: bool = True) -> dict | None:
     None (on every process alike) when a stop signal arrived meanwhile: it stops between batches, not after all
     of them."""
     run.objective.eval()
-    metrics = valid_loss(run)
+    plain = plain_copy(run) if is_fsdp(run.accelerator) else None
+    metrics = valid_loss(run, plain)
     if metrics is None or not decode:
         return metrics
-    bleu = valid_bleu(run)
+    bleu = valid_bleu(run, plain)
     return None if bleu is None else {**metrics, **bleu}
 
 
@@ -47,12 +50,15 @@ def bleu_due(cfg, step: int) -> bool:
     return cfg.max_minutes is None or bool(cfg.init_from) or step > (cfg.optim.warmup_steps or 0)
 
 
-def valid_loss(run: Run) -> dict | None:
+def valid_loss(run: Run, plain: torch.nn.Module | None = None) -> dict | None:
     """Summed nll of the validation set through the objective, this process's share (which may be empty: a
     validation set of fewer batches than processes). The objective runs unwrapped, in the run's mixed precision:
-    DDP's forward broadcasts buffers, a collective that a process with no batch would never join."""
+    DDP's forward broadcasts buffers, a collective that a process with no batch would never join; under FSDP2,
+    whose every layer gathers its weights in a collective, this process's `plain` copy runs instead."""
     accelerator, valid = run.accelerator, run.corpus.splits["valid"]
-    objective = run.bare_objective  # keeps accelerate's autocast around forward
+    objective, autocast = run.bare_objective, contextlib.nullcontext  # it keeps accelerate's autocast in forward
+    if plain is not None:
+        objective, autocast = Seq2SeqLoss(plain, run.cfg.optim.label_smoothing), accelerator.autocast
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, tokens, stopped
     columns = valid.select_columns(["src_ids", "tgt_ids"])
@@ -62,7 +68,8 @@ def valid_loss(run: Run) -> dict | None:
             sums[2] = 1
             break
         b = {k: v.to(device) for k, v in collate.columns(columns[batch.tolist()]).items()}
-        _, nll, n = objective(b["src_ids"], b["tgt_in_ids"], b["labels"])
+        with autocast():
+            _, nll, n = objective(b["src_ids"], b["tgt_in_ids"], b["labels"])
         sums[:2] += torch.stack([nll, n]).double()
     sums = accelerator.reduce(sums, "sum")
     if sums[2] > 0:
@@ -71,16 +78,14 @@ def valid_loss(run: Run) -> dict | None:
     return {"valid_nll": nll, "valid_ppl": math.exp(min(nll, 50))}
 
 
-def valid_bleu(run: Run) -> dict:
-    """Decode this process's share of the validation sources, gather all, score once."""
-    base, accelerator = run.model, run.accelerator
+def valid_bleu(run: Run, plain: torch.nn.Module | None = None) -> dict:
+    """Decode this process's share of the validation sources (with its `plain` copy under FSDP2), gather all,
+    score once."""
+    base, accelerator = run.model if plain is None else plain, run.accelerator
     if not (hasattr(base, "encode") and hasattr(base, "decode")):
         return {}  # a user's model without encode/decode: loss only
-    rank, world = accelerator.process_index, accelerator.num_processes
-    if is_fsdp(accelerator):
-        # sharded weights: decode with a gathered full copy on the main process (validation only)
-        base, rank, world = gathered_copy(run), 0, 1
-    return score_valid(run, base, SearchConfig(beam_size=run.cfg.eval_beam), (rank, world))
+    share = accelerator.process_index, accelerator.num_processes
+    return score_valid(run, base, SearchConfig(beam_size=run.cfg.eval_beam), share)
 
 
 def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) -> dict | None:
@@ -119,14 +124,16 @@ def valid_rows(run: Run) -> list[tuple[str, list[int]]]:
     return [(pair, idx[:cap]) for pair, idx in out.items() if idx]
 
 
-def gathered_copy(run: Run):
-    """On the main process, an unsharded copy of an FSDP model (None elsewhere)."""
-    state = plain_weights(run.accelerator, run.objective)  # every process takes part; full weights on the main one
-    if not run.is_main:
-        return None
+def plain_copy(run: Run) -> torch.nn.Module:
+    """An unsharded copy of an FSDP2 model on every process, for validation: its forward runs no collective, so
+    each process decodes its own share of the validation set, however many batches that share holds."""
+    from torch.distributed.fsdp import FSDPModule
+
+    weights = plain_weights(run.accelerator, run.objective, everywhere=True)  # every process takes part
     base = run.model
-    copy = type(base)(base.cfg).to(run.accelerator.device)
-    copy.load_state_dict(state)
+    cls = next(c for c in type(base).__mro__ if not issubclass(c, FSDPModule))  # fully_shard subclassed it
+    copy = cls(base.cfg).to(run.accelerator.device)
+    ckpt.load_into(copy, weights)
     return copy.eval()
 
 
@@ -186,13 +193,13 @@ def try_average(run: Run) -> None:
     from nmt.checkpoint import average_weights, load_into
 
     found = ckpt.list_checkpoints(run.out)[-run.cfg.average_last:]
-    if is_fsdp(run.accelerator):
-        log.warning("average_last is not supported under FSDP yet: use `nmt average` on the checkpoints",
-                    main_process_only=True)
-        return
     if len(found) < 2:
         return
-    load_into(run.model, average_weights(found))  # every process loads the same files, so all agree
+    weights = average_weights(found)  # every process loads the same files, so all agree
+    if is_fsdp(run.accelerator):
+        fsdp.load_full_weights(run.bare_objective, weights)
+    else:
+        load_into(run.model, weights)
     metrics = validate(run)
     if metrics is None:
         return

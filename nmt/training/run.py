@@ -506,25 +506,7 @@ def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.n
     if cfg.compile:  # torch.compile(DDP(objective)), torch's way for DDP (accelerate's unwrap_model undoes both)
         wrapped = objective is not accelerator.unwrap_model(objective)  # DDP's own pre- and post-forward run eagerly
         objective = torch.compile(objective, fullgraph=not wrapped)
-    register_search_methods(accelerator, accelerator.unwrap_model(objective, keep_torch_compile=False).model)
     return objective, optim
-
-
-def register_search_methods(accelerator: Accelerator, base: torch.nn.Module) -> None:
-    """Under FSDP2 a module's sharded weights are gathered only inside forward(); search calls encode/decode/
-    start_cache and each decoder layer's cross_kv, so FSDP is told to gather around those methods too (a no-op
-    on a module that is not an FSDP unit: the model's own weights are the objective's, and validation under
-    FSDP decodes a gathered copy)."""
-    if not is_fsdp(accelerator):
-        return
-    from torch.distributed.fsdp import register_fsdp_forward_method
-
-    for name in ("encode", "decode", "start_cache"):
-        if hasattr(base, name):
-            register_fsdp_forward_method(base, name)
-    for module in base.modules():
-        if hasattr(module, "cross_kv"):  # a decoder layer: called outside forward when a cache starts
-            register_fsdp_forward_method(module, "cross_kv")
 
 
 # --- the end of a run ---------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from nmt.errors import NmtError
 from nmt.model import unwrap_objective
 from nmt.textfiles import atomic_file
 from nmt.tokenizer import JOINT_FILE, SRC_FILE, TGT_FILE, UNK, PairTokenizer
+from nmt.training import fsdp
 from nmt.validate import load_state_error
 
 log = get_logger(__name__)
@@ -220,13 +221,18 @@ def claim_output_dir(accelerator, cfg: TrainConfig) -> list[Path]:
 
 
 def check_checkpointable(accelerator) -> None:
-    """nmt's checkpoints hold no pickle; the sharded checkpoints of FSDP (torch.distributed.checkpoint's metadata)
-    and of DeepSpeed (its engine's torch.save files) are pickles, so those are refused before any work."""
-    sharded = {DistributedType.FSDP: "FSDP", DistributedType.DEEPSPEED: "DeepSpeed"}.get(accelerator.distributed_type)
-    if is_fsdp(accelerator) or sharded:
-        raise NmtError(f"nmt train under {sharded or 'FSDP'}: its sharded checkpoints are pickles, and nmt writes and "
-                       "reads none (a checkpoint could run code when resumed); launch with "
-                       "accelerate_configs/multi_gpu.yaml (DDP: each GPU holds the whole model and its optimizer)")
+    """nmt's checkpoints hold no pickle. Under FSDP2 they are gathered whole (`nmt.training.fsdp`); FSDP1's and
+    DeepSpeed's own checkpoints (torch.distributed.checkpoint's metadata, the engine's torch.save files) are
+    pickles, so those two are refused before any work."""
+    if is_fsdp(accelerator) and accelerator.is_fsdp2:
+        return
+    if is_fsdp(accelerator):
+        raise NmtError("nmt train under FSDP version 1: nmt trains with FSDP2 only; set fsdp_version: 2 in the "
+                       "accelerate config (accelerate_configs/fsdp.yaml)")
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        raise NmtError("nmt train under DeepSpeed: its checkpoints are pickles, and nmt writes and reads none (a "
+                       "checkpoint could run code when resumed); launch with accelerate_configs/fsdp.yaml (FSDP2 "
+                       "shards parameters, gradients and optimizer state, as ZeRO-3 does) or multi_gpu.yaml (DDP)")
 
 
 def _refuse_inputs_inside(cfg: TrainConfig, out: Path) -> None:
@@ -454,13 +460,19 @@ def restore(run: Run, path: Path) -> str | None:
     what makes it damaged when it cannot be (nothing is applied then, but for weights read before a later file
     failed, which the checkpoint restored next replaces). Weights that do not fit the model stop the run, named."""
     accelerator, optimizer, scheduler = run.accelerator, run.optim.optimizer, run.optim.scheduler
+    sharded = is_fsdp(accelerator)
+    load_optimizer = (lambda saved: fsdp.load_full_optimizer_state(run.bare_objective, optimizer, saved)) \
+        if sharded else None
     try:
         try:  # the weights first: another model size is named as such, not as a damaged optimizer state
-            ckpt.load_weights(run.bare_objective, path)
+            if sharded:
+                fsdp.load_full_weights(run.bare_objective, ckpt.read_weights(path))
+            else:
+                ckpt.load_weights(run.bare_objective, path)
         except RuntimeError as e:  # weights of another model size: name the tensor, both shapes and the changed keys
             raise load_state_error(e, path, run.cfg) from None
         saved = ckpt.read_state(path, accelerator.process_index, optimizer, scheduler, accelerator.scaler)
-        ckpt.apply_state(saved, optimizer, scheduler, accelerator.scaler)
+        ckpt.apply_state(saved, optimizer, scheduler, accelerator.scaler, load_optimizer)
     except ckpt.StateDamage as e:
         return str(e)
     accelerator.step = saved.accelerator_step  # where gradient accumulation stands (Accelerate's own counter)
@@ -576,11 +588,12 @@ def log_metrics(run: Run, metrics: dict) -> None:
         run.accelerator.log(metrics, step=run.state.step)
 
 
-def plain_weights(accelerator, objective) -> dict:
-    """The model's full weights (gathered on the main process under FSDP/DeepSpeed), named as in the bare
-    model: without the objective's `model.` prefix, which FSDP's state dicts keep."""
-    weights = accelerator.get_state_dict(uncompiled(objective))
-    return {k.removeprefix("model."): v for k, v in weights.items()} if is_fsdp(accelerator) else weights
+def plain_weights(accelerator, objective, everywhere: bool = False) -> dict:
+    """The model's full weights, named as in the bare model: under FSDP2 gathered on the main process (on every
+    process if `everywhere`), every process taking part."""
+    if is_fsdp(accelerator):
+        return fsdp.full_weights(accelerator.unwrap_model(objective, keep_torch_compile=False), everywhere)
+    return accelerator.get_state_dict(uncompiled(objective))
 
 
 def save_checkpoint(run: Run) -> None:
@@ -594,8 +607,12 @@ def save_checkpoint(run: Run) -> None:
         broadcast_object_list(tmp)
     tmp = tmp[0]
     accelerator.wait_for_everyone()
-    ckpt.write_state(tmp, accelerator.process_index, run.is_main, run.bare_objective,
-                     run.optim.optimizer, run.optim.scheduler, accelerator.scaler, accelerator.step)
+    weights = optimizer_state = None
+    if is_fsdp(accelerator):  # every process takes part in the gather; the main one gets it all
+        weights = fsdp.full_weights(run.bare_objective)
+        optimizer_state = fsdp.full_optimizer_state(run.bare_objective, run.optim.optimizer)
+    ckpt.write_state(tmp, accelerator.process_index, run.is_main, run.bare_objective, run.optim.optimizer,
+                     run.optim.scheduler, accelerator.scaler, accelerator.step, weights, optimizer_state)
     accelerator.wait_for_everyone()
     if run.is_main:
         run.corpus.tokenizer.save(tmp)
