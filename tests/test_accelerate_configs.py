@@ -31,9 +31,6 @@ EXPECTED = {
     "multi_gpu.yaml": dict(distributed_type=DistributedType.MULTI_GPU, num_processes=8, mixed_precision="bf16",
                            use_cpu=False),
     "fsdp.yaml": dict(distributed_type=DistributedType.FSDP, num_processes=8, mixed_precision="bf16", use_cpu=False),
-    "deepspeed_zero2.yaml": dict(
-        distributed_type=DistributedType.DEEPSPEED, num_processes=8, mixed_precision="bf16", use_cpu=False
-    ),
     "multi_node.yaml": dict(
         distributed_type=DistributedType.MULTI_GPU, num_processes=16, mixed_precision="bf16", use_cpu=False, num_machines=2
     ),
@@ -128,27 +125,6 @@ def test_fsdp_profile_builds_fsdp2_plugin(monkeypatch):
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     assert not isinstance(plugin.cpu_offload, CPUOffloadPolicy)
-
-
-def test_deepspeed_profile_leaves_accumulation_and_clipping_to_the_script():
-    """ZeRO-2 without offload; gradient_accumulation_steps / gradient_clipping stay "auto", so
-    Accelerator(gradient_accumulation_steps=N) is not overridden by an exported environment value."""
-    from accelerate.utils import DeepSpeedPlugin
-    from accelerate.utils.launch import prepare_deepspeed_cmd_env
-
-    args, defaults = _launch_args("deepspeed_zero2.yaml")
-    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
-    _, env = prepare_deepspeed_cmd_env(args)
-    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in env or "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" in os.environ
-    with patch_environment(**_changed(env)):
-        plugin = DeepSpeedPlugin()
-    config = plugin.deepspeed_config
-    assert config["zero_optimization"]["stage"] == 2
-    assert config["zero_optimization"]["offload_optimizer"]["device"] == "none"
-    assert config["zero_optimization"]["offload_param"]["device"] == "none"
-    assert config["gradient_accumulation_steps"] == "auto"
-    assert config["gradient_clipping"] == "auto"
-    assert plugin.zero3_init_flag is False
 
 
 def test_multi_gpu_num_processes_flag_overrides_profile(monkeypatch):

@@ -46,6 +46,13 @@ def test_peak():
     assert "MFU" in lines[-2] and "the most a model of these FLOPs can be over HF here" in lines[-1]
 
 
+@pytest.mark.multiprocess
+def test_fsdp_checkpoint():
+    out = run("fsdp_checkpoint.py", "--scale", "0.05")
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["gathered"], ["sharded"])]
+    assert [r[0] for r in rows] == ["gathered", "sharded"] and all("exact True" in " ".join(r) for r in rows)
+
+
 def test_padding(corpus_dir):
     out = run("padding.py", str(corpus_dir), "--tgt-lang", "xx", "--vocab", "300", "--max-tokens", "256")
     assert "cache hit" in out

@@ -546,11 +546,8 @@ def check_pip(argv: list[str]) -> None:
         if m := re.fullmatch(r"\.\[([\w,]+)\]", word):
             assert set(m[1].split(",")) <= set(extras), word
         elif not word.startswith("-"):
-            needed = {re.split(r"[<>=\[]", d)[0] for deps in extras.values() for d in deps} | PROFILE_BACKENDS
+            needed = {re.split(r"[<>=\[]", d)[0] for deps in extras.values() for d in deps}
             assert word in needed, word
-
-
-PROFILE_BACKENDS = {"deepspeed"}  # installed by whoever launches deepspeed_zero2.yaml; not a dependency of nmt
 
 
 def check_python_script(argv: list[str]) -> None:
