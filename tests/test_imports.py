@@ -98,6 +98,7 @@ LAYERS = [
     {"translate", "tools.info"},
     {"tools.backtranslate", "tools.request_batcher"},
     {"tools.serve"},
+    {"training.fsdp"},  # FSDP2's shards gathered into nmt's checkpoint files and back (torch only)
     {"training.state"},
     {"training.evaluation"},
     {"training.loop"},
