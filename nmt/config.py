@@ -359,6 +359,7 @@ class TokenizerConfig:
     dropout: float | None = ranged(None, "[0, 1)")  # BPE-dropout p, re-segmented each epoch (null: the budget plan's, 0 off)
     train_sample: int | None = ranged(None, "[1, 1e12]")  # train the tokenizer on N random training pairs (all encoded)
     reserved: list[str] = field(default_factory=list)  # tokens kept whole, ids 4 on, e.g. ["<bt>"] (back-translation tag)
+    split_punctuation: bool = False  # each punctuation mark its own pre-token (no subword joins a word and a mark)
 
     def __post_init__(self) -> None:
         check_fields(self, "tokenizer.")
@@ -384,7 +385,9 @@ class ModelConfig:
     n_encoder_layers: int | None = ranged(None, "[1, 1000]")  # encoder depth (null: from size)
     n_decoder_layers: int | None = ranged(None, "[1, 1000]")  # decoder depth (null: from size)
     d_ff: int | None = ranged(None, "[1, 1e6]")  # feed-forward inner width (null: from size)
-    dropout: float | None = ranged(None, "[0, 1)")  # on embeddings, residual branches, attention weights (null: from size)
+    dropout: float | None = ranged(None, "[0, 1)")  # on embeddings and residual branches (null: from size)
+    attention_dropout: float | None = ranged(None, "[0, 1)")  # on attention weights (null: dropout's; Marian: 0)
+    activation_dropout: float | None = ranged(None, "[0, 1)")  # on the feed-forward activation (null: dropout's; Marian: 0)
     activation: Literal["relu", "gelu", "silu"] = "relu"  # feed-forward non-linearity (silu: Marian's swish)
     pre_norm: bool = True  # LayerNorm before each sublayer (stable); False: post-norm as in Vaswani et al.
     share_embeddings: bool = True  # one embedding table for source, target and output (joint vocab only)

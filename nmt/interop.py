@@ -27,6 +27,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
+from nmt.layers import dropout_of
 
 INSTALL_HINT = "pip install 'nmt[hf]' (transformers, sentencepiece and protobuf)"
 MARIAN, M2M100, PEGASUS = "marian", "m2m_100", "pegasus"
@@ -140,7 +141,9 @@ def model_config_from_hf(config) -> ModelConfig:
         src_vocab_size=vocab, tgt_vocab_size=tgt_vocab, size="auto", d_model=config.d_model,
         n_heads=_same(config, "encoder_attention_heads", "decoder_attention_heads"),
         n_encoder_layers=config.encoder_layers, n_decoder_layers=config.decoder_layers,
-        d_ff=_same(config, "encoder_ffn_dim", "decoder_ffn_dim"), dropout=float(config.dropout), activation=act,
+        d_ff=_same(config, "encoder_ffn_dim", "decoder_ffn_dim"), dropout=float(config.dropout),
+        attention_dropout=float(config.attention_dropout), activation_dropout=float(config.activation_dropout),
+        activation=act,
         pre_norm=not marian, share_embeddings=shared and tgt_vocab == vocab,
         scale_embedding=bool(config.scale_embedding), positions="m2m100" if config.model_type == M2M100 else "halves",
         final_logits_bias=config.model_type != M2M100, max_positions=config.max_position_embeddings,
@@ -470,8 +473,8 @@ def hf_config(cfg: ModelConfig):
     common = dict(vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers,
                   decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads,
                   decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
-                  activation_function=act, dropout=cfg.dropout, attention_dropout=cfg.dropout,
-                  activation_dropout=cfg.dropout, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+                  activation_function=act, dropout=cfg.dropout, attention_dropout=dropout_of(cfg, "attention"),
+                  activation_dropout=dropout_of(cfg, "activation"), encoder_layerdrop=0.0, decoder_layerdrop=0.0,
                   max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embedding,
                   pad_token_id=cfg.pad_id, eos_token_id=cfg.eos_id, decoder_start_token_id=cfg.bos_id,
                   forced_eos_token_id=None, tie_word_embeddings=True)

@@ -45,18 +45,21 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | No
         tok = Tokenizer(models.Unigram())
         trainer = trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIALS + cfg.reserved,
                                           unk_token="<unk>", show_progress=False)
-    _pipeline(tok)
+    _pipeline(tok, cfg.split_punctuation)
     tok.train_from_iterator(_batched(texts), trainer=trainer, length=length)
     if [tok.token_to_id(s) for s in SPECIALS] != [PAD, UNK, BOS, EOS]:
         raise RuntimeError("special tokens did not get ids 0-3")
     return tok
 
 
-def _pipeline(tok: Tokenizer) -> Tokenizer:
-    """What every nmt tokenizer runs around its subword model: NFKC, split at spaces (kept as ▁) and back.
-    No post-processor: the specials are added by nmt itself."""
+def _pipeline(tok: Tokenizer, split_punctuation: bool = False) -> Tokenizer:
+    """What every nmt tokenizer runs around its subword model: NFKC, split at spaces (kept as ▁) and, with
+    `split_punctuation`, around each punctuation mark (no subword then spans a word and its comma or quote), and
+    back. No post-processor: the specials are added by nmt itself."""
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    if split_punctuation:  # after Metaspace: a mark splits off "▁word," and takes no "▁" of its own
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
     tok.decoder = decoders.Metaspace()
     return tok
 
@@ -489,8 +492,10 @@ def _check_pipeline(data: dict, path: Path) -> None:
     kind = data["model"].get("type")
     if kind not in ("BPE", "Unigram"):
         _refuse(path, "model", kind, "a BPE or Unigram model")
-    fresh = json.loads(_pipeline(Tokenizer(models.BPE(unk_token="<unk>") if kind == "BPE" else models.Unigram()))
-                       .to_str())
+    fresh, split = (json.loads(_pipeline(Tokenizer(models.BPE(unk_token="<unk>") if kind == "BPE"
+                                                   else models.Unigram()), split).to_str()) for split in (False, True))
+    if data.get("pre_tokenizer") == split.get("pre_tokenizer"):  # (tokenizers trained before split it at spaces only)
+        fresh = split
     for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding"):
         if data.get(part) != fresh.get(part):
             _refuse(path, part, data.get(part), _shown(fresh.get(part)))

@@ -15,13 +15,13 @@ ATOL = 1e-5  # float32 logits are O(1): differences above this mean a real chang
 
 def tiny_model(seed: int = 0, vocab: int = 24, tgt_vocab: int | None = None, d_model: int = 16, layers: int = 1,
                pre_norm: bool = True, share: bool = True, activation: str = "relu", dropout: float = 0.0,
-               dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
+               dtype: torch.dtype = torch.float32, **model: float) -> Seq2SeqTransformer:
     """A 1-2 layer model with d_model 16 in eval mode, initialised from `seed`."""
     torch.manual_seed(seed)
     cfg = ModelConfig.preset("tiny", src_vocab_size=vocab, tgt_vocab_size=tgt_vocab or vocab, d_model=d_model,
                              n_heads=2, n_encoder_layers=layers, n_decoder_layers=layers, d_ff=2 * d_model,
                              dropout=dropout, pre_norm=pre_norm, share_embeddings=share, activation=activation,
-                             max_positions=128)
+                             max_positions=128, **model)
     return Seq2SeqTransformer(cfg).to(dtype).eval()
 
 

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from safetensors.torch import load_model, save_model
 
 from nmt.batching import Collator
+from nmt.config import ModelConfig
+from nmt.layers import dropout_of
 from nmt.model import (
     LossSums,
     Seq2SeqLoss,
@@ -174,6 +176,24 @@ def test_variant_flags_change_the_computation():
     separate = tiny_model(seed=2, vocab=V, share=False)
     assert base.src_embed is base.tgt_embed and separate.src_embed is not separate.tgt_embed
     assert separate.num_parameters() - base.num_parameters() == V * base.cfg.d_model
+
+
+@pytest.mark.parametrize("settings, drops", [
+    ({}, False),
+    (dict(dropout=0.5, attention_dropout=0.0, activation_dropout=0.0), True),  # Marian's: embeddings, residuals
+    (dict(attention_dropout=0.5), True),
+    (dict(activation_dropout=0.5), True),
+])
+def test_dropout_falls_where_its_settings_say(settings, drops):
+    """`dropout` on the embeddings and residual branches, attention_dropout on the attention weights,
+    activation_dropout on the feed-forward activation: each alone makes two training forwards differ, and with
+    all three at 0 they are the same. Left null, the last two take `dropout`'s value (as nmt always trained)."""
+    gen = torch.Generator().manual_seed(0)
+    src_ids, tgt_in_ids = src_batch(gen, [5, 3], V), tgt_in_batch(gen, [4, 6], V)
+    model = tiny_model(seed=4, vocab=V, **settings).train()
+    assert close(model(src_ids, tgt_in_ids), model(src_ids, tgt_in_ids)) != drops
+    cfg = ModelConfig.preset("tiny", dropout=0.3)
+    assert (dropout_of(cfg, "attention"), dropout_of(cfg, "activation")) == (0.3, 0.3)
 
 
 def test_masked_scores_are_finite_in_bf16():
