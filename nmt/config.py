@@ -434,6 +434,12 @@ class ModelConfig:
             raise NmtError(f"model.preset: unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
         return cls(size=name, **overrides)
 
+    def dropout_at(self, where: str) -> float:
+        """The dropout on the attention weights or the feed-forward activation (`where`: "attention" or
+        "activation"): its own setting, else `dropout`'s (as nmt has always trained; Marian uses 0 there)."""
+        own = getattr(self, f"{where}_dropout")
+        return self.dropout if own is None else own
+
     def unresolved(self) -> list[str]:
         """The size fields still null (size "auto" before the corpus size is known)."""
         return [name for name in SIZE_FIELDS if getattr(self, name) is None]

@@ -27,7 +27,6 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.layers import dropout_of
 
 INSTALL_HINT = "pip install 'nmt[hf]' (transformers, sentencepiece and protobuf)"
 MARIAN, M2M100, PEGASUS = "marian", "m2m_100", "pegasus"
@@ -473,8 +472,8 @@ def hf_config(cfg: ModelConfig):
     common = dict(vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers,
                   decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads,
                   decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
-                  activation_function=act, dropout=cfg.dropout, attention_dropout=dropout_of(cfg, "attention"),
-                  activation_dropout=dropout_of(cfg, "activation"), encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+                  activation_function=act, dropout=cfg.dropout, attention_dropout=cfg.dropout_at("attention"),
+                  activation_dropout=cfg.dropout_at("activation"), encoder_layerdrop=0.0, decoder_layerdrop=0.0,
                   max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embedding,
                   pad_token_id=cfg.pad_id, eos_token_id=cfg.eos_id, decoder_start_token_id=cfg.bos_id,
                   forced_eos_token_id=None, tie_word_embeddings=True)

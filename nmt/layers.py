@@ -71,19 +71,12 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.effective_bias())
 
 
-def dropout_of(cfg: ModelConfig, where: str) -> float:
-    """The dropout on attention weights or the feed-forward activation (`where`): its own setting, else `dropout`'s
-    (as nmt has always trained; Marian and the HF Marian recipe use 0 there)."""
-    own = getattr(cfg, f"{where}_dropout")
-    return cfg.dropout if own is None else own
-
-
 class Attention(nn.Module):
     """Multi-head attention through SDPA; fused QKV for self-attention, fused KV for cross-attention."""
 
     def __init__(self, cfg: ModelConfig, cross: bool):
         super().__init__()
-        self.n_heads, self.dropout, self.cross = cfg.n_heads, dropout_of(cfg, "attention"), cross
+        self.n_heads, self.dropout, self.cross = cfg.n_heads, cfg.dropout_at("attention"), cross
         d = cfg.d_model
         # The key bias adds the same score to every key of a query: softmax cancels it, its gradient is 0
         # up to rounding, and Adam would turn that rounding noise into +-lr updates (so runs split over
@@ -130,7 +123,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.up, self.down = Linear(cfg.d_model, cfg.d_ff), Linear(cfg.d_ff, cfg.d_model)
         self.act = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}[cfg.activation]()
-        self.drop = nn.Dropout(dropout_of(cfg, "activation"))
+        self.drop = nn.Dropout(cfg.dropout_at("activation"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.drop(self.act(self.up(x))))

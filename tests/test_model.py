@@ -17,7 +17,6 @@ from safetensors.torch import load_model, save_model
 
 from nmt.batching import Collator
 from nmt.config import ModelConfig
-from nmt.layers import dropout_of
 from nmt.model import (
     LossSums,
     Seq2SeqLoss,
@@ -193,7 +192,7 @@ def test_dropout_falls_where_its_settings_say(settings, drops):
     model = tiny_model(seed=4, vocab=V, **settings).train()
     assert close(model(src_ids, tgt_in_ids), model(src_ids, tgt_in_ids)) != drops
     cfg = ModelConfig.preset("tiny", dropout=0.3)
-    assert (dropout_of(cfg, "attention"), dropout_of(cfg, "activation")) == (0.3, 0.3)
+    assert (cfg.dropout_at("attention"), cfg.dropout_at("activation")) == (0.3, 0.3)
 
 
 def test_masked_scores_are_finite_in_bf16():

@@ -7,8 +7,8 @@ weights named as the bare model names them (a tied weight once) and the optimize
 `Optimizer.state_dict()` indexes it, gathered by every process (`get_model_state_dict` /
 `get_optimizer_state_dict`, full_state_dict) and written by the main one. Any number of processes, under FSDP2
 or DDP or alone, resumes from it: every process reads the full files and keeps its own shard
-(`set_model_state_dict` / `set_optimizer_state_dict`). docs/launching.md says why gathered rather than sharded
-files (sizes and times measured on a model of NLLB-600M's shape).
+(`set_model_state_dict` / `set_optimizer_state_dict`). docs/results.md says why gathered rather than sharded
+files (sizes and times measured at NLLB-600M's depth and half its width).
 """
 
 from __future__ import annotations
@@ -25,17 +25,25 @@ from torch.distributed.checkpoint.state_dict import (
 PREFIX = "model."  # the objective's name for the model: FSDP's state dicts keep it, nmt's files do not
 
 
-def _aliases(objective: torch.nn.Module) -> dict[str, str]:
-    """Each second name of a tied parameter -> its first name (as `named_parameters` lists them): after the
-    gather a tied weight comes back as two tensors, which nmt's files hold once, under the first name."""
+def _first_names(objective: torch.nn.Module) -> dict[int, str]:
+    """Each parameter (by id) -> its first name as `named_parameters` lists them (a tied one has several)."""
     first: dict[int, str] = {}
-    out = {}
     for name, p in objective.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            out[name] = first[id(p)]
-        else:
-            first[id(p)] = name
-    return out
+        first.setdefault(id(p), name)
+    return first
+
+
+def _aliases(objective: torch.nn.Module) -> set[str]:
+    """The second names of tied parameters: after the gather a tied weight comes back as two tensors, which nmt's
+    files hold once, under the first name."""
+    first = _first_names(objective)
+    return {name for name, p in objective.named_parameters(remove_duplicate=False) if first[id(p)] != name}
+
+
+def _order(objective: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The optimizer's parameters by name, in the order `Optimizer.state_dict()` numbers them."""
+    first = _first_names(objective)
+    return [first[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
 def full_weights(objective: torch.nn.Module, everywhere: bool = False) -> dict[str, torch.Tensor]:
@@ -56,20 +64,13 @@ def full_optimizer_state(objective: torch.nn.Module, optimizer: torch.optim.Opti
                                      options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not state:
         return {}
-    names, groups, by_index = _param_names(objective, optimizer), [], {}
+    index = {name: i for i, name in enumerate(_order(objective, optimizer))}
+    groups, start = [], 0
     for group, saved in zip(optimizer.param_groups, state["param_groups"]):
-        start = len(by_index)
-        for i, p in enumerate(group["params"], start):
-            by_index[i] = names[id(p)]
-        groups.append({**{k: v for k, v in saved.items() if k != "params"},
-                       "params": list(range(start, len(by_index)))})
-    return {"state": {i: state["state"][name] for i, name in by_index.items() if name in state["state"]},
-            "param_groups": groups}
-
-
-def _param_names(objective: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
-    names = {id(p): name for name, p in reversed(list(objective.named_parameters(remove_duplicate=False)))}
-    return {id(p): names[id(p)] for group in optimizer.param_groups for p in group["params"]}
+        end = start + len(group["params"])
+        groups.append({**{k: v for k, v in saved.items() if k != "params"}, "params": list(range(start, end))})
+        start = end
+    return {"state": {index[name]: entry for name, entry in state["state"].items()}, "param_groups": groups}
 
 
 def load_full_weights(objective: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
@@ -95,8 +96,7 @@ def load_full_weights(objective: torch.nn.Module, weights: dict[str, torch.Tenso
 def load_full_optimizer_state(objective: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """An optimizer state in `Optimizer.state_dict()`'s layout (`full_optimizer_state`, or a one-process run's)
     into the sharded optimizer; every process passes it whole and keeps its shard."""
-    names = _param_names(objective, optimizer)
-    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    order = _order(objective, optimizer)
     groups = [{**group, "params": [order[i] for i in group["params"]]} for group in saved["param_groups"]]
     state = {order[i]: entry for i, entry in saved["state"].items()}
     set_optimizer_state_dict(objective, optimizer, {"state": state, "param_groups": groups},
