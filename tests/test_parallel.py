@@ -33,9 +33,14 @@ def _reset():
 
 
 def run_training(cfg) -> None:  # top level: launched processes import it by name
+    import gc
+
     from nmt.train import train
 
     train(cfg)
+    # nothing of the run holds a process group once train() returns: one freed at the interpreter's exit can abort
+    # the process there (gloo's threads cannot take the GIL; CI saw SIGABRT after a finished 2-process run)
+    assert not any(isinstance(o, torch.nn.parallel.DistributedDataParallel) for o in gc.get_objects())
 
 
 def final_params(cfg) -> dict[str, torch.Tensor]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import gc
 import inspect
 import json
 import time
@@ -103,6 +104,11 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
     try:
         return _train(cfg, model)
     finally:
+        # The run's objects are left in reference cycles (the optimizer's schedule reads the run's config); DDP's
+        # reducer among them holds the gloo process group. Freed by a later collection, that may be the
+        # interpreter's exit, where gloo's threads can no longer take the GIL and abort the process ("terminate
+        # called without an active exception"): free them now, while the interpreter runs.
+        gc.collect()
         release_output_dir(cfg.output_dir)
         if fresh and accelerate_state_exists() and PartialState().num_processes == 1:
             reset_accelerate_state()
