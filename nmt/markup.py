@@ -18,8 +18,10 @@ Placement, for a translation aligned to its source (weights (T, S) over target a
     follow their words, so their order can change with the word order.
 
 Kept verbatim: start tags with their attributes, self-closing and void elements (<br>, <img ...>), comments,
-processing instructions, <script>/<style> with their content. Entities and character references are decoded for
-the model and the translation is written escaped (&amp; &lt; &gt;; other characters as themselves).
+declarations, processing instructions, raw-text elements (<script>, <style>, <textarea>, ...) with their content.
+Entities and character references are decoded for the model and the translation is written escaped (&amp; &lt;
+&gt;; other characters as themselves). Comments and raw text end where HTML5 ends them, so the translation is never
+more active than its source (no element a browser builds from it that it does not build from the source).
 
 xml is strict: a sentence that is not well-formed XML content (mismatched or unclosed tags, an undefined entity)
 is an NmtError naming the sentence and the column. html is parsed as a browser would, best effort, never an error:
@@ -42,9 +44,12 @@ from nmt.errors import NmtError
 FORMATS = ("text", "html", "xml")
 # HTML elements that never have content or an end tag
 VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
-RAW = frozenset(("script", "style"))  # their content is code, not text: kept verbatim
+# elements whose content HTML5 reads as raw text (code, or text no tag can enter): kept verbatim, up to the end tag
+# where HTML5 ends them ("</script" and a space, "/" or ">"); <plaintext> runs to the end
+RAW = frozenset("script style textarea title xmp iframe noembed noframes noscript plaintext".split())
 _NAME = re.compile(r"<\s*([^\s/>]+)")
 _TAG = re.compile(rb"<[^<>\"']*(?:(?:\"[^\"]*\"|'[^']*')[^<>\"']*)*>")  # a tag, quoted '>' allowed in attributes
+_COMMENT_END = re.compile(r"--!?>")  # where HTML5 ends a comment
 _WRAP = "nmt-markup"  # the element an XML sentence is parsed inside (XML content may have several roots)
 
 
@@ -140,16 +145,25 @@ class _Builder:
 
 
 class _HtmlEvents(HTMLParser):
+    CDATA_CONTENT_ELEMENTS = tuple(sorted(RAW))  # html.parser reads their content as raw text (set_cdata_mode)
+
     def __init__(self, builder: _Builder):
         super().__init__(convert_charrefs=True)
         self.b = builder
         self.raw: list[str] | None = None  # inside <script>/<style>: its verbatim text so far
+        self.declared = False  # parse_html_declaration's declaration or marked section was reported
 
     def run(self, sentence: str) -> None:
         self.feed(sentence)
         self.close()
-        if self.raw is not None:  # an unclosed <script>: kept as written
-            self.b.item("".join(self.raw))
+        if self.raw is not None:  # an unclosed <script>: kept as written (html.parser leaves its text unread), closed
+            self.b.item("".join(self.raw) + self.rawdata + f"</{self.cdata_elem}>")
+
+    def set_cdata_mode(self, elem):
+        """Raw text up to where HTML5 ends it (html.parser 3.11 also ends it at "</ script>", which HTML5 does not)."""
+        super().set_cdata_mode(elem)
+        self.interesting = re.compile(r"(?!)" if self.cdata_elem == "plaintext" else
+                                      rf"</{self.cdata_elem}(?=[\t\n\f\r />])", re.I)
 
     def handle_starttag(self, tag, attrs):
         text = self.get_starttag_text()
@@ -184,17 +198,54 @@ class _HtmlEvents(HTMLParser):
         else:
             self.b.text(data)
 
-    def handle_comment(self, data):
-        self.b.item(f"<!--{data}-->")
+    # Comments, declarations, marked sections and processing instructions are written back as the source's own
+    # characters (html.parser's data rebuilt with new delimiters could end elsewhere than the source's did), and a
+    # comment ends where HTML5 ends it: at the first "-->" or "--!>" ("<!-->" and "<!--->" end at once), never at
+    # Python 3.11's "-- >"; an unclosed one runs to the end of the sentence and is closed there. What a browser
+    # reads as comment in the source (a tag in it included) is comment in the translation.
+
+    def parse_comment(self, i, report=1):
+        data = self.rawdata
+        if data.startswith((">", "->"), i + 4):
+            j, close = data.index(">", i + 4) + 1, ""
+        elif (end := _COMMENT_END.search(data, i + 4)) is not None:
+            j, close = end.end(), ""
+        else:
+            j, close = len(data), "-->"
+        if report:
+            self._verbatim(data[i:j] + close)
+        return j
+
+    def parse_bogus_comment(self, i, report=1):  # "<!x ...>", "</ x>": up to the first ">"
+        j = super().parse_bogus_comment(i, report=0)
+        if j > i and report:
+            self._verbatim(self.rawdata[i:j])
+        return j
+
+    def parse_html_declaration(self, i):  # a doctype or a marked section (a comment and a bogus one write themselves)
+        self.declared = False
+        j = super().parse_html_declaration(i)
+        if j > i and self.declared:
+            self._verbatim(self.rawdata[i:j])
+        return j
+
+    def parse_pi(self, i):
+        j = super().parse_pi(i)
+        if j > i:
+            self._verbatim(self.rawdata[i:j])
+        return j
 
     def handle_decl(self, decl):
-        self.b.item(f"<!{decl}>")
-
-    def handle_pi(self, data):
-        self.b.item(f"<?{data}>")
+        self.declared = True
 
     def unknown_decl(self, data):
-        self.b.item(f"<![{data}]>")
+        self.declared = True
+
+    def _verbatim(self, text: str) -> None:
+        if self.raw is not None:
+            self.raw.append(text)
+        else:
+            self.b.item(text)
 
 
 def _parse_xml(sentence: str, b: _Builder, index: int) -> None:

@@ -148,6 +148,43 @@ def test_html_is_repaired_as_a_browser_does():
     assert out == '<p>one <b>two <i>three</i></b> four <img src=x.png>five<!-- c --><script>a<b</script></p>'
 
 
+# --- hostile HTML: the translation is never more active than its source, read as a browser reads both -------------
+
+
+def live(markup: str) -> set[tuple]:
+    """The elements (name, attributes) a browser builds from `markup` (html5lib: HTML5's parsing algorithm), comments
+    and text in raw-text elements not counted."""
+    import html5lib
+
+    root = html5lib.parseFragment(markup, treebuilder="etree", namespaceHTMLElements=False)
+    return {(e.tag, tuple(sorted(e.attrib.items()))) for e in root.iter() if isinstance(e.tag, str)} - {
+        (root.tag, ())}
+
+
+HOSTILE = ["<!--", "-->", "-- >", "--\t>", "--!>", "<!-->", "<!--->", "<![CDATA[", "]]>", "<?x", ">", "<!x", "</ x>",
+           "<img src=x onerror=f()>", "<b>", "</b>", '<a href="/p">', "</a>", "<br>", "<script>", "</script>",
+           "</ script>", "</script >", "<textarea>", "</textarea>", "<title>", "<plaintext>", "<style>", "&lt;", "&amp;"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=st.lists(st.one_of(st.sampled_from(["one", "two", "three", " ", " four "]), st.sampled_from(HOSTILE)),
+                      min_size=1, max_size=14),
+       data=st.data())
+def test_translated_html_is_never_more_active_than_its_source(parts, data):
+    """Whatever the markup (comments ended as HTML5 ends them and as Python 3.11 does not, unclosed ones, marked
+    sections, raw text) and wherever the alignment puts its tags, the translation builds no element a browser does
+    not build from the source: comment and raw text in the source stay comment and raw text."""
+    source = "".join(parts)
+    marked = parse(source, "html")
+    src = words(marked.text)
+    translation = " ".join(data.draw(st.permutations([marked.text[a:b] for a, b in src]))) if src else "eins"
+    tgt = words(translation)
+    weights = torch.tensor(data.draw(st.lists(st.lists(st.floats(0, 1), min_size=len(src), max_size=len(src)),
+                                              min_size=len(tgt), max_size=len(tgt)))).reshape(len(tgt), len(src))
+    out = insert(marked, translation, src, tgt, weights)
+    assert live(out) <= live(source), (source, out)
+
+
 # --- through the CLI, with a trained model ------------------------------------------------------------------------
 
 
@@ -197,6 +234,21 @@ def test_cli_keeps_the_tags_of_every_sentence_and_translates_the_text_as_plain(m
         assert unordered(tree) == unordered(TREES[format](source)[0]), (source, out)
         assert text == translation, (source, out)
     assert any(len(t.split()) > 1 and "<" in t for t in got)  # tags among words, not all at one end
+
+
+def test_a_tag_inside_a_comment_stays_inside_it(model_dir, tmp_path, capsys):
+    """The second audit's reproductions (issue 47, row 1): comment text that Python 3.11's html.parser ends early
+    ("-- >", "--\\t>", an unclosed comment) is not a live <img onerror> in the translation."""
+    lines = ["Hello <!-- a -- ><img src=x onerror=alert(1)> --> world.",
+             "Hello <!-- a --\t><img src=x onerror=alert(1)> --> world.",
+             "Hello <!-- note > <img src=x onerror=alert(1)> world.",
+             "Hello <script>x</ script><img src=x onerror=alert(1)></script> world."]
+    (tmp_path / "in.html").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["translate", str(model_dir), "--format", "html", "--input", str(tmp_path / "in.html")]) == 0
+    got = capsys.readouterr().out.splitlines()
+    assert len(got) == len(lines)
+    for source, out in zip(lines, got):
+        assert "img" not in {tag for tag, _ in live(source)} and live(out) <= live(source), (source, out)
 
 
 def test_cli_names_the_line_of_malformed_xml(model_dir, tmp_path, capsys):
