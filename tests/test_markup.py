@@ -185,6 +185,22 @@ def test_translated_html_is_never_more_active_than_its_source(parts, data):
     assert live(out) <= live(source), (source, out)
 
 
+def test_marked_sections_and_unclosed_raw_text_come_back_as_written():
+    """A CDATA section comes back character for character, and an unclosed <script> keeps its text and is closed,
+    so no translated word after it becomes script (issue 47, row 10)."""
+    import html5lib
+
+    for source, kept in [("<![CDATA[ a > b ]]> one two", "<![CDATA[ a > b ]]>"),
+                         ("one two <script>x = 1 < 2", "<script>x = 1 < 2</script>")]:
+        marked = parse(source, "html")
+        src = words(marked.text)
+        out = insert(marked, "zwei eins", src, words("zwei eins"), torch.eye(2)[[1, 0]])  # reordered
+        assert kept in out, out
+        root = html5lib.parseFragment(out, treebuilder="etree", namespaceHTMLElements=False)
+        code = " ".join(e.text or "" for e in root.iter() if e.tag == "script")
+        assert "zwei" not in code and "eins" not in code, out
+
+
 # --- through the CLI, with a trained model ------------------------------------------------------------------------
 
 
