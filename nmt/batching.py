@@ -49,16 +49,20 @@ def global_batches(lengths: np.ndarray, budget: int, min_size: int, seed: int | 
 
     Returns:
         Batches of indices sorted by length inside each batch, in (shuffled) batch order.
+
+    A last batch (the longest pairs) of fewer than `min_size` pairs joins its neighbour: each chunk needs a pair.
+    The batch order is drawn before that join, so that one process and N processes (min_size 1 and N) differ in
+    that one step only, the other steps coming in the same order.
     """
     rng = np.random.default_rng(seed) if seed is not None else None
     lengths = np.asarray(lengths)
     order = _sorted_order(lengths, None if ties is None else np.asarray(ties), rng)
     batches = [order[start:end] for start, end in _cuts(lengths, order, budget, min_size)]
-    if len(batches) > 1 and len(batches[-1]) < min_size:  # a short tail joins its neighbour
-        batches[-2:] = [np.concatenate(batches[-2:])]
-    if rng is not None:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
-    return batches
+    places = np.arange(len(batches)) if rng is None else rng.permutation(len(batches))
+    if len(batches) > 1 and len(batches[-1]) < min_size:  # a short tail joins its neighbour, in the neighbour's place
+        batches[-2] = np.concatenate(batches[-2:])
+        places = places[places != len(batches) - 1]
+    return [batches[i] for i in places]
 
 
 def _sorted_order(lengths: np.ndarray, ties: np.ndarray | None, rng: np.random.Generator | None) -> np.ndarray:

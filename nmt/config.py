@@ -359,7 +359,7 @@ class TokenizerConfig:
     dropout: float | None = ranged(None, "[0, 1)")  # BPE-dropout p, re-segmented each epoch (null: the budget plan's, 0 off)
     train_sample: int | None = ranged(None, "[1, 1e12]")  # train the tokenizer on N random training pairs (all encoded)
     reserved: list[str] = field(default_factory=list)  # tokens kept whole, ids 4 on, e.g. ["<bt>"] (back-translation tag)
-    split_punctuation: bool = False  # each punctuation mark its own pre-token (no subword joins a word and a mark)
+    split_punctuation: bool = True  # each punctuation mark its own pre-token (no subword joins a word and a mark)
 
     def __post_init__(self) -> None:
         check_fields(self, "tokenizer.")

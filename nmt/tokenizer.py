@@ -52,14 +52,23 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, length: int | No
     return tok
 
 
-def _pipeline(tok: Tokenizer, split_punctuation: bool = False) -> Tokenizer:
+# A punctuation mark (Unicode P, and the ASCII marks of other categories, as tokenizers' Punctuation takes them)
+# with the "▁" of a space before it: "here ." and "« oui »" keep one pre-token per mark, not a bare "▁" and the mark.
+PUNCTUATION = "\u2581?[\\p{P}$+<=>^`|~]"
+
+
+def _pipeline(tok: Tokenizer, split_punctuation: bool | str = False) -> Tokenizer:
     """What every nmt tokenizer runs around its subword model: NFKC, split at spaces (kept as ▁) and, with
     `split_punctuation`, around each punctuation mark (no subword then spans a word and its comma or quote), and
-    back. No post-processor: the specials are added by nmt itself."""
+    back. No post-processor: the specials are added by nmt itself. `split_punctuation="marks"`: the split of
+    tokenizers trained in 9d7aac3 (every mark alone, a "▁" before it a pre-token of its own), still loaded."""
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    if split_punctuation:  # after Metaspace: a mark splits off "▁word," and takes no "▁" of its own
+    if split_punctuation == "marks":
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
+    elif split_punctuation:  # after Metaspace: a mark splits off "▁word," and keeps the "▁" of a space before it
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(),
+                                                     pre_tokenizers.Split(Regex(PUNCTUATION), "isolated")])
     tok.decoder = decoders.Metaspace()
     return tok
 
@@ -492,10 +501,9 @@ def _check_pipeline(data: dict, path: Path) -> None:
     kind = data["model"].get("type")
     if kind not in ("BPE", "Unigram"):
         _refuse(path, "model", kind, "a BPE or Unigram model")
-    fresh, split = (json.loads(_pipeline(Tokenizer(models.BPE(unk_token="<unk>") if kind == "BPE"
-                                                   else models.Unigram()), split).to_str()) for split in (False, True))
-    if data.get("pre_tokenizer") == split.get("pre_tokenizer"):  # (tokenizers trained before split it at spaces only)
-        fresh = split
+    ways = [json.loads(_pipeline(Tokenizer(models.BPE(unk_token="<unk>") if kind == "BPE" else models.Unigram()),
+                                 split).to_str()) for split in (True, False, "marks")]
+    fresh = next((way for way in ways if data.get("pre_tokenizer") == way.get("pre_tokenizer")), ways[0])
     for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding"):
         if data.get(part) != fresh.get(part):
             _refuse(path, part, data.get(part), _shown(fresh.get(part)))

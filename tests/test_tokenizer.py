@@ -123,12 +123,19 @@ def test_a_tokenizer_with_a_pipeline_nmt_does_not_write_is_refused(tok, tmp_path
 def test_every_tokenizer_nmt_trains_loads(tmp_path):
     for i, cfg in enumerate([TokenizerConfig(vocab_size=200, reserved=["<bt>", "<2de>"]),
                              TokenizerConfig(kind="unigram", vocab_size=200, joint=False),
-                             TokenizerConfig(vocab_size=200, split_punctuation=True)]):
+                             TokenizerConfig(vocab_size=200, split_punctuation=False)]):
         pair = train_pair_tokenizer(lambda: (s for s, _ in PAIRS), lambda: (t for _, t in PAIRS), cfg)
         pair.save(tmp_path / str(i))
         loaded = PairTokenizer.load(tmp_path / str(i))
         assert loaded.encode_src(TEXTS[:20]) == pair.encode_src(TEXTS[:20])
         assert loaded.encode_tgt(TEXTS[:20]) == pair.encode_tgt(TEXTS[:20])
+    # 9d7aac3's split_punctuation: every mark its own pre-token, the "▁" of a space before it one too
+    path = tmp_path / "0" / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["pre_tokenizer"]["pretokenizers"][1] = {"type": "Punctuation", "behavior": "Isolated"}
+    path.write_text(json.dumps(data))
+    split = PairTokenizer.load(tmp_path / "0").src.pre_tokenizer.pre_tokenize_str("Yes (twice) .")
+    assert [piece for piece, _ in split] == ["▁Yes", "▁", "(", "twice", ")", "▁", "."]
 
 
 PUNCTUATED = ["Hello, world!", '"Yes," she said (twice).', "It's 3.5 km -- isn't it?", "Wait... what?!",
@@ -138,17 +145,17 @@ PUNCTUATED = ["Hello, world!", '"Yes," she said (twice).', "It's 3.5 km -- isn't
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])
 def test_punctuation_is_its_own_pre_token_and_decodes_back(kind):
     """No subword holds a letter and a punctuation mark together (a word's pieces are the same with or without
-    the comma after it), and every sentence decodes back as it was written. split_punctuation false (the default):
-    marks join the words beside them."""
+    the comma after it), and every sentence decodes back as it was written (the default). split_punctuation
+    false (as tokenizers before it): marks join the words beside them."""
     texts = PUNCTUATED * 30 + TEXTS
-    tok = train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=300, split_punctuation=True))
+    tok = train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=300))
     for text in PUNCTUATED:
         encoded = tok.encode(text)
         assert tok.decode(encoded.ids) == text
         for piece in encoded.tokens:
             marks = [c for c in piece if unicodedata.category(c).startswith("P")]
-            assert not marks or len(marks) == len(piece), piece
-    joined = train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=300))
+            assert not marks or len(marks) == len(piece.removeprefix("\u2581")), piece  # a mark, "▁" before it
+    joined = train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=300, split_punctuation=False))
     assert any(c.isalpha() and any(unicodedata.category(m).startswith("P") for m in piece)
                for text in PUNCTUATED for piece in joined.encode(text).tokens for c in piece)
 
