@@ -33,7 +33,9 @@ sra srta ud uds pág
 sig dott sig.ra
 """.split())
 
-_END = re.compile(r"""([.!?…]+["'”’»)\]]*)(\s+)(?=\S)""")
+# a run of end marks starts where no mark is before it, and is taken whole (possessive): on a run of n marks not
+# followed by a space the search fails once, not n times with n backtracking steps each
+_END = re.compile(r"""(?<![.!?…])([.!?…]++["'”’»)\]]*+)(\s+)(?=\S)""")
 _CJK_END = re.compile(r"([。！？．][」』”’）]*)\s*(?=\S)")
 _OPENERS = set("\"'“‘«„‚([{¿¡")
 
@@ -58,12 +60,13 @@ def split_sentences(text: str) -> list[str]:
 def _breaks(text: str, m: re.Match) -> bool:
     """Whether the end punctuation `m` ends a sentence: what follows can start one, and a single full stop is not
     that of an abbreviation or an initial."""
-    following = text[m.end():][:1]
+    following = text[m.end():m.end() + 1]  # slices of a few characters: no copy of the text at each mark
     if not (following.isupper() or following.isdigit() or following in _OPENERS or _caseless_letter(following)):
         return False
     if m.group(1).rstrip("\"'”’»)]") != ".":
         return True  # ! ? … or several stops
-    word = text[: m.start()].rsplit(None, 1)[-1] if text[: m.start()].strip() else ""
+    end = m.start() - (text[m.start() - 1:m.start()] == " ")  # the word before the stop (text: single spaces)
+    word = text[text.rfind(" ", 0, end) + 1:end]
     word = word.lstrip("\"'“‘«„‚([{").lower()
     return not (word in ABBREVIATIONS or (len(word) == 1 and word.isalpha()))
 

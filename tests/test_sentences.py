@@ -29,6 +29,25 @@ def test_the_splitter_follows_its_documented_rule(text, sentences):
     assert split_sentences(text) == sentences
 
 
+def test_a_megabyte_of_end_marks_is_split_in_one_pass():
+    """Runs of end marks (the second audit, issue 47 row 5: 16k dots took 12 s, 32k 23 s, a megabyte hours) are
+    read once: a run is matched whole where it starts, and the splitter never copies the text at a mark. The alarm
+    only turns a hang into a failure; the splits are what is checked."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("split_sentences backtracks on runs of end marks")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        assert split_sentences("." * 1_000_000) == ["." * 1_000_000]
+        assert split_sentences("Wait?!" * 200_000 + " No.") == ["Wait?!" * 200_000, "No."]
+        assert split_sentences("Hi there. " * 100_000) == ["Hi there."] * 100_000
+    finally:
+        signal.alarm(0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40), max_size=12))
 def test_sentences_lose_no_word_and_paragraphs_keep_every_blank_line(lines):
