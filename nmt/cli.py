@@ -281,8 +281,27 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args, extra)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError as e:
+        if not _stdout_closed():  # another pipe broke (a socket, a child's): an error like any other
+            return _report(e, args)
+        # the reader of the output went away (`nmt score ... | head -1`): a normal end for a Unix filter, quiet, with
+        # the status of one ended by SIGPIPE; what is still buffered goes nowhere instead of failing at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except Exception as e:  # noqa: BLE001 - the boundary: one line, exit 2 for the user's input, 1 for the rest
         return _report(e, args)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (poll reports an error on its write end)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+    except (OSError, ValueError, AttributeError):  # no descriptor (a notebook's stream, a StringIO)
+        return False
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 def _report(err: Exception, args: argparse.Namespace) -> int:

@@ -200,6 +200,18 @@ def test_translate_from_a_pipe_answers_each_line_before_the_next_is_written(trai
     assert first.endswith("\n") and len(rest.splitlines()) == 1
 
 
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(random_model, tmp_path):
+    """`nmt score M ... | head -1`: a closed output is a normal end for a Unix filter (issue 47, row 17): nothing on
+    stderr, the status of a command ended by SIGPIPE (141), not "error: BrokenPipeError"."""
+    text = tmp_path / "lines.txt"
+    text.write_text("the dog sleeps .\n" * 20_000, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = (f"set -o pipefail; {sys.executable} -m nmt.cli score {random_model} --src {text} --tgt {text} "
+               f"| head -1")
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=300)
+    assert len(proc.stdout.splitlines()) == 1 and proc.stderr == "" and proc.returncode == 141, proc.stderr
+
+
 def poisoned(monkeypatch, calls: list):
     """Translator.translate failing on any batch that holds a line with POISON; `calls` gets each batch's size."""
     from nmt.translate import Translator
