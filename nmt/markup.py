@@ -253,6 +253,7 @@ def _parse_xml(sentence: str, b: _Builder, index: int) -> None:
     source = head + sentence.encode("utf-8") + f"</{_WRAP}>".encode()
     parser = xml.parsers.expat.ParserCreate()
     depth = [0]
+    empty: list[bool] = []  # per element expat has open, from the outside in: written self-closing (<x/>)
 
     def start(name, attrs):
         depth[0] += 1
@@ -260,12 +261,13 @@ def _parse_xml(sentence: str, b: _Builder, index: int) -> None:
             return
         at = parser.CurrentByteIndex
         tag = _TAG.match(source, at).group().decode("utf-8")
-        b.item(tag) if tag.endswith("/>") else b.start(tag, name)
+        empty.append(tag.endswith("/>"))
+        b.item(tag) if empty[-1] else b.start(tag, name)
 
     def end(name):
         depth[0] -= 1
-        if depth[0] >= 1:
-            b.end(name)  # a self-closing one is not open: nothing to close
+        if depth[0] >= 1 and not empty.pop():  # expat ends <x/> too: it is no open element to close
+            b.end(name)
 
     parser.StartElementHandler, parser.EndElementHandler = start, end
     parser.CharacterDataHandler = lambda data: b.text(data) if depth[0] else None

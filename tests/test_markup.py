@@ -111,6 +111,21 @@ def test_rebuilding_with_the_identity_alignment_keeps_tags_attributes_and_entiti
     assert text.split() == source_text.split() == marked.text.split()
 
 
+@pytest.mark.parametrize("sentence", ["<i>Tom <b>is <i/> my</b> brother</i>",
+                                      '<a href="/x">Read <a/> the whole story</a>'])
+def test_a_self_closing_element_closes_nothing_around_it(sentence):
+    """<i/> inside <i>...</i> is an empty element, not the end of the outer one (issue 47, row 7: expat reports an
+    end for it too, and the outer element was closed there, its link text lost)."""
+    marked = parse(sentence, "xml")
+    spans = words(marked.text)
+    out = insert(marked, marked.text, spans, spans, torch.eye(len(spans)))
+
+    def words_in(markup: str) -> list[tuple[str, list[str]]]:  # each element and the words inside it
+        return [(e.tag, "".join(e.itertext()).split()) for e in ET.fromstring(f"<r>{markup}</r>").iter()]
+
+    assert words_in(out) == words_in(sentence), out
+
+
 def test_tags_land_around_the_words_the_alignment_gives():
     """A reordering translation with its alignment (target word t attends most to source word a[t]): each element
     goes around the target words aligned to the words it enclosed, an empty one written against the next word
