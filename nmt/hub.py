@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 from nmt.errors import NmtError
@@ -68,6 +69,11 @@ def resolve(name_or_path: str | Path, revision: str | None = None) -> Path:
     return _snapshot(name, revision)
 
 
+# a branch, tag or commit of a Hub repository: names of these characters between single slashes (refs/pr/3), none
+# starting with a dot (so no "..")
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+
+
 def _snapshot(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -78,6 +84,10 @@ def _snapshot(repo_id: str, revision: str | None) -> Path:
         RevisionNotFoundError,
     )
 
+    if revision is not None and not _REVISION.fullmatch(revision):
+        # the cache reads refs/<revision> and snapshots/<what it holds>: "../../x" or "/x" would name any file there
+        raise NmtError(f"--revision {revision!r}: not a branch, tag or commit name (letters, digits, . _ - between "
+                       "single slashes, as refs/pr/3; no '..', no leading '/')")
     offline, cache = is_offline(), hub_cache()
     at = f" at revision {revision}" if revision else ""
     try:

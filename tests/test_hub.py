@@ -98,6 +98,15 @@ def test_offline_with_nothing_cached_names_the_id_and_the_variable(hub, tmp_path
     assert "at revision v3" in _error(capsys)
 
 
+@pytest.mark.parametrize("revision", ["../../../ref", "/etc/ref", "refs//x", ".hidden", "v2/../main"])
+def test_a_revision_that_is_a_path_is_refused_before_the_cache_is_read(hub, tmp_path, capsys, revision):
+    """The cache reads refs/<revision> and then snapshots/<what that file holds>: a revision that climbs out of it
+    would load any directory (issue 47, row 12). Branches, tags and commits (v2, a 40-hex id) pass, as above."""
+    assert main(["import", REPO, str(tmp_path / "out"), "--revision", revision]) == 2
+    assert f"--revision {revision!r}: not a branch, tag or commit name" in _error(capsys)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_repository_with_only_pickled_weights_is_refused_with_the_conversion(hub, marian, tmp_path, capsys):
     pickled = tmp_path / "pickled"
     pickled.mkdir()
