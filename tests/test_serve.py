@@ -106,6 +106,53 @@ def test_concurrent_requests_are_batched_and_answer_as_nmt_translate(model_dir, 
     assert code == 0 and "nmt serve: stopped" in err, err
 
 
+def test_a_failed_translation_answers_500_with_an_id_and_keeps_the_details_in_the_log(model_dir, caplog):
+    """The second audit (issue 47, row 16): a 500 echoed the exception's text (an allocator's sizes). It says what
+    failed and an error id; the text and the traceback go to the server's log under that id."""
+    import asyncio
+
+    from nmt.tools.request_batcher import ServeConfig
+    from nmt.tools.serve import build_app
+    from nmt.translate import Translator
+
+    translator = Translator.from_pretrained(model_dir)
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 7900000000 bytes.")
+
+    translator.translate = out_of_memory  # the batcher calls it in its model thread
+    app = build_app(translator, ServeConfig())
+
+    async def post(body: bytes) -> tuple[int, dict]:  # one request through the ASGI app, as uvicorn makes it
+        sent, parts, hang = [False], [], asyncio.Event()
+
+        async def receive():
+            if sent[0]:
+                await hang.wait()  # the client stays connected
+            sent[0] = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message):
+            parts.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/translate", "query_string": b"", "root_path": "",
+                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                 "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 1)}
+        async with app.state.api.lifespan(app):
+            await app(scope, receive, send)
+        status = next(m["status"] for m in parts if m["type"] == "http.response.start")
+        return status, json.loads(b"".join(m.get("body", b"") for m in parts if m["type"] == "http.response.body"))
+
+    with caplog.at_level("ERROR", logger="nmt"):
+        status, answer = asyncio.run(post(json.dumps({"sentences": ["the dog sleeps ."]}).encode()))
+    ref = re.fullmatch(r"translation failed \(error id ([0-9a-f]{12}); the server's log has the details\)",
+                       answer["error"])
+    assert status == 500 and ref, answer
+    assert "7900000000" not in json.dumps(answer)
+    logged = [r for r in caplog.records if ref[1] in r.getMessage()]
+    assert logged and "7900000000" in logged[0].getMessage() and logged[0].exc_info is not None
+
+
 def test_malformed_and_hostile_requests_get_4xx_json_never_500(model_dir):
     with serving(model_dir, "--max-body-bytes", "6000", "--max-sentences", "8", "--max-cost", "20000") as server:
         cases = [

@@ -34,6 +34,7 @@ import signal
 import socket
 import sys
 import unicodedata
+import uuid
 
 import torch
 import uvicorn
@@ -226,6 +227,14 @@ async def _client_left(receive) -> None:
         pass
 
 
+def _failed(what: str, error: BaseException) -> JSONResponse:
+    """A 500: a fixed message and an id for the client, the error's text and traceback in the server's log under
+    that id (an exception's text can tell a client about the machine: an allocator's sizes, paths)."""
+    ref = uuid.uuid4().hex[:12]
+    log.error("nmt serve: %s (error id %s): %s: %s", what, ref, type(error).__name__, error, exc_info=error)
+    return _error(500, f"{what} (error id {ref}; the server's log has the details)")
+
+
 def _error(status: int, message: str, close: bool = False) -> JSONResponse:
     headers = {"Retry-After": "1"} if status in (429, 503) else {}
     if close:  # the rest of the request is not read: the connection cannot carry another one
@@ -291,8 +300,8 @@ class Api:
             outputs = future.result()
         except Stopping as e:
             return _error(503, str(e))
-        except Exception as e:  # noqa: BLE001 - the model failed on this request: the client learns why
-            return _error(500, f"translation failed: {e}")
+        except Exception as e:  # noqa: BLE001 - the model failed on this request
+            return _failed("translation failed", e)
         return JSONResponse({"translations": [_jsonable(o) for o in outputs], "batch": job.batch})
 
     def _job(self, sentences: list[str], options: dict) -> Job:
@@ -371,7 +380,7 @@ class Api:
 
     @staticmethod
     async def server_error(request: Request, exc: Exception) -> JSONResponse:  # a defect: JSON all the same
-        return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
+        return _failed("internal error", exc)
 
 
 class RequireKey:
