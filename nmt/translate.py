@@ -55,7 +55,7 @@ from nmt.kernels import use_cpu_kernels
 from nmt.loading import open_model
 from nmt.model import Seq2SeqTransformer
 from nmt.textfiles import without_bom
-from nmt.tokenizer import UNK, PairTokenizer
+from nmt.tokenizer import UNK, PairTokenizer, as_text
 
 # --- Translating with a model directory ------------------------------------------------------------------------------
 
@@ -418,12 +418,21 @@ class Translator:
     def term_ids(self, terms: list[str]) -> list[list[int]]:
         """Target terms as the model's target token ids, as text (a control token written in a term is text);
         NmtError for a term the target vocabulary cannot spell (it would be <unk>)."""
-        encoded = [e.ids for e in self.tokenizer.tgt.encode_batch(list(terms), add_special_tokens=False)] if terms else []
-        unk = self.tokenizer.tgt.token_to_id("<unk>")
+        tgt, controls = self.tokenizer.tgt, self.tokenizer.tgt_controls
+        terms = list(terms)
+        # a Unigram model (an imported Marian's, NLLB's) segments a typed "</s>" into the piece </s>: as_text spells
+        # it out, as the source's and the labels' text is
+        encoded = [as_text(tgt, e, controls, t, False)
+                   for e, t in zip(tgt.encode_batch(terms, add_special_tokens=False), terms)] if terms else []
+        unk, special = tgt.token_to_id("<unk>"), set(tgt.get_added_tokens_decoder())
         for term, ids in zip(terms, encoded):
             if unk is not None and unk in ids:
                 raise NmtError(f"glossary target term {term!r} holds characters the model's target vocabulary lacks "
                                "(they would be <unk>): write it with characters the model knows")
+            if special.intersection(ids):  # a control the search could never write as the term's text
+                raise NmtError(f"glossary target term {term!r} holds a control token of the model ("
+                               f"{', '.join(sorted({tgt.id_to_token(i) for i in special.intersection(ids)}))}): "
+                               "a term is text the translation holds; leave it out")
         return encoded
 
     def _pieces(self, texts: list[str], limit: int, long_inputs: str,

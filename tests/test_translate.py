@@ -380,6 +380,23 @@ def test_a_glossary_puts_its_terms_in_the_translations_and_leaves_other_sentence
         translator.translate(texts[:1], glossary=[("frogs", "dorzari"), ("cat", " ")])
 
 
+def test_a_control_token_typed_in_a_glossary_target_term_is_text():
+    """With a Unigram tokenizer (imported Marian and NLLB models have one) a typed "</s>" segments into the piece
+    </s>; in a glossary target term it was that control id, a term the search could never write (issue 47, row 8).
+    It is text, as in sources and labels: "<", "/", "s", ">" where the vocabulary has them."""
+    pairs = [(s + " <i> a/b </i>", t + " <i> a/b </i>") for s, t in generate_pairs(300, seed=1)]
+    tok = train_pair_tokenizer(lambda: (s for s, _ in pairs), lambda: (t for _, t in pairs),
+                               TokenizerConfig(kind="unigram", vocab_size=150, split_punctuation=False))  # as SentencePiece
+    cfg = ModelConfig.preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=16,
+                             n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.0)
+    translator = Translator(Seq2SeqTransformer(cfg), tok)
+    controls = set(tok.tgt.get_added_tokens_decoder())
+    assert tok.tgt.encode("</s>", add_special_tokens=False).ids[-1] in controls  # what the term used to be
+    for term in ["</s>", "x <s> y", "<pad>"]:
+        ids = translator.term_ids([term])[0]
+        assert controls.isdisjoint(ids) and tok.tgt.decode(ids).replace(" ", "") == term.replace(" ", "")
+
+
 def test_cli_glossary_for_translate_and_evaluate_and_its_file_errors_naming_the_line(short, tmp_path, capsys):
     """nmt translate and nmt evaluate --glossary terms.tsv: the terms in the output; a file that is wrong is refused
     in one line naming the file and line: wrong column count, an empty term, a source term with two targets, not
