@@ -66,7 +66,11 @@ def resolve(name_or_path: str | Path, revision: str | None = None) -> Path:
             raise NmtError(f"--revision {revision}: {name} is not a Hub id (ORG/NAME); a revision names a commit, "
                            "branch or tag of a Hub repository, a local directory has none")
         return Path(name_or_path)
-    return _snapshot(name, revision)
+    folder = _snapshot(name, revision)
+    # said every time: a mistyped two-part path ("runs/modle") is a valid Hub id too
+    log.warning("nmt: %s is no directory here: using the Hugging Face Hub model %s%s (%s)", name, name,
+                f" at revision {revision}" if revision else "", folder)
+    return folder
 
 
 # a branch, tag or commit of a Hub repository: names of these characters between single slashes (refs/pr/3), none

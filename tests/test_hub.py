@@ -57,11 +57,14 @@ def _translate(model: str, capsys, monkeypatch, *flags: str) -> list[str]:
 
 
 def test_a_hub_id_imports_and_translates_from_the_cache_as_the_downloaded_directory_does(hub, marian, tmp_path,
-                                                                                         capsys, monkeypatch):
+                                                                                         capsys, monkeypatch, caplog):
     """`nmt import ORG/NAME` reads refs/main's snapshot, `--revision` another commit; `nmt translate ORG/NAME`
     imports the model once into nmt's cache and translates as the import of the directory itself does."""
     assert main(["import", str(marian[0]), str(tmp_path / "local")]) == 0
+    caplog.clear()
     assert main(["import", REPO, str(tmp_path / "from-hub")]) == 0
+    # each time a Hub id is read, nmt says so: a mistyped two-part path is a Hub id too (issue 47, row 14)
+    assert f"nmt: {REPO} is no directory here: using the Hugging Face Hub model {REPO} (" in caplog.text
     for name in ("model.safetensors", "tokenizer.src.json", "tokenizer.tgt.json"):
         assert (tmp_path / "from-hub" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
     assert main(["import", REPO, str(tmp_path / "v2"), "--revision", "v2"]) == 0
