@@ -24,7 +24,8 @@ Entities and character references are decoded for the model and the translation 
 more active than its source (no element a browser builds from it that it does not build from the source).
 
 xml is strict: a sentence that is not well-formed XML content (mismatched or unclosed tags, an undefined entity)
-is an NmtError naming the sentence and the column. html is parsed as a browser would, best effort, never an error:
+is an NmtError naming the sentence and the column. In either format, elements nested more than MAX_DEPTH deep are
+an error. Otherwise html is parsed as a browser would, best effort, never an error:
 void elements need no end tag, an end tag closes the nearest open element of its name (and those opened inside
 it), an end tag that closes nothing is dropped, and elements left open are closed at the end of the sentence.
 
@@ -33,6 +34,7 @@ Standard library only (html.parser, xml.parsers.expat).
 
 from __future__ import annotations
 
+import bisect
 import html
 import re
 import xml.parsers.expat
@@ -51,6 +53,7 @@ _NAME = re.compile(r"<\s*([^\s/>]+)")
 _TAG = re.compile(rb"<[^<>\"']*(?:(?:\"[^\"]*\"|'[^']*')[^<>\"']*)*>")  # a tag, quoted '>' allowed in attributes
 _COMMENT_END = re.compile(r"--!?>")  # where HTML5 ends a comment
 _WRAP = "nmt-markup"  # the element an XML sentence is parsed inside (XML content may have several roots)
+MAX_DEPTH = 256  # elements open inside one another in a sentence; a deeper one is a MarkupError
 
 
 class MarkupError(NmtError):
@@ -97,7 +100,7 @@ def needs_parsing(sentence: str) -> bool:
 
 def parse(sentence: str, format: str, index: int = 0) -> Marked:
     """The plain text of `sentence` and its elements (`format` "html" or "xml"; MarkupError for bad xml)."""
-    builder = _Builder()
+    builder = _Builder(index)
     if format == "xml":
         _parse_xml(sentence, builder, index)
     elif format == "html":
@@ -110,7 +113,8 @@ def parse(sentence: str, format: str, index: int = 0) -> Marked:
 class _Builder:
     """Collects parse events into plain text and an element tree."""
 
-    def __init__(self):
+    def __init__(self, index: int = 0):
+        self.index = index
         self.parts: list[str] = []
         self.length = 0
         self.root = Element("", "", 0, 0)
@@ -121,6 +125,9 @@ class _Builder:
         self.length += len(data)
 
     def start(self, start_tag: str, name: str) -> None:
+        if len(self.open) > MAX_DEPTH:  # placing and writing the tags back recurse once per level
+            raise MarkupError(self.index, f"elements nested more than {MAX_DEPTH} deep (html: tags left open stay "
+                              "open to the end of the sentence): close the elements the sentence opens")
         element = Element(start_tag, f"</{_NAME.match(start_tag).group(1)}>", self.length, self.length)
         self.open[-1][0].children.append(element)
         self.open.append((element, name))
@@ -348,17 +355,26 @@ class _Placed:
 
 
 class _Placer:
+    """Lookups by bisection and per-source-token lists, so placing E elements over S source and T target tokens
+    costs about (E + S + T) log S, not E x (S + T): a line of 64k <br> is placed in a pass."""
+
     def __init__(self, text: str, src_spans, word_of, row_best, col_best):
         self.text, self.src_spans, self.word_of = text, src_spans, word_of
-        self.row_best, self.col_best = row_best, col_best
+        self.col_best = col_best
+        self.starts = [a for a, _ in src_spans]  # ascending: tokens come in text order
+        self.ends = [z for _, z in src_spans]
+        self.rows_of: list[list[int]] = [[] for _ in src_spans]  # source token -> target tokens aligned to it
+        for t, s in enumerate(row_best):
+            if s is not None:
+                self.rows_of[s].append(t)
 
-    def tokens_in(self, element: Element) -> set[int]:
-        a, z = element.start, element.end
-        return {s for s, (sa, sz) in enumerate(self.src_spans) if sa < z and a < sz}
+    def tokens_in(self, element: Element) -> range:
+        """The source tokens that overlap the element's text (sa < end and start < sz)."""
+        return range(bisect.bisect_right(self.ends, element.start), bisect.bisect_left(self.starts, element.end))
 
-    def words_of(self, sources: set[int]) -> list[int]:
+    def words_of(self, sources) -> list[int]:
         """The target words aligned to these source tokens (by row argmax; else by column argmax)."""
-        found = [self.word_of[t] for t, s in enumerate(self.row_best) if s in sources and self.word_of[t] is not None]
+        found = [w for s in sources for t in self.rows_of[s] if (w := self.word_of[t]) is not None]
         if not found:
             found = [self.word_of[t] for s in sources if (t := self.col_best[s]) is not None
                      and self.word_of[t] is not None]
@@ -370,12 +386,13 @@ class _Placer:
         if not element.empty and (found := self.words_of(self.tokens_in(element))):
             return min(found), max(found) + 1, False
         p = element.start  # empty, or only spaces: placed as its neighbours are
-        before = [s for s, (_, sz) in enumerate(self.src_spans) if sz <= p]
-        after = [s for s, (sa, _) in enumerate(self.src_spans) if sa >= p]
-        glued = after and self.src_spans[after[0]][0] == p and (p == 0 or self.text[p - 1].isspace())
-        if before and not glued and (found := self.words_of({before[-1]})):
+        before = bisect.bisect_right(self.ends, p) - 1  # the last token that ends by p
+        after = bisect.bisect_left(self.starts, p)  # the first that starts at or after p
+        after = after if after < len(self.starts) else None
+        glued = after is not None and self.starts[after] == p and (p == 0 or self.text[p - 1].isspace())
+        if before >= 0 and not glued and (found := self.words_of([before])):
             return max(found) + 1, max(found) + 1, False
-        if after and (found := self.words_of({after[0]})):
+        if after is not None and (found := self.words_of([after])):
             return min(found), min(found), True
         return None
 
@@ -387,12 +404,15 @@ class _Placer:
             a = min(max(want[0], lo), hi)
             wants.append((a, min(max(want[1], a), hi), order, child, want[2]))
         wants.sort(key=lambda w: (w[0], w[1] > w[0], w[2]))  # by their words; an empty one before a word there
+        later: list[int | None] = [None] * len(wants)  # where the next sibling with words starts
+        for i in range(len(wants) - 2, -1, -1):
+            after = wants[i + 1]
+            later[i] = after[0] if after[1] > after[0] else later[i + 1]
         children, cursor = [], lo
         for i, (a, z, _, child, forward) in enumerate(wants):
             a = max(a, cursor)
-            later = [w[0] for w in wants[i + 1:] if w[1] > w[0]]  # where the next sibling with words starts
-            if later and a < later[0] < z:
-                z = later[0]
+            if later[i] is not None and a < later[i] < z:
+                z = later[i]
             z = max(z, a)
             children.append(self.place(child, (a, z), forward))
             cursor = z

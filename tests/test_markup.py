@@ -216,6 +216,40 @@ def test_marked_sections_and_unclosed_raw_text_come_back_as_written():
         assert "zwei" not in code and "eins" not in code, out
 
 
+def test_a_line_of_64k_empty_elements_is_placed_in_one_pass():
+    """The second audit (issue 47, row 6): 256 KB of <br> took 89 s, each sibling scanning those after it. Every
+    one comes back, in order, around the words; the alarm only turns a hang into a failure."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("placing siblings is quadratic")
+
+    source = "one " + "<br>" * 65_536 + " two"
+    marked = parse(source, "html")
+    spans = words(marked.text)
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        out = insert(marked, marked.text, spans, spans, torch.eye(len(spans)))
+    finally:
+        signal.alarm(0)
+    assert out.replace("<br>", "").split() == ["one", "two"] and out.count("<br>") == 65_536
+
+
+def test_elements_nested_deeper_than_the_bound_are_refused_and_those_within_it_placed():
+    """~1,300 unclosed tags made the placing and the writing back recurse past Python's limit: a 500 from the
+    server, a failed line in the CLI (issue 47, row 9). Past MAX_DEPTH levels it is the sentence's MarkupError (the
+    server's 400); at the bound the tags go around their words."""
+    from nmt.markup import MAX_DEPTH, MarkupError
+
+    with pytest.raises(MarkupError, match=f"sentence 3: elements nested more than {MAX_DEPTH} deep"):
+        parse("one " + "<b>" * 1300 + "two", "html", index=2)
+    source = "<i>" * MAX_DEPTH + "one two" + "</i>" * MAX_DEPTH
+    marked = parse(source, "html")
+    spans = words(marked.text)
+    assert insert(marked, "eins zwei", spans, words("eins zwei"), torch.eye(2)) == source.replace("one two", "eins zwei")
+
+
 # --- through the CLI, with a trained model ------------------------------------------------------------------------
 
 
