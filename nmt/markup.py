@@ -161,6 +161,8 @@ class _HtmlEvents(HTMLParser):
         self.declared = False  # parse_html_declaration's declaration or marked section was reported
 
     def run(self, sentence: str) -> None:
+        if (cut := _unclosed_start_tag(sentence)) is not None:
+            sentence = sentence[:cut]  # the rest is inside that tag: a browser shows none of it
         self.feed(sentence)
         self.close()
         if self.raw is not None:  # an unclosed <script>: kept as written (html.parser leaves its text unread), closed
@@ -253,6 +255,29 @@ class _HtmlEvents(HTMLParser):
             self.raw.append(text)
         else:
             self.b.item(text)
+
+
+_START_TAG = re.compile(r"<[A-Za-z]")
+_IN_TAG = re.compile(r"""=\s*(?:"[^"]*("?)|'[^']*('?))|>""")  # a quoted attribute value (closed or not), or the end
+
+
+def _unclosed_start_tag(sentence: str) -> int | None:
+    """Where the first start tag that never ends begins (no ">" outside its quoted attribute values; None: there is
+    none), in one pass. html.parser looks for the end of such a tag again at each later "<", to the end of the
+    sentence each time ('<a x="' * 682 is quadratic there); HTML5 drops it and everything after it (all of it is
+    inside the tag: no element, no text)."""
+    at = 0
+    while (tag := _START_TAG.search(sentence, at)) is not None:
+        at = tag.end()
+        while (part := _IN_TAG.search(sentence, at)) is not None:
+            at = part.end()
+            if part.group() == ">":
+                break
+            if not (part.group(1) or part.group(2)):  # the value runs to the end of the sentence
+                return tag.start()
+        else:
+            return tag.start()
+    return None
 
 
 def _parse_xml(sentence: str, b: _Builder, index: int) -> None:
