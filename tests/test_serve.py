@@ -106,11 +106,67 @@ def test_concurrent_requests_are_batched_and_answer_as_nmt_translate(model_dir, 
     assert code == 0 and "nmt serve: stopped" in err, err
 
 
+def asgi_requests(app, *requests: tuple) -> list[tuple[int, dict]]:
+    """(status, JSON answer) of each (method, path, body, headers) request, in turn, through the ASGI app in this
+    process (one lifespan), as uvicorn hands them over; headers add to a loopback Host and a JSON body's."""
+    import asyncio
+
+    async def one(method: str, path: str, body: dict | None = None, headers: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else b""
+        headers = {"host": "127.0.0.1:8080", "content-type": "application/json", "content-length": str(len(data)),
+                   **(headers or {})}
+        sent, parts, hang = [False], [], asyncio.Event()
+
+        async def receive():
+            if sent[0]:
+                await hang.wait()  # the client stays connected
+            sent[0] = True
+            return {"type": "http.request", "body": data, "more_body": False}
+
+        async def send(message):
+            parts.append(message)
+
+        scope = {"type": "http", "method": method, "path": path, "query_string": b"", "root_path": "",
+                 "headers": [(k.encode(), v.encode()) for k, v in headers.items()], "http_version": "1.1",
+                 "scheme": "http", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 1)}
+        await app(scope, receive, send)
+        status = next(m["status"] for m in parts if m["type"] == "http.response.start")
+        return status, json.loads(b"".join(m.get("body", b"") for m in parts if m["type"] == "http.response.body"))
+
+    async def run() -> list[tuple[int, dict]]:
+        async with app.state.api.lifespan(app):
+            return [await one(*request) for request in requests]
+
+    return asyncio.run(run())
+
+
+def test_pages_of_other_sites_and_rebound_host_names_are_refused(model_dir):
+    """The second audit (issue 47, row 15): without a key the server took cross-site simple POSTs and any Host (a
+    site rebinding its name to 127.0.0.1 could read /info, /stats and translations). On loopback the Host must be
+    this machine's name; a request with an Origin must come from the server's own page."""
+    from nmt.tools.request_batcher import ServeConfig
+    from nmt.tools.serve import build_app
+    from nmt.translate import Translator
+
+    translator = Translator.from_pretrained(model_dir)
+    body = {"sentences": ["the dog sleeps ."]}
+    refused = ({"host": "rebound.example:8080"}, {"origin": "http://evil.example"}, {"origin": "null"},
+               {"origin": "http://127.0.0.1:9999"}, {"host": "localhost:8080", "origin": "http://127.0.0.1:8080"})
+    answers = asgi_requests(build_app(translator, ServeConfig()),
+                            ("POST", "/translate", body),  # curl, a script: no Origin
+                            ("POST", "/translate", body, {"origin": "http://127.0.0.1:8080"}),  # the server's page
+                            ("GET", "/info", None, {"host": "localhost:8080"}),
+                            *(("POST", "/translate", body, headers) for headers in refused),
+                            ("GET", "/stats", None, {"host": "rebound.example"}))
+    assert [status for status, _ in answers] == [200, 200, 200] + [403] * (len(refused) + 1), answers
+    public = asgi_requests(build_app(translator, ServeConfig(host="0.0.0.0")),
+                           ("GET", "/info", None, {"host": "mt.example.org"}))
+    assert public[0][0] == 200  # a public bind answers to its names
+
+
 def test_a_failed_translation_answers_500_with_an_id_and_keeps_the_details_in_the_log(model_dir, caplog):
     """The second audit (issue 47, row 16): a 500 echoed the exception's text (an allocator's sizes). It says what
     failed and an error id; the text and the traceback go to the server's log under that id."""
-    import asyncio
-
     from nmt.tools.request_batcher import ServeConfig
     from nmt.tools.serve import build_app
     from nmt.translate import Translator
@@ -121,30 +177,9 @@ def test_a_failed_translation_answers_500_with_an_id_and_keeps_the_details_in_th
         raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 7900000000 bytes.")
 
     translator.translate = out_of_memory  # the batcher calls it in its model thread
-    app = build_app(translator, ServeConfig())
-
-    async def post(body: bytes) -> tuple[int, dict]:  # one request through the ASGI app, as uvicorn makes it
-        sent, parts, hang = [False], [], asyncio.Event()
-
-        async def receive():
-            if sent[0]:
-                await hang.wait()  # the client stays connected
-            sent[0] = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def send(message):
-            parts.append(message)
-
-        scope = {"type": "http", "method": "POST", "path": "/translate", "query_string": b"", "root_path": "",
-                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-                 "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 1)}
-        async with app.state.api.lifespan(app):
-            await app(scope, receive, send)
-        status = next(m["status"] for m in parts if m["type"] == "http.response.start")
-        return status, json.loads(b"".join(m.get("body", b"") for m in parts if m["type"] == "http.response.body"))
-
     with caplog.at_level("ERROR", logger="nmt"):
-        status, answer = asyncio.run(post(json.dumps({"sentences": ["the dog sleeps ."]}).encode()))
+        [(status, answer)] = asgi_requests(build_app(translator, ServeConfig()),
+                                           ("POST", "/translate", {"sentences": ["the dog sleeps ."]}))
     ref = re.fullmatch(r"translation failed \(error id ([0-9a-f]{12}); the server's log has the details\)",
                        answer["error"])
     assert status == 500 and ref, answer
@@ -186,7 +221,7 @@ def test_malformed_and_hostile_requests_get_4xx_json_never_500(model_dir):
         for body, status, needle in cases:
             got, answer = server.call("POST", "/translate", body)
             assert got == status and needle in answer["error"], (body[:80], got, answer)
-        declared = read_all(raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"9" * 12
+        declared = read_all(raw(server.port, b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + b"9" * 12
                                 + b"\r\n\r\n{"))  # refused by what it declares, before it is read
         assert declared.startswith(b"HTTP/1.1 413") and b"\"the body has 999999999999 bytes" in declared, declared
         assert server.call("GET", "/translate") == (405, {"error": "Method Not Allowed: GET /translate"})
@@ -245,12 +280,12 @@ def read_all(sock: socket.socket) -> bytes:
 def test_slow_clients_are_cut_off_and_connections_are_limited(model_dir):
     with serving(model_dir, "--request-timeout", "1", "--max-connections", "4", "--keep-alive", "1") as server:
         start = time.monotonic()
-        slow_body = raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"sen")
+        slow_body = raw(server.port, b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"sen")
         answer = read_all(slow_body)
         assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in answer, answer
         assert time.monotonic() - start < 10
         start = time.monotonic()
-        slow_headers = raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\n")
+        slow_headers = raw(server.port, b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         with contextlib.suppress(OSError):  # a byte every 0.2 s: never a whole request
             while time.monotonic() - start < 10:
                 slow_headers.sendall(b"X")
@@ -267,8 +302,8 @@ def test_slow_clients_are_cut_off_and_connections_are_limited(model_dir):
 
 def test_work_of_clients_that_left_or_timed_out_is_dropped(model_dir):
     with serving(model_dir, "--max-wait-ms", "1500", "--batch-tokens", "8") as server:
-        raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 24\r\n\r\n{").close()  # mid-body
-        gone = raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 24\r\n\r\n"
+        raw(server.port, b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 24\r\n\r\n{").close()  # mid-body
+        gone = raw(server.port, b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 24\r\n\r\n"
                                 b'{"sentences": ["a b c"]}')
         wait_for(server, "queued", 1)
         gone.close()  # while it waits for company

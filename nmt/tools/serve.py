@@ -402,6 +402,36 @@ class RequireKey:
         await self.app(scope, receive, send)
 
 
+class SameOrigin:
+    """ASGI middleware against pages of other sites. On a loopback bind the Host header must name this machine
+    (localhost, 127.0.0.1, [::1]): a site whose name an attacker points at 127.0.0.1 (DNS rebinding) is not served.
+    A request with an Origin header (a browser sends one with every cross-site POST) must come from this server's
+    own origin, the page's: another site's page cannot post to /translate, key or none. 403 JSON otherwise;
+    clients that are no browser (curl, scripts) send no Origin."""
+
+    LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+    def __init__(self, app, loopback: bool):
+        self.app, self.loopback = app, loopback
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            host = headers.get(b"host", b"").decode("latin-1").strip().lower()
+            origin = headers.get(b"origin", b"").decode("latin-1").strip().lower()
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if self.loopback and host and name not in self.LOOPBACK_NAMES:
+                refused = f"Host {host!r} is not this server: it listens on loopback only (use http://127.0.0.1:PORT)"
+            elif origin and origin.split("://", 1)[-1] != host:
+                refused = f"requests from the page of {origin!r} are not served: only this server's own page may send them"
+            else:
+                refused = None
+            if refused is not None:
+                await JSONResponse({"error": refused}, status_code=403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlette:
     """The ASGI app: POST /translate, GET / (the page), /health, /info, /stats; `app.state.api` is its Api."""
     if cfg.beam not in SEARCH_RANGES["beam_size"]:
@@ -410,7 +440,8 @@ def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlet
     app = Starlette(routes=[Route("/translate", api.translate, methods=["POST"]), Route("/", api.page),
                             Route("/health", api.health),
                             Route("/info", api.show_info), Route("/stats", api.stats)], lifespan=api.lifespan,
-                    middleware=[Middleware(RequireKey, key=cfg.api_key)] if cfg.api_key else [],
+                    middleware=[Middleware(SameOrigin, loopback=is_loopback(cfg.host)),
+                                *([Middleware(RequireKey, key=cfg.api_key)] if cfg.api_key else [])],
                     exception_handlers={HTTPException: api.http_error, Exception: api.server_error})
     app.state.api = api
     return app
