@@ -298,7 +298,13 @@ class Translator:
             if sampling is not None or self.backend != "torch":
                 raise NmtError("a glossary needs nmt's own beam search: leave out sampling (--sampling) and "
                                "CTranslate2 (--ct2)")
-            terms = self._terms(glossary, texts, pieces, owner)
+            terms = self._terms(glossary, texts, pieces, owner, limit)
+            room = search_kwargs["max_new_tokens"] - 1  # </s> ends every translation
+            for j, wanted in enumerate(terms):
+                if sum(map(len, wanted)) > room:
+                    raise NmtError(f"sentence {owner[j] + 1}: its glossary target terms are "
+                                   f"{sum(map(len, wanted))} tokens, more than the {room} a translation may have "
+                                   "(max_new_tokens, the model's max_positions): shorten the terms or leave some out")
         found: dict = {}
         if pieces and self.backend == "torch":
             with torch.inference_mode():
@@ -396,13 +402,14 @@ class Translator:
         spread = markup.words(text)
         return [spread[i * len(spread) // len(ids)] if spread else None for i in range(len(ids))]
 
-    def _terms(self, glossary, texts: list[str], pieces: list[list[int]], owner: list[int]) -> list[list[list[int]]]:
-        """Per piece, the target terms (token ids) of the glossary's source terms that its sentence holds (of a
-        sentence cut into pieces: that the piece holds)."""
+    def _terms(self, glossary, texts: list[str], pieces: list[list[int]], owner: list[int],
+               limit: int) -> list[list[list[int]]]:
+        """Per piece, the target terms (token ids) of the glossary's source terms that what the model reads holds:
+        its sentence, or of a sentence cut into pieces or truncated (a piece of `limit` ids), that piece's text."""
         glossary = glossary if isinstance(glossary, Glossary) else Glossary.from_pairs(glossary)
         split = {i for i, j in zip(owner, owner[1:]) if i == j}
-        found = [glossary.targets_in(self.tokenizer.src.decode(piece) if i in split else texts[i])
-                 for piece, i in zip(pieces, owner)]
+        found = [glossary.targets_in(self.tokenizer.src.decode(piece) if i in split or len(piece) >= limit
+                                     else texts[i]) for piece, i in zip(pieces, owner)]
         wanted = sorted({t for ts in found for t in ts})
         ids = dict(zip(wanted, self.term_ids(wanted)))
         return [[ids[t] for t in ts if ids[t]] for ts in found]

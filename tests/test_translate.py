@@ -380,6 +380,20 @@ def test_a_glossary_puts_its_terms_in_the_translations_and_leaves_other_sentence
         translator.translate(texts[:1], glossary=[("frogs", "dorzari"), ("cat", " ")])
 
 
+def test_glossary_terms_are_those_the_model_reads_and_fit_the_output(short):
+    """The second audit (issue 47, row 11): a source term only in the truncated tail of a long sentence was still
+    forced, and target terms longer than the output limit came out cut, silently. A term counts where the model
+    reads it; terms that cannot fit the translation are refused, naming the sentence."""
+    text = long_text(0)
+    head = short.tokenizer.src.decode(short.tokenizer.encode_src([text])[0][:11])  # what the model reads of it
+    tail = next(w for w in text.split()[::-1] if w not in head.split())  # a word it never reads
+    options = dict(beam_size=2, max_new_tokens=8, long_inputs="truncate")
+    assert short.translate([text], glossary={tail: "dorzari"}, **options) == short.translate([text], **options)
+    first = head.split()[0]
+    with pytest.raises(NmtError, match="sentence 2: its glossary target terms are .* tokens, more than the 7"):
+        short.translate([TEXTS[1], text], glossary={first: "dorzari kozika bobisa zamo puvu"}, **options)
+
+
 def test_a_control_token_typed_in_a_glossary_target_term_is_text():
     """With a Unigram tokenizer (imported Marian and NLLB models have one) a typed "</s>" segments into the piece
     </s>; in a glossary target term it was that control id, a term the search could never write (issue 47, row 8).
