@@ -411,14 +411,14 @@ def test_a_control_token_typed_in_a_glossary_target_term_is_text():
         assert controls.isdisjoint(ids) and tok.tgt.decode(ids).replace(" ", "") == term.replace(" ", "")
 
 
-def test_cli_glossary_for_translate_and_evaluate_and_its_file_errors_naming_the_line(short, tmp_path, capsys):
+def test_cli_glossary_for_translate_and_evaluate_and_its_file_errors_naming_the_line(translator, tmp_path, capsys):
     """nmt translate and nmt evaluate --glossary terms.tsv: the terms in the output; a file that is wrong is refused
     in one line naming the file and line: wrong column count, an empty term, a source term with two targets, not
     UTF-8."""
     from nmt.cli import main
 
-    short.model.save_pretrained(tmp_path / "m")
-    short.tokenizer.save(tmp_path / "m")
+    translator.model.save_pretrained(tmp_path / "m")
+    translator.tokenizer.save(tmp_path / "m")
     src, ref, terms = tmp_path / "in.txt", tmp_path / "ref.txt", tmp_path / "terms.tsv"
     src.write_text("Ten frogs were not good.\nWho closed this letter?\n", encoding="utf-8")
     ref.write_text("Dorzari lopanda.\nKimo nunoza.\n", encoding="utf-8")
