@@ -51,6 +51,7 @@ class BaselineConfig:
     vocab_size: int = 8000
     d_model: int = 256
     layers: int = 3
+    decoder_layers: int | None = None  # None: as many as the encoder's
     heads: int = 4
     ffn: int = 1024
     dropout: float = 0.1
@@ -78,12 +79,14 @@ class BaselineResult:
     phases: dict = field(default_factory=dict)
 
 
-def marian(vocab: int, d_model: int, layers: int, heads: int, ffn: int, dropout: float, **config) -> nn.Module:
+def marian(vocab: int, d_model: int, layers: int, heads: int, ffn: int, dropout: float,
+           decoder_layers: int | None = None, **config) -> nn.Module:
     """A freshly initialized MarianMTModel with tied embeddings, in nmt's special ids; `config`: more
     MarianConfig fields."""
     from transformers import MarianConfig, MarianMTModel
 
-    cfg = MarianConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+    cfg = MarianConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers,
+                       decoder_layers=decoder_layers or layers,
                        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
                        decoder_ffn_dim=ffn, activation_function="relu", dropout=dropout, attention_dropout=dropout,
                        activation_dropout=dropout, scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=BOS,
@@ -148,7 +151,8 @@ def train_baseline(data: DataConfig, minutes: float, cfg: BaselineConfig | None 
     res.phases["data + tokenizer"] = time.perf_counter() - t0
     torch.manual_seed(cfg.seed)
     accelerator = Accelerator()
-    model = marian(corpus.tokenizer.tgt_vocab_size, cfg.d_model, cfg.layers, cfg.heads, cfg.ffn, cfg.dropout)
+    model = marian(corpus.tokenizer.tgt_vocab_size, cfg.d_model, cfg.layers, cfg.heads, cfg.ffn, cfg.dropout,
+                   cfg.decoder_layers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
     warmup = cfg.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(

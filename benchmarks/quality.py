@@ -4,9 +4,11 @@ with the data paths and `--max_minutes`, nothing else; then the test set scored 
     python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25 [--output runs/quality] [--baseline]
 
 The data folder holds train/valid/test.<src>/<tgt>. Prints the command, the plan nmt printed, the minutes, steps
-and epochs, validation and test BLEU/chrF (cased, detokenized sacreBLEU, 13a). --baseline then trains the HF
-MarianMTModel baseline (benchmarks/hf_baseline.py) for the same minutes on the same data and machine and prints
-both side by side with the differences.
+and epochs, validation and test BLEU/chrF (cased, detokenized sacreBLEU, 13a). --baseline then trains two HF
+MarianMTModel peers (benchmarks/hf_baseline.py) for the same minutes on the same data and machine: the published
+recipe (its own size, batch, rate and 1,000-step warmup) and the Marian given nmt's own plan (the size, vocabulary,
+batch, rate, warmup, dropout, label smoothing and clipping nmt chose, from the run's config.yaml and plan.json),
+and prints the three side by side with nmt minus each.
 """
 
 from __future__ import annotations
@@ -68,26 +70,53 @@ def main() -> None:
         compare(args, nmt)
 
 
+def given_nmts_plan(run_dir: Path):
+    """The HF baseline's recipe with what nmt's run chose (its resolved config.yaml, the re-timed plan.json
+    over it): the same size, vocabulary, batch, rate, warmup, dropout, betas, label smoothing and clipping."""
+    from hf_baseline import BaselineConfig
+
+    from nmt.config import load_config
+
+    cfg = load_config(run_dir / "config.yaml")
+    chosen = json.loads((run_dir / "plan.json").read_text()).get("chosen", {})
+    m, o = cfg.model, cfg.optim
+    return BaselineConfig(vocab_size=chosen.get("tokenizer.vocab_size", cfg.tokenizer.vocab_size),
+                          d_model=m.d_model, layers=m.n_encoder_layers, decoder_layers=m.n_decoder_layers,
+                          heads=m.n_heads, ffn=m.d_ff, dropout=m.dropout, lr=chosen.get("optim.lr", o.lr),
+                          betas=tuple(o.betas), warmup_steps=chosen.get("optim.warmup_steps", o.warmup_steps),
+                          label_smoothing=o.label_smoothing, max_grad_norm=o.clip_norm,
+                          max_tokens=chosen.get("max_tokens", cfg.max_tokens), seed=cfg.seed)
+
+
 def compare(args: argparse.Namespace, nmt: dict) -> None:
-    """Trains the HF baseline on the same data for the same minutes and prints it beside nmt's figures."""
-    from hf_baseline import train_baseline
+    """Trains the HF peers on the same data for the same minutes, one after the other, and prints them beside
+    nmt's figures."""
+    from hf_baseline import BaselineConfig, train_baseline
 
     from nmt.config import DataConfig
 
     data = Path(args.data)
     corpus = DataConfig(train=str(data / "train"), valid=str(data / "valid"), test=str(data / "test"),
                         src_lang=args.src, tgt_lang=args.tgt)
-    print(f"\nHF MarianMTModel baseline (benchmarks/hf_baseline.py), {args.minutes:g} minutes, same data and machine:")
-    base = train_baseline(corpus, args.minutes, log=lambda line: print("  " + line, flush=True))
-    for name, seconds in base.phases.items():
-        print(f"  {name}: {seconds / 60:.1f} min")
-    b = {"steps": base.steps, "tokens_per_s": base.tokens_per_s, **base.scores}
-    n = {"steps": nmt["steps"], "tokens_per_s": nmt["tokens_per_s"], **nmt["test"]}
-    print(f"\n{'system':<10}{'steps':>8}{'tgt tok/s':>11}{'BLEU':>8}{'chrF':>8}")
-    for name, r in (("nmt", n), ("baseline", b)):
-        print(f"{name:<10}{r['steps']:>8}{r['tokens_per_s']:>11.0f}{r['bleu']:>8.2f}{r['chrf']:>8.2f}")
-    print(f"nmt - baseline: BLEU {n['bleu'] - b['bleu']:+.2f}, chrF {n['chrf'] - b['chrf']:+.2f}; "
-          f"steps x{n['steps'] / max(b['steps'], 1):.2f}, tokens/s x{n['tokens_per_s'] / max(b['tokens_per_s'], 1e-9):.2f}")
+    peers = {"hf recipe": BaselineConfig(), "hf + plan": given_nmts_plan(Path(args.output))}
+    rows = {"nmt": {"steps": nmt["steps"], "tokens_per_s": nmt["tokens_per_s"], **nmt["test"]}}
+    for name, recipe in peers.items():
+        print(f"\nHF MarianMTModel ({name}: d_model {recipe.d_model}, {recipe.layers}+"
+              f"{recipe.decoder_layers or recipe.layers} layers, FFN {recipe.ffn}, vocabulary {recipe.vocab_size:,}, "
+              f"{recipe.max_tokens:,}-token batches, lr {recipe.lr:g}, warmup {recipe.warmup_steps:,}), "
+              f"{args.minutes:g} minutes, same data and machine:")
+        base = train_baseline(corpus, args.minutes, recipe, log=lambda line: print("  " + line, flush=True))
+        for phase, seconds in base.phases.items():
+            print(f"  {phase}: {seconds / 60:.1f} min")
+        rows[name] = {"steps": base.steps, "tokens_per_s": base.tokens_per_s, **base.scores}
+    print(f"\n{'system':<11}{'steps':>8}{'tgt tok/s':>11}{'BLEU':>8}{'chrF':>8}")
+    for name, r in rows.items():
+        print(f"{name:<11}{r['steps']:>8}{r['tokens_per_s']:>11.0f}{r['bleu']:>8.2f}{r['chrf']:>8.2f}")
+    n = rows["nmt"]
+    for name in peers:
+        b = rows[name]
+        print(f"nmt - {name}: BLEU {n['bleu'] - b['bleu']:+.2f}, chrF {n['chrf'] - b['chrf']:+.2f}; steps "
+              f"x{n['steps'] / max(b['steps'], 1):.2f}, tokens/s x{n['tokens_per_s'] / max(b['tokens_per_s'], 1e-9):.2f}")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,8 @@ def test_the_benchmarks_run_the_readme_own_corpus_command():
 
 
 def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
-    """README's own-corpus command as quality.py runs it, and the HF baseline trained beside it, one table."""
+    """README's own-corpus command as quality.py runs it, and the two HF peers trained beside it (the published
+    recipe, and the Marian given nmt's own plan), one table."""
     pytest.importorskip("transformers", reason="the HF baseline needs the hf extra")
     out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.1", "--output",
               str(tmp_path / "run"), "--baseline", cwd=tmp_path, home=tmp_path)
@@ -98,9 +99,13 @@ def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
     assert "nmt: plan: chosen for the 0.1-minute budget" in out  # the plan nmt printed
     assert "training " in out and " of 0.1 min (" in out and "test BLEU" in out
     assert "hf baseline: step" in out and "valid nll" in out
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())["chosen"]  # what nmt chose, given to the peer
+    peer = out[out.index("HF MarianMTModel (hf + plan: "):].splitlines()[0]
+    assert f"lr {plan['optim.lr']:g}, warmup {plan['optim.warmup_steps']:,})" in peer
+    assert f"{plan['max_tokens']:,}-token batches" in peer and f"vocabulary {plan['tokenizer.vocab_size']:,}" in peer
     table = out[out.index("system"):].splitlines()
-    assert [row.split()[0] for row in table[1:3]] == ["nmt", "baseline"]
-    assert table[3].startswith("nmt - baseline: BLEU ")
+    assert [row[:11].strip() for row in table[1:4]] == ["nmt", "hf recipe", "hf + plan"]
+    assert table[4].startswith("nmt - hf recipe: BLEU ") and table[5].startswith("nmt - hf + plan: BLEU ")
 
 
 def test_scale(corpus_dir, tmp_path):
