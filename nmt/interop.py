@@ -19,8 +19,10 @@ away from the halves layout; a permutation applied to every weight that reads or
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -424,18 +426,49 @@ def model_directory(name_or_path: str | Path, revision: str | None = None, flag:
                        f"first: nmt import {directory} OUT, then give OUT")
     repo_id, commit = str(name_or_path), directory.name
     out = nmt_cache() / repo_id.replace("/", "--") / commit
+    source = _fingerprint(directory)
     if (out / "config.json").is_file():
-        return out
+        record = out / IMPORT_RECORD
+        if record.is_file() and _read_json(record) == {"source": source, "import": _fingerprint(out)}:
+            return out
+        # keyed by id and commit only, an import must still be of these files: another cache's snapshot under the
+        # same commit, or an import changed by hand, is not used as found
+        log.warning("nmt: %s is not the import of the snapshot %s of %s as it is now (changed since, or imported "
+                    "from other files): importing it again", out, directory, repo_id)
+        shutil.rmtree(out, ignore_errors=True)
     if _read_json(directory / "config.json").get("model_type") == M2M100:
         raise NmtError(f"{repo_id} is a multilingual M2M100/NLLB model: import it with its source language, nmt "
                        f"import {repo_id} OUT --src-lang CODE, then give OUT")
     log.info("importing %s (commit %s) into %s", repo_id, commit[:12], out)
     try:
-        return import_hf(directory, out)
+        import_hf(directory, out)
     except NmtError:
         if (out / "config.json").is_file():  # another process (a rank of the same launch) imported it meanwhile
             return out
         raise
+    from nmt.textfiles import atomic_file
+
+    record = json.dumps({"source": source, "import": _fingerprint(out)}, indent=2)
+    with atomic_file(out / IMPORT_RECORD) as f:  # what it was made from, and of: compared at each use
+        f.write(record)
+    return out
+
+
+IMPORT_RECORD = "imported_from.json"  # in an import of nmt's cache: the sha256 of its source's files and its own
+
+
+def _fingerprint(directory: Path) -> dict[str, str]:
+    """The sha256 of each file in `directory` (links followed), by name; the import record itself left out."""
+    import hashlib
+
+    out = {}
+    for path in sorted(p for p in directory.iterdir() if p.is_file() and p.name != IMPORT_RECORD):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        out[path.name] = digest.hexdigest()
+    return out
 
 
 def _is_transformers_dir(directory: Path) -> bool:

@@ -83,6 +83,27 @@ def test_a_hub_id_imports_and_translates_from_the_cache_as_the_downloaded_direct
     assert Translator.from_pretrained(REPO).translate(SENTENCES, beam_size=1) == expected
 
 
+def test_an_import_in_nmts_cache_is_used_only_while_it_is_the_import_of_its_snapshot(hub, marian, tmp_path, capsys,
+                                                                                     monkeypatch, caplog):
+    """nmt's import cache is keyed by id and commit (issue 47, row 13): an import changed by hand, or a snapshot of
+    the same id and commit with other files (another cache), is imported again, not used as found."""
+    expected = _translate(REPO, capsys, monkeypatch)
+    imported = tmp_path / "xdg" / "nmt" / "imported" / REPO.replace("/", "--") / hub["main"]
+    made = (imported / "model.safetensors").read_bytes()
+    middle = len(made) // 2
+    (imported / "model.safetensors").write_bytes(made[:middle] + bytes([made[middle] ^ 1]) + made[middle + 1:])  # by hand
+    caplog.clear()
+    assert _translate(REPO, capsys, monkeypatch) == expected
+    assert (imported / "model.safetensors").read_bytes() == made and "importing it again" in caplog.text
+    caplog.clear()
+    assert _translate(REPO, capsys, monkeypatch) == expected and "importing it again" not in caplog.text  # as found
+    other = tmp_path / "other-cache"  # the second model's files under the first one's commit
+    hub_cache_entry(other, REPO, marian[1], commit=hub["main"])
+    monkeypatch.setenv("HF_HUB_CACHE", str(other))
+    assert main(["import", str(marian[1]), str(tmp_path / "second")]) == 0
+    assert _translate(REPO, capsys, monkeypatch) == _translate(str(tmp_path / "second"), capsys, monkeypatch) != expected
+
+
 def test_hf_home_locates_the_cache_when_hf_hub_cache_is_unset(hub, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
