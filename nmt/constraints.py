@@ -187,6 +187,14 @@ class Terms:
         self.after_term = None if joins is None else torch.zeros(joins.shape, device=device).masked_fill(
             self.joins, torch.finfo(torch.float32).min)
 
+    def next_ids(self, sent: torch.Tensor, progress: torch.Tensor) -> torch.Tensor:
+        """(..., C) the token each term of sentence `sent` (...,) wants after `progress` (..., C): read from the flat
+        (B*C*L,) ids by index arithmetic, never as a (..., C, L) copy (with the search's candidates as `...`, 256
+        terms of 256 tokens would be gigabytes)."""
+        C, L = self.ids.shape[1], self.ids.shape[2]
+        at = (sent[..., None] * C + torch.arange(C, device=sent.device)) * L + progress.clamp(max=L - 1)
+        return self.ids.view(-1)[at]
+
     def unmet(self) -> torch.Tensor:
         """(R,) how many of its sentence's terms each row has not met."""
         return self.progress.lt(self.length.index_select(0, self.row_sent)).sum(1)
@@ -199,8 +207,7 @@ class Terms:
         if self.after_term is None:
             return lp
         length = self.length.index_select(0, self.row_sent)
-        wanted = self.ids.index_select(0, self.row_sent).gather(
-            2, self.progress.clamp(max=self.ids.shape[2] - 1)[..., None]).squeeze(2).clamp(min=0)  # (R, C)
+        wanted = self.next_ids(self.row_sent, self.progress).clamp(min=0)  # (R, C)
         under_way = self.progress.gt(0) & self.progress.lt(length)
         keep = (wanted[:, :, None].eq(wanted[:, None, :]) & under_way[:, None, :]).any(2)  # (R, C) wanted by one
         before = lp.gather(1, wanted)
@@ -213,10 +220,10 @@ class Terms:
         """Progress (..., C) of rows of sentences `sent` (...,) after they emit `tok` (...,): a met term stays met;
         after its last token, a token that does not continue the word makes it met, one that does starts it over;
         the next token of a term moves it on; its first token starts it afresh; any other token starts it over."""
-        ids, length = self.ids[sent], self.length[sent]  # (..., C, L), (..., C)
-        wanted = ids.gather(-1, progress.clamp(max=ids.shape[-1] - 1)[..., None]).squeeze(-1)  # (..., C)
+        length = self.length[sent]  # (..., C)
+        wanted = self.next_ids(sent, progress)  # (..., C)
         y = tok[..., None]
-        again = y.eq(ids[..., 0]).long()
+        again = y.eq(self.ids[:, :, 0][sent]).long()  # a term's first token
         moved = torch.where(y.eq(wanted), progress + 1, again)
         joins = torch.zeros_like(y, dtype=torch.bool) if self.joins is None else self.joins[tok][..., None]
         decided = torch.where(joins, again, length + 1)  # the token after a term's last one
@@ -240,8 +247,7 @@ class Terms:
         N, W = scores.shape
         n, dev = top.shape[1], top.device
         C = self.progress.shape[1]
-        wanted = self.ids.index_select(0, self.row_sent).gather(
-            2, self.progress.clamp(max=self.ids.shape[2] - 1)[..., None]).squeeze(2)  # (N*W, C) next token per term
+        wanted = self.next_ids(self.row_sent, self.progress)  # (N*W, C) next token per term
         open_ = self.progress.lt(self.length.index_select(0, self.row_sent))
         term_lp = lp.gather(1, wanted.clamp(min=0)).masked_fill(~open_, -torch.inf)  # (N*W, C)
         best_lp, best_tok = lp.max(1)  # (N*W,)

@@ -164,6 +164,28 @@ def test_pages_of_other_sites_and_rebound_host_names_are_refused(model_dir):
     assert public[0][0] == 200  # a public bind answers to its names
 
 
+def test_a_glossarys_terms_are_priced_into_the_decoding_cost(model_dir):
+    """The second audit (issue 47, row 2): the constrained search weighs each term for every beam at every step, and
+    --max-cost ignored glossaries. A sentence costs beam x length limit x (1 + the terms it holds)."""
+    from nmt.tools.request_batcher import ServeConfig
+    from nmt.tools.serve import build_app
+    from nmt.translate import Translator
+
+    translator = Translator.from_pretrained(model_dir)
+    sentence = "the dog sleeps and the cat eats ."
+    words = sentence.split()[:6]
+    glossary = [[w, "x"] for w in words]  # six terms the sentence holds
+    limit = 2 * 4 * 64  # two sentences at beam 4 and a 64-token limit: what the plain request costs at most
+    answers = asgi_requests(build_app(translator, ServeConfig(max_cost=limit)),
+                            ("POST", "/translate", {"sentences": [sentence] * 2, "beam": 4, "max_new_tokens": 64}),
+                            ("POST", "/translate", {"sentences": [sentence] * 2, "beam": 4, "max_new_tokens": 64,
+                                                    "glossary": glossary}),
+                            ("POST", "/translate", {"sentences": ["nothing here ."] * 2, "beam": 4,
+                                                    "max_new_tokens": 64, "glossary": glossary}))
+    assert [status for status, _ in answers] == [200, 413, 200], answers
+    assert "(1 + glossary terms held)" in answers[1][1]["error"]
+
+
 def test_a_failed_translation_answers_500_with_an_id_and_keeps_the_details_in_the_log(model_dir, caplog):
     """The second audit (issue 47, row 16): a 500 echoed the exception's text (an allocator's sizes). It says what
     failed and an error id; the text and the traceback go to the server's log under that id."""

@@ -197,15 +197,17 @@ def check_normalised(sentences: list[str], max_chars: int) -> None:
                              f"limit is {max_chars} per sentence")
 
 
-def decoding_costs(translator, tokens: list[int], options: dict) -> list[int]:
+def decoding_costs(translator, tokens: list[int], options: dict, terms: list[int] | None = None) -> list[int]:
     """Per sentence: beam x the most output tokens search may generate for it (as Translator.translate and
-    nmt.decoding.length_limits bound them: min(a + b * source length, max_new_tokens), truncated sources)."""
+    nmt.decoding.length_limits bound them: min(a + b * source length, max_new_tokens), truncated sources), times
+    1 + the glossary terms it holds (`terms`): the constrained search weighs each term's next token for every
+    beam at every step."""
     limit = translator.model.cfg.max_positions
     search = SearchConfig(**{k: v for k, v in {**translator.search_defaults, **options}.items()
                              if k in SEARCH_RANGES and k != "max_new_tokens"})
     most = min(options.get("max_new_tokens", limit), limit - 1)
-    return [search.beam_size * max(1, min(int(search.max_len_a + search.max_len_b * min(n, limit)), most))
-            for n in tokens]
+    return [search.beam_size * max(1, min(int(search.max_len_a + search.max_len_b * min(n, limit)), most)) * (1 + c)
+            for n, c in zip(tokens, terms or [0] * len(tokens))]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -325,17 +327,18 @@ class Api:
             except NmtError as e:
                 raise BadRequest(400, str(e).replace("nbest (--nbest)", "'nbest'")) from None
         tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(texts, leading_tags=False)]
+        terms = [len(options["glossary"].targets_in(t)) for t in texts] if "glossary" in options else None
         return Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens,
-                   decoding_costs(self.translator, tokens, options))
+                   decoding_costs(self.translator, tokens, options, terms))
 
     def _check_cost(self, costs: list[int], options: dict, bound: str = "") -> None:
         """BadRequest 413 when the sentences' decoding costs pass --max-cost."""
         if sum(costs) > self.cfg.max_cost:
             self.batcher.stats.rejected_cost += 1
             raise BadRequest(413, f"the request's decoding cost is {bound}{sum(costs)} (sentences x beam x length "
-                             f"limit: {len(costs)} sentences, beam {options['beam_size']}, up to "
-                             f"{max(costs) // options['beam_size']} output tokens each); the limit is "
-                             f"{self.cfg.max_cost}: send fewer or shorter sentences, a smaller beam or max_new_tokens")
+                             f"limit x (1 + glossary terms held): {len(costs)} sentences, beam {options['beam_size']}"
+                             f"); the limit is {self.cfg.max_cost}: send fewer or shorter sentences, a smaller beam or "
+                             "max_new_tokens, fewer glossary terms")
 
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "queued": sum(job.live for job in self.batcher.pending),
