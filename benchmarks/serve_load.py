@@ -93,7 +93,7 @@ HOSTILE_PAUSE = 0.05  # seconds a hostile client waits between attempts: each ma
 
 
 def _post_head(length: int) -> bytes:
-    return b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % length
+    return b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % length
 
 
 def hostile(port: int, kind: str, stop, outcomes: dict, pool: list[str]) -> None:
@@ -109,7 +109,7 @@ def hostile(port: int, kind: str, stop, outcomes: dict, pool: list[str]) -> None
         try:
             with socket.create_connection((HOST, port), timeout=3 * REQUEST_TIMEOUT + 5) as sock:
                 if kind in ("slow body", "slow headers"):
-                    head = b"POST /translate HTTP/1.1\r\nHost: x\r\n"
+                    head = b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                     sock.sendall(head + b"Content-Length: 1000\r\n\r\n{" if kind == "slow body" else head)
                     outcome = "open at the end"
                     while not stop.is_set():  # a byte every 0.2 s until the server cuts it off
