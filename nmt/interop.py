@@ -398,8 +398,6 @@ def import_hf(hf_dir: str | Path, out: str | Path, src_lang: str | None = None, 
         _fill_vocabulary(getattr(tokenizer, side), rows)
     tokenizer.check_fits(cfg.src_vocab_size, cfg.tgt_vocab_size, hf_dir)
     def write(partial: Path) -> None:
-        import json
-
         from nmt.checkpoint import LANGUAGES_FILE
 
         model.save_pretrained(partial)
@@ -473,8 +471,6 @@ def _fingerprint(directory: Path) -> dict[str, str]:
 
 def _is_transformers_dir(directory: Path) -> bool:
     """Whether `directory` holds a transformers model (its config.json names a model_type) rather than nmt's."""
-    import json
-
     try:
         return "model_type" in json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, TypeError, AttributeError):
@@ -628,8 +624,6 @@ def hf_tokenizer_from_nmt(tokenizer, cfg: ModelConfig):
 
 def _is_sentencepiece(tok) -> bool:
     """Whether `tok` is a unigram SentencePiece segmenter as `nmt import` converts one (Metaspace, no template)."""
-    import json
-
     data = json.loads(tok.to_str())
     pre = data.get("pre_tokenizer") or {}
     return (data["model"].get("type") == "Unigram" and data.get("post_processor") is None
@@ -641,7 +635,6 @@ def _spm_proto(tok) -> bytes:
     pieces, scores and ids, its normalization (the precompiled character map, whitespace rules, dummy prefix), and
     </s>, <pad> and other added tokens as control pieces, <unk> as the unknown piece."""
     import base64
-    import json
 
     from transformers.convert_slow_tokenizer import import_protobuf
 
@@ -674,7 +667,6 @@ def _marian_tokenizer(tokenizer):
     """A `MarianTokenizer` over nmt's two SentencePiece segmenters (an imported Marian model's) and their one
     vocabulary: source.spm and target.spm segment as tokenizer.src.json and tokenizer.tgt.json do, and vocab.json
     gives their ids."""
-    import json
     import tempfile
 
     transformers = require_transformers()
