@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,37 @@ def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
     table = out[out.index("system"):].splitlines()
     assert [row[:11].strip() for row in table[1:4]] == ["nmt", "hf recipe", "hf + plan"]
     assert table[4].startswith("nmt - hf recipe: BLEU ") and table[5].startswith("nmt - hf + plan: BLEU ")
+
+
+def test_bible_corpus_holds_out_whole_chapters(tmp_path):
+    """benchmarks/bible_corpus.py on a bible.db of the package's schema: lines aligned verse by verse, the psalms'
+    verse numbers taken out, validation and test whole chapters (none in two splits), an existing folder kept."""
+    db = tmp_path / "bible.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE bible (id INTEGER NOT NULL, bbName TEXT NOT NULL, bNumber INTEGER NOT NULL, "
+                "cNumber INTEGER NOT NULL, vNumber INTEGER NOT NULL, vText TEXT NOT NULL)")
+    rows = [(name, b, c, v, f"(3:{v}) {lang} {b}.{c}.{v}  end" if lang == "fr" else f"{lang} {b}.{c}.{v}")
+            for lang, name in (("en", "4"), ("fr", "l"), ("xx", "k")) for b in (1, 2) for c in range(1, 9)
+            for v in range(1, 6)]
+    rows.append(("4", 3, 1, 1, "a verse with no French"))
+    con.executemany("INSERT INTO bible VALUES (0, ?, ?, ?, ?, ?)", rows)
+    con.commit()
+    con.close()
+    out = tmp_path / "corpus"
+    printed = run("bible_corpus.py", "--db", str(db), "--output", str(out), "--held-out", "12")
+    assert "test 12, valid 12, train 50 pairs" in printed
+    chapters = {}
+    for split in ("train", "valid", "test"):
+        en, fr = ((out / f"{split}.{lang}").read_text().splitlines() for lang in ("en", "fr"))
+        assert [e.replace("en", "fr") + " end" for e in en] == fr  # aligned, "(3:v)" gone, spaces collapsed
+        chapters[split] = {e.rsplit(".", 1)[0] for e in en}
+    assert not chapters["train"] & chapters["valid"] and not chapters["train"] & chapters["test"]
+    assert not chapters["valid"] & chapters["test"]
+    before = (out / "train.en").read_text()
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bible_corpus.py"), "--db", str(db),
+                           "--output", str(out), "--held-out", "12", "--seed", "2"], capture_output=True, text=True)
+    assert proc.returncode == 1 and "exists; choose a new --output" in proc.stderr
+    assert (out / "train.en").read_text() == before
 
 
 def test_scale(corpus_dir, tmp_path):
