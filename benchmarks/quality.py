@@ -2,6 +2,7 @@
 with the data paths and `--max_minutes`, nothing else; then the test set scored once, beam 4.
 
     python benchmarks/quality.py --data ../shared/data/tatoeba-en-de --minutes 25 [--output runs/quality] [--baseline]
+    python benchmarks/quality.py --data D --src en --tgt fr --minutes 25 --side-by-side [--seed 2]
 
 The data folder holds train/valid/test.<src>/<tgt>. Prints the command, the plan nmt printed, the minutes, steps
 and epochs, validation and test BLEU/chrF (cased, detokenized sacreBLEU, 13a). --baseline then trains two HF
@@ -9,7 +10,12 @@ MarianMTModel peers (benchmarks/hf_baseline.py) for the same minutes on the same
 recipe (its own size, batch, rate and 1,000-step warmup) and the Marian given nmt's own plan (the size, vocabulary,
 batch, rate, warmup, dropout, label smoothing and clipping nmt chose, from the run's config.yaml and plan.json),
 and prints the three side by side with nmt minus each.
-"""
+
+--side-by-side trains nmt and the Marian given its plan at once, one CPU core and one thread each (nmt's command
+on the first core of this process's, the peer in this process on the second): the peer starts when nmt's plan
+has been re-timed after its first validation, and takes the plan as it stands then. Half the wall time of
+--baseline for the comparison the floor is about, and both systems meet the same machine load. --seed N adds
+`--seed N` to nmt's command (a second seed of the same command) and gives the peer the same seed."""
 
 from __future__ import annotations
 
@@ -25,21 +31,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 
-def user_command(data: Path, src: str, tgt: str, minutes: float, output: Path) -> list[str]:
+def user_command(data: Path, src: str, tgt: str, minutes: float, output: Path, seed: int | None = None) -> list[str]:
     """README's own-corpus command for this corpus and budget, word for word (tests/test_benchmarks.py holds it
-    to the README)."""
+    to the README); with `seed`, that command with `--seed` added."""
     return ["nmt", "train", "--data.train", f"{data}/train", "--data.valid", f"{data}/valid", "--data.test",
             f"{data}/test", "--data.src_lang", src, "--data.tgt_lang", tgt, "--max_minutes", f"{minutes:g}",
-            "--output_dir", str(output)]
+            "--output_dir", str(output), *(["--seed", str(seed)] if seed is not None else [])]
+
+
+def start_user_command(argv: list[str], env: dict | None = None, core: int | None = None) -> subprocess.Popen:
+    """Starts `argv` (an `nmt ...` command) with the nmt next to this Python, its output shown as it comes; with
+    `core`, pinned to that CPU core."""
+    nmt = Path(sys.executable).with_name("nmt")
+    print("$ " + " ".join(argv), flush=True)
+    pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+    return subprocess.Popen([str(nmt) if nmt.is_file() else argv[0], *argv[1:]], env={**os.environ, **(env or {})},
+                            preexec_fn=pin)
 
 
 def run_user_command(argv: list[str], env: dict | None = None) -> dict:
-    """Runs `argv` (an `nmt ...` command) with the nmt next to this Python, its output shown as it comes; returns
-    the run's summary.json (steps, minutes, validation and test scores) and its median target tokens/s."""
-    nmt = Path(sys.executable).with_name("nmt")
-    print("$ " + " ".join(argv), flush=True)
-    proc = subprocess.run([str(nmt) if nmt.is_file() else argv[0], *argv[1:]], env={**os.environ, **(env or {})})
-    if proc.returncode != 0:
+    """Runs `argv` to its end; returns the run's summary (`finish_user_command`)."""
+    return finish_user_command(argv, start_user_command(argv, env))
+
+
+def finish_user_command(argv: list[str], proc: subprocess.Popen) -> dict:
+    """Waits for `proc` (started from `argv`); returns the run's summary.json (steps, minutes, validation and test
+    scores) and its median target tokens/s."""
+    if proc.wait() != 0:
         raise SystemExit(f"{' '.join(argv)} failed with exit code {proc.returncode}")
     out = Path(argv[argv.index("--output_dir") + 1])
     summary = json.loads((out / "summary.json").read_text())
@@ -57,17 +75,48 @@ def main() -> None:
     parser.add_argument("--output", default="runs/quality")
     parser.add_argument("--baseline", action="store_true",
                         help="also train the HF MarianMTModel baseline for the same minutes and compare")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="train nmt and the HF Marian given its plan at once, one core each")
+    parser.add_argument("--seed", type=int, help="add --seed N to nmt's command (the peer gets the same seed)")
     args = parser.parse_args()
     start = time.perf_counter()
-    nmt = run_user_command(user_command(Path(args.data), args.src, args.tgt, args.minutes, Path(args.output)))
+    argv = user_command(Path(args.data), args.src, args.tgt, args.minutes, Path(args.output), args.seed)
+    if args.side_by_side:
+        return side_by_side(args, argv, start)
+    nmt = run_user_command(argv)
+    report(args, nmt, start)
+    if args.baseline:
+        from hf_baseline import BaselineConfig
+        peers = {"hf recipe": BaselineConfig(), "hf + plan": given_nmts_plan(Path(args.output))}
+        compare(nmt, {name: train_peer(args, name, recipe) for name, recipe in peers.items()})
+
+
+def side_by_side(args: argparse.Namespace, argv: list[str], start: float) -> None:
+    """nmt's command on one core and the Marian given its plan on another, at once (module docstring)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--side-by-side needs two CPU cores; this process may use one")
+    proc = start_user_command(argv, {"OMP_NUM_THREADS": "1"}, core=cores[0])
+    plan = Path(args.output) / "plan.json"
+    while proc.poll() is None and not (plan.is_file() and (json.loads(plan.read_text()).get("retimed") or {})
+                                       .get("validation_s")):
+        time.sleep(2)
+    os.sched_setaffinity(0, {cores[1]})
+    import torch
+    torch.set_num_threads(1)
+    peer = train_peer(args, "hf + plan", given_nmts_plan(Path(args.output)))
+    nmt = finish_user_command(argv, proc)
+    report(args, nmt, start)
+    compare(nmt, {"hf + plan": peer})
+
+
+def report(args: argparse.Namespace, nmt: dict, start: float) -> None:
     print(f"\nthe whole command: {(time.perf_counter() - start) / 60:.1f} min; training {nmt['minutes']:.1f} of "
           f"{args.minutes:g} min ({nmt['stop_reason']}); {nmt['steps']} steps, {nmt['epochs']:.1f} epochs, "
           f"{nmt['tokens_per_s']:.0f} target tokens/s")
     best = nmt["best"]
     print(f"validation: BLEU {best.get('bleu', float('nan')):.2f}, chrF {best.get('chrf', float('nan')):.2f}")
     print(f"test BLEU {nmt['test']['bleu']:.2f}  chrF {nmt['test']['chrf']:.2f}  ({nmt['test']['pairs']} pairs, beam 4)")
-    if args.baseline:
-        compare(args, nmt)
 
 
 def given_nmts_plan(run_dir: Path):
@@ -88,27 +137,28 @@ def given_nmts_plan(run_dir: Path):
                           max_tokens=chosen.get("max_tokens", cfg.max_tokens), seed=cfg.seed)
 
 
-def compare(args: argparse.Namespace, nmt: dict) -> None:
-    """Trains the HF peers on the same data for the same minutes, one after the other, and prints them beside
-    nmt's figures."""
-    from hf_baseline import BaselineConfig, train_baseline
+def train_peer(args: argparse.Namespace, name: str, recipe) -> dict:
+    """Trains one HF peer on the same data for the same minutes; its steps, tokens/s and test scores."""
+    from hf_baseline import train_baseline
 
     from nmt.config import DataConfig
 
     data = Path(args.data)
     corpus = DataConfig(train=str(data / "train"), valid=str(data / "valid"), test=str(data / "test"),
                         src_lang=args.src, tgt_lang=args.tgt)
-    peers = {"hf recipe": BaselineConfig(), "hf + plan": given_nmts_plan(Path(args.output))}
-    rows = {"nmt": {"steps": nmt["steps"], "tokens_per_s": nmt["tokens_per_s"], **nmt["test"]}}
-    for name, recipe in peers.items():
-        print(f"\nHF MarianMTModel ({name}: d_model {recipe.d_model}, {recipe.layers}+"
-              f"{recipe.decoder_layers or recipe.layers} layers, FFN {recipe.ffn}, vocabulary {recipe.vocab_size:,}, "
-              f"{recipe.max_tokens:,}-token batches, lr {recipe.lr:g}, warmup {recipe.warmup_steps:,}), "
-              f"{args.minutes:g} minutes, same data and machine:")
-        base = train_baseline(corpus, args.minutes, recipe, log=lambda line: print("  " + line, flush=True))
-        for phase, seconds in base.phases.items():
-            print(f"  {phase}: {seconds / 60:.1f} min")
-        rows[name] = {"steps": base.steps, "tokens_per_s": base.tokens_per_s, **base.scores}
+    print(f"\nHF MarianMTModel ({name}: d_model {recipe.d_model}, {recipe.layers}+"
+          f"{recipe.decoder_layers or recipe.layers} layers, FFN {recipe.ffn}, vocabulary {recipe.vocab_size:,}, "
+          f"{recipe.max_tokens:,}-token batches, lr {recipe.lr:g}, warmup {recipe.warmup_steps:,}), "
+          f"{args.minutes:g} minutes, same data and machine:", flush=True)
+    base = train_baseline(corpus, args.minutes, recipe, log=lambda line: print("  " + line, flush=True))
+    for phase, seconds in base.phases.items():
+        print(f"  {phase}: {seconds / 60:.1f} min")
+    return {"steps": base.steps, "tokens_per_s": base.tokens_per_s, **base.scores}
+
+
+def compare(nmt: dict, peers: dict[str, dict]) -> None:
+    """nmt's figures and each peer's, one table, and nmt minus each."""
+    rows = {"nmt": {"steps": nmt["steps"], "tokens_per_s": nmt["tokens_per_s"], **nmt["test"]}, **peers}
     print(f"\n{'system':<11}{'steps':>8}{'tgt tok/s':>11}{'BLEU':>8}{'chrF':>8}")
     for name, r in rows.items():
         print(f"{name:<11}{r['steps']:>8}{r['tokens_per_s']:>11.0f}{r['bleu']:>8.2f}{r['chrf']:>8.2f}")

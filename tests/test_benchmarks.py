@@ -109,6 +109,20 @@ def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
     assert table[4].startswith("nmt - hf recipe: BLEU ") and table[5].startswith("nmt - hf + plan: BLEU ")
 
 
+def test_quality_side_by_side_one_core_each(corpus_dir, tmp_path):
+    """--side-by-side: nmt's command (with --seed added) and the Marian given its plan at once, one table."""
+    pytest.importorskip("transformers", reason="the HF baseline needs the hf extra")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPU cores")
+    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.1", "--output",
+              str(tmp_path / "run"), "--side-by-side", "--seed", "3", cwd=tmp_path, home=tmp_path)
+    assert "--max_minutes 0.1 --output_dir" in out and out.split("$ ", 1)[1].splitlines()[0].endswith(" --seed 3")
+    assert "HF MarianMTModel (hf + plan: " in out and "hf recipe" not in out
+    table = out[out.index("system"):].splitlines()
+    assert [row[:11].strip() for row in table[1:3]] == ["nmt", "hf + plan"]
+    assert table[3].startswith("nmt - hf + plan: BLEU ")
+
+
 def test_bible_corpus_holds_out_whole_chapters(tmp_path):
     """benchmarks/bible_corpus.py on a bible.db of the package's schema: lines aligned verse by verse, the psalms'
     verse numbers taken out, validation and test whole chapters (none in two splits), an existing folder kept."""
