@@ -24,7 +24,6 @@ is searched by the plain code path (`nmt.decoding.beam_search` with `terms=None`
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -88,15 +87,10 @@ class Glossary:
 
         A source term matches as whole words (not inside a longer word: no letter, digit or _ on either side),
         with the case as given, after NFKC normalisation of both (as the tokenizer reads them); any run of
-        whitespace in a term matches any run in the text. Where terms overlap, the longest wins.
+        whitespace in a term matches any run in the text. Where terms overlap, the leftmost wins, and of those
+        starting there the longest.
         """
-        if not self.pairs:
-            return []
-        pattern, target = _matcher(self)
-        found: dict[str, None] = {}
-        for m in pattern.finditer(unicodedata.normalize("NFKC", text)):
-            found[target[_words(m.group(0))]] = None
-        return list(found)
+        return _matcher(self).targets_in(text) if self.pairs else []
 
 
 def _checked(source: str, target: str, where: str) -> tuple[str, str]:
@@ -131,19 +125,65 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
-_MATCHERS: dict[Glossary, tuple[re.Pattern, dict[str, str]]] = {}
+class _Matcher:
+    """A glossary's source terms (NFKC, whitespace runs as one space) in a character trie, and the target term of
+    each. Matching walks the trie from each place a word may start, so it costs at most the text's length times
+    the longest term's, whatever the number of terms (one regular expression of all the terms as alternatives
+    cost seconds to compile for a few hundred long terms and backtracked on long sentences: issue 47, row 3).
+    It remembers its last texts' matches: the server's preparing thread matches a request's sentences to price
+    them, and the model's thread finds those matches instead of matching again."""
+
+    END = ""  # the key under which a node holds the term that ends there (no character is "")
+
+    def __init__(self, glossary: Glossary):
+        self.target = {_words(unicodedata.normalize("NFKC", s)): t for s, t in glossary.pairs}
+        self.root: dict = {}
+        for term in self.target:
+            node = self.root
+            for char in term:
+                node = node.setdefault(char, {})
+            node[self.END] = term
+        self.seen: dict[str, list[str]] = {}
+
+    def targets_in(self, text: str) -> list[str]:
+        if text in self.seen:
+            return list(self.seen[text])
+        words = _words(unicodedata.normalize("NFKC", text))
+        found: dict[str, None] = {}
+        start, n = 0, len(words)
+        while start < n:
+            end = None
+            if start == 0 or not _is_word(words[start - 1]):
+                node, i = self.root, start
+                while i < n and (node := node.get(words[i])) is not None:
+                    i += 1
+                    if self.END in node and (i == n or not _is_word(words[i])):
+                        end, term = i, node[self.END]
+            if end is None:
+                start += 1
+            else:
+                found[self.target[term]] = None
+                start = end
+        if len(self.seen) >= 1024:
+            self.seen.clear()
+        self.seen[text] = list(found)
+        return list(found)
 
 
-def _matcher(glossary: Glossary) -> tuple[re.Pattern, dict[str, str]]:
-    """One regular expression for all of a glossary's source terms, longest first (so it wins where terms overlap),
-    and the target term of each source term (by its words); kept for the glossaries in use."""
+def _is_word(char: str) -> bool:
+    """A character of a word, as a regular expression's \\w: a letter, digit or _."""
+    return char.isalnum() or char == "_"
+
+
+_MATCHERS: dict[Glossary, _Matcher] = {}
+
+
+def _matcher(glossary: Glossary) -> _Matcher:
+    """The glossary's matcher, kept for the glossaries in use."""
     if glossary not in _MATCHERS:
         if len(_MATCHERS) >= 64:
             _MATCHERS.clear()
-        target = {_words(unicodedata.normalize("NFKC", s)): t for s, t in glossary.pairs}
-        terms = sorted(target, key=len, reverse=True)
-        alternatives = "|".join(r"\s+".join(map(re.escape, term.split())) for term in terms)
-        _MATCHERS[glossary] = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)"), target
+        _MATCHERS[glossary] = _Matcher(glossary)
     return _MATCHERS[glossary]
 
 
