@@ -71,19 +71,25 @@ def _most(model) -> int | None:
     return cfg.max_positions - 1 if cfg is not None and hasattr(cfg, "max_positions") else None
 
 
+class Cancelled(Exception):
+    """A search's `cancelled()` turned True: nobody waits for its result (a server's clients all gave up)."""
+
+
 @torch.no_grad()
 def search(model, src_ids: torch.Tensor, cfg: SearchConfig, sampling: SamplingConfig | None = None,
-           terms: list[list[list[int]]] | None = None, joins: torch.Tensor | None = None) -> list[list[Hypothesis]]:
+           terms: list[list[list[int]]] | None = None, joins: torch.Tensor | None = None,
+           cancelled=None) -> list[list[Hypothesis]]:
     """src_ids (B, S) -> cfg.nbest hypotheses per sentence, best first: drawn by `sampling` when given
     (cfg.nbest independent samples each), else found by beam search (greedy at beam size 1). `terms`: per
     sentence, the target terms (token ids) its translation must hold, `joins` (V,) the tokens that continue a word
-    (`nmt.constraints.Terms`; beam search only)."""
+    (`nmt.constraints.Terms`; beam search only). `cancelled` (a function), asked before every step: once it
+    returns True the search stops and raises `Cancelled`."""
     if terms is not None and sampling is not None:
         raise NmtError("a glossary needs beam search: leave sampling off (--sampling) to use one")
     if sampling is None:
-        return beam_search(model, src_ids, cfg, terms, joins)
+        return beam_search(model, src_ids, cfg, terms, joins, cancelled)
     n = cfg.nbest
-    drawn = greedy(model, src_ids.repeat_interleave(n, 0) if n > 1 else src_ids, cfg, sampling)
+    drawn = greedy(model, src_ids.repeat_interleave(n, 0) if n > 1 else src_ids, cfg, sampling, cancelled)
     return [sorted(drawn[i * n: (i + 1) * n], key=lambda h: -h.score) for i in range(src_ids.shape[0])]
 
 
@@ -93,9 +99,10 @@ def search(model, src_ids: torch.Tensor, cfg: SearchConfig, sampling: SamplingCo
 
 @torch.no_grad()
 def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
-           sampling: SamplingConfig | None = None) -> list[Hypothesis]:
+           sampling: SamplingConfig | None = None, cancelled=None) -> list[Hypothesis]:
     """Best-first decoding (or, with `sampling`, each token drawn), one hypothesis per sentence; finished
-    rows leave the batch. A hypothesis' logprob is the model's own (before sampling's temperature)."""
+    rows leave the batch. A hypothesis' logprob is the model's own (before sampling's temperature).
+    `cancelled`: as for `search`."""
     cfg = cfg or SearchConfig(beam_size=1)
     pad, bos, eos = special_id(model, "pad_id"), special_id(model, "bos_id"), special_id(model, "eos_id")
     B, dev = src_ids.shape[0], src_ids.device
@@ -108,6 +115,7 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
     tokens = torch.full((B, steps), pad, dtype=torch.long, device=dev)  # <pad> is never emitted: it marks the end
     logprob = torch.zeros(B, dtype=torch.float64, device=dev)  # summed in float64 like Python floats
     for t in range(steps):
+        _check(cancelled)
         lp = _constrain(dec.step(last), limits.index_select(0, alive) <= t + 1, never, eos, forced if t == 0 else None)
         if sampling is None:
             best, last = lp.max(-1)
@@ -129,13 +137,18 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
             for toks, n, lp in zip(out, lengths, lps)]
 
 
+def _check(cancelled) -> None:
+    if cancelled is not None and cancelled():
+        raise Cancelled("the search was cancelled: nobody waits for its result")
+
+
 def _penalty(length, alpha: float):
     return ((5 + length) / 6) ** alpha
 
 
 @torch.no_grad()
 def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig, terms: list[list[list[int]]] | None = None,
-                joins: torch.Tensor | None = None) -> list[list[Hypothesis]]:
+                joins: torch.Tensor | None = None, cancelled=None) -> list[list[Hypothesis]]:
     """Batched beam search; returns the cfg.nbest best hypotheses per sentence, best first.
 
     A sentence is done once it has beam_size finished hypotheses (or hits its length limit); its
@@ -146,11 +159,11 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig, terms: list[lis
     `terms` (per sentence, target terms as token ids; None or all empty: the plain search) constrains the
     search: every term appears in each hypothesis that ends before its length limit (`nmt.constraints.Terms`:
     its state per row, and the beam filled by dynamic beam allocation); `joins` (V,): the tokens that continue a
-    word, which never follow a term's last token.
+    word, which never follow a term's last token. `cancelled`: as for `search`.
     """
     terms = Terms(terms, src_ids.device, joins) if terms is not None and any(terms) else None
     if cfg.beam_size == 1 and terms is None:
-        return [[h] for h in greedy(model, src_ids, cfg)]
+        return [[h] for h in greedy(model, src_ids, cfg, cancelled=cancelled)]
     pad, bos, eos = special_id(model, "pad_id"), special_id(model, "bos_id"), special_id(model, "eos_id")
     B, K, dev = src_ids.shape[0], cfg.beam_size, src_ids.device
     limits = length_limits(src_ids, pad, cfg, _most(model))
@@ -162,6 +175,7 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig, terms: list[lis
     last = torch.full((B,), bos, dtype=torch.long, device=dev)
     finished = Finished(B, K, steps, pad, dev)
     for t in range(steps):
+        _check(cancelled)
         N, W = scores.shape
         at = limits.index_select(0, sent)
         lp = _constrain(dec.step(last), at.repeat_interleave(W) <= t + 1, never, eos, forced if t == 0 else None)
@@ -331,7 +345,7 @@ def search_defaults(directory: Path) -> dict:
 def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tokens: int,
                    rank: int = 0, world_size: int = 1, device=None,
                    sampling: SamplingConfig | None = None, stop=None, terms: list[list[list[int]]] | None = None,
-                   joins: torch.Tensor | None = None) -> dict[int, list[Hypothesis]]:
+                   joins: torch.Tensor | None = None, cancelled=None) -> dict[int, list[Hypothesis]]:
     """Hypotheses for this process's share of `src_ids`, keyed by input position.
 
     Inputs are sorted by length into batches of at most `batch_tokens` padded source tokens, and the
@@ -339,7 +353,7 @@ def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tok
     With `sampling`, batch number k draws with seed `sampling.seed + k`. `stop` (a function): checked before each
     batch; when it returns True the inputs decoded so far are returned. `terms` (one list per input: its target
     terms' ids; `joins` as for `beam_search`): a batch in which some input has terms is searched under them, any
-    other by the plain search.
+    other by the plain search. `cancelled`: as for `search` (asked before every step of every batch).
     """
     out: dict[int, list[Hypothesis]] = {}
     lengths = [len(s) for s in src_ids]
@@ -350,7 +364,7 @@ def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tok
         draw = sampling if sampling is None or sampling.seed is None else replace(sampling, seed=sampling.seed + k)
         rows = batch.tolist()
         held = None if terms is None or not any(terms[i] for i in rows) else [terms[i] for i in rows]
-        for i, hyps in zip(rows, search(model, ids, cfg, draw, held, joins)):
+        for i, hyps in zip(rows, search(model, ids, cfg, draw, held, joins, cancelled)):
             out[i] = hyps
     return out
 

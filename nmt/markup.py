@@ -98,11 +98,13 @@ def needs_parsing(sentence: str) -> bool:
     return "<" in sentence or "&" in sentence
 
 
-def parse(sentence: str, format: str, index: int = 0) -> Marked:
-    """The plain text of `sentence` and its elements (`format` "html" or "xml"; MarkupError for bad xml)."""
+def parse(sentence: str, format: str, index: int = 0, cut: bool = False) -> Marked:
+    """The plain text of `sentence` and its elements (`format` "html" or "xml"; MarkupError for bad xml). `cut`:
+    the sentence is the head of a longer one (`Translator.parse_markup`): what it leaves open is closed at its end,
+    a tag or entity cut in two left out."""
     builder = _Builder(index)
     if format == "xml":
-        _parse_xml(sentence, builder, index)
+        _parse_xml(sentence, builder, index, whole=not cut)
     elif format == "html":
         _HtmlEvents(builder).run(sentence)
     else:
@@ -280,9 +282,9 @@ def _unclosed_start_tag(sentence: str) -> int | None:
     return None
 
 
-def _parse_xml(sentence: str, b: _Builder, index: int) -> None:
+def _parse_xml(sentence: str, b: _Builder, index: int, whole: bool = True) -> None:
     head = f"<{_WRAP}>".encode()
-    source = head + sentence.encode("utf-8") + f"</{_WRAP}>".encode()
+    source = head + sentence.encode("utf-8") + (f"</{_WRAP}>".encode() if whole else b"")
     parser = xml.parsers.expat.ParserCreate()
     depth = [0]
     empty: list[bool] = []  # per element expat has open, from the outside in: written self-closing (<x/>)
@@ -306,7 +308,7 @@ def _parse_xml(sentence: str, b: _Builder, index: int) -> None:
     parser.CommentHandler = lambda data: b.item(f"<!--{data}-->")
     parser.ProcessingInstructionHandler = lambda target, data: b.item(f"<?{target} {data}?>" if data else f"<?{target}?>")
     try:
-        parser.Parse(source, True)
+        parser.Parse(source, whole)  # a head (not whole) ends where it was cut: expat keeps a tag cut in two unread
     except xml.parsers.expat.ExpatError as e:
         at = len(source[: e.offset].decode("utf-8", "ignore")) - len(head)  # expat counts bytes of the line
         where = "at the end" if at >= len(sentence) else f"at column {max(at, 0) + 1}"

@@ -39,6 +39,7 @@ from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.constraints import Glossary
 from nmt.decoding import (
     SEEDS,
+    Cancelled,
     Ensemble,
     Hypothesis,
     SamplingConfig,
@@ -256,7 +257,7 @@ class Translator:
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
                   long_inputs: str = "truncate", sampling: SamplingConfig | None = None, tgt_lang: str | None = None,
                   glossary: Glossary | dict | list | None = None, with_scores: bool = False, format: str = "text",
-                  **search_kwargs) -> list[str] | list[list[tuple[str, float]]] | list:
+                  cancelled=None, **search_kwargs) -> list[str] | list[list[tuple[str, float]]] | list:
         """Translate sentences; returns one string per sentence, or with nbest > 1 one list of exactly `nbest`
         (translation, score) pairs per sentence, best first, always in input order.
 
@@ -279,11 +280,15 @@ class Translator:
         `format="html"` or `"xml"` reads each sentence as markup (`nmt.markup`): its plain text is translated (as
         the same words without tags would be) and its tags are put back around the words the model's
         cross-attention aligns with those they enclosed; the translation is written escaped (one per sentence).
+        A sentence may come parsed already (`markup.parse`'s `Marked`: the server parses each once, to price it).
+        `cancelled` (a function), asked before every search step: once it returns True, translate raises
+        `nmt.decoding.Cancelled` (a server's model call whose clients all gave up stops there; CTranslate2's
+        search is one call, asked before it only).
         """
         if markup.check_format(format) != "text":
             return self._marked(texts, format, dict(
                 beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
-                tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, **search_kwargs))
+                tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, cancelled=cancelled, **search_kwargs))
         if long_inputs not in ("truncate", "split"):
             raise NmtError(f"long_inputs must be 'truncate' or 'split', got {long_inputs!r}")
         texts = list(texts)
@@ -309,8 +314,10 @@ class Translator:
         if pieces and self.backend == "torch":
             with torch.inference_mode():
                 found = search_encoded(self.model, pieces, search, batch_tokens, device=self.device, sampling=sampling,
-                                       terms=terms, joins=None if terms is None else self._joins())
+                                       terms=terms, joins=None if terms is None else self._joins(), cancelled=cancelled)
         elif pieces:
+            if cancelled is not None and cancelled():
+                raise Cancelled("the search was cancelled: nobody waits for its result")
             found = self.model.search(pieces, search, batch_tokens, sampling)
             if with_scores:  # CTranslate2's search scores leave out </s>: its forced decoding gives them whole
                 self.model.add_logprobs(pieces, found, batch_tokens)
@@ -339,8 +346,7 @@ class Translator:
         """translate(..., format="html"|"xml"): every sentence's plain text translated in one call, then the tags of
         those that have any placed through batched forced passes over their translations (`_with_tags`)."""
         self.check_format(format, kwargs["nbest"])
-        marked = [markup.parse(t, format, i) if markup.needs_parsing(t) else markup.Marked(t, [])
-                  for i, t in enumerate(texts)]
+        marked = [t if isinstance(t, markup.Marked) else self.parse_markup(t, format, i) for i, t in enumerate(texts)]
         outputs = self.translate([m.text for m in marked], **kwargs)
         plain = [out.text if isinstance(out, Scored) else out for out in outputs]
         tagged = [i for i, m in enumerate(marked) if m.elements]
@@ -351,6 +357,14 @@ class Translator:
             text = placed[i] if i in placed else markup.escape(plain[i])
             result.append(replace(out, text=text) if isinstance(out, Scored) else text)
         return result
+
+    def parse_markup(self, text: str, format: str, index: int = 0) -> markup.Marked:
+        """`text` as markup (`markup.parse`), cut first as a plain source is (`_cut_long`): of a line of megabytes
+        only what the model can read is parsed, the elements still open there closed."""
+        if not markup.needs_parsing(text):
+            return markup.Marked(text, [])
+        head = self._cut_long(text, self.model.cfg.max_positions)
+        return markup.parse(head, format, index, cut=len(head) < len(text))
 
     def _with_tags(self, marked: list[markup.Marked], translations: list[str], tgt_lang: str | None,
                    batch_tokens: int) -> list[str]:

@@ -344,6 +344,26 @@ def test_work_of_clients_that_left_or_timed_out_is_dropped(model_dir):
     assert code == 0 and "Traceback" not in err, err
 
 
+def test_a_model_call_whose_clients_all_gave_up_stops_mid_search(model_dir):
+    """The second audit (issue 47, row 2): a call held the model thread to its end although no client waited for
+    it any more. One call of 256 sentences at beam 16, its client gone after 0.3 s: the search stops at its next
+    step, and the next request is answered."""
+    big = ["--batch-tokens", "1000000", "--batch-cost", "100000000", "--max-cost", "100000000", "--max-queued-cost",
+           "100000000"]
+    with serving(model_dir, *big) as server:
+        sentences = [" ".join(["the dog sees the cat"] * 8) + f" {i} ." for i in range(256)]
+        status, answer = server.call("POST", "/translate", {"sentences": sentences, "beam": 16, "timeout": 0.3})
+        assert status == 504, answer
+        deadline = time.monotonic() + 60
+        while (stats := server.call("GET", "/stats")[1])["stopped_calls"] != 1:
+            assert time.monotonic() < deadline and stats["in_flight"] == 0, stats
+            time.sleep(0.02)
+        assert (stats["model_calls"], stats["failed"], stats["timed_out"]) == (1, 0, 1), stats
+        assert server.call("POST", "/translate", {"sentences": ["the cat ."]})[0] == 200
+        code, err = server.stop()
+    assert code == 0 and "Traceback" not in err and "failed" not in err, err
+
+
 def wait_for(server: Server, key: str, value: int, timeout: float = 30) -> None:
     """Poll GET /health until its `key` is `value`."""
     deadline = time.monotonic() + timeout
@@ -466,6 +486,35 @@ def test_a_glossary_puts_its_terms_in_the_translations_as_nmt_translate_does_and
         assert re.search(rf"(?<!\w){re.escape(target)}(?!\w)", out), (source, target, out)
     for (status, body), (_, code, message) in zip(refused, hostile):
         assert status == code and message in body["error"], body
+
+
+def test_a_marked_request_is_parsed_once_and_prepared_within_its_timeout(model_dir, monkeypatch):
+    """The second audit (issue 47, row 4): each sentence was parsed twice (to price it, then in the model's call),
+    and preparing it ran outside the request's timeout (a client waited 64 s past its 60). One parse per sentence;
+    a request still being prepared when its timeout passes is answered 504 then."""
+    import nmt.markup
+    from nmt.tools.request_batcher import ServeConfig
+    from nmt.tools.serve import build_app
+    from nmt.translate import Translator
+
+    parse, parsed = nmt.markup.parse, []
+
+    def counted(sentence, *args, **kwargs):
+        parsed.append(sentence)
+        if "slowly" in sentence:
+            time.sleep(1.5)
+        return parse(sentence, *args, **kwargs)
+
+    monkeypatch.setattr(nmt.markup, "parse", counted)
+    translator = Translator.from_pretrained(model_dir)
+    sentences = ["the <b>big dog</b> sees a cat .", "I &amp; you run .", "the cat sleeps ."]
+    answers = asgi_requests(build_app(translator, ServeConfig()),
+                            ("POST", "/translate", {"sentences": sentences, "beam": 2, "format": "html"}),
+                            ("POST", "/translate", {"sentences": ["<i>slowly</i> ."], "format": "html",
+                                                    "timeout": 0.5}))
+    assert answers[0][0] == 200 and sorted(parsed) == sorted([*sentences[:2], "<i>slowly</i> ."]), (answers, parsed)
+    assert answers[0][1]["translations"] == translator.translate(sentences, beam_size=2, format="html")
+    assert answers[1][0] == 504 and "still preparing it" in answers[1][1]["error"], answers[1]
 
 
 def test_format_html_keeps_the_tags_as_nmt_translate_does_and_bad_markup_is_400(model_dir):

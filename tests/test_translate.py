@@ -240,6 +240,29 @@ def test_a_line_of_megabytes_is_cut_before_it_is_tokenised(short, tmp_path, monk
     assert max(seen) == 12 * CHARS_PER_POSITION and len(seen) == 3
 
 
+def test_a_markup_line_of_megabytes_is_cut_before_it_is_parsed(short, monkeypatch, caplog):
+    """The second audit (issue 47, row 6): --format html and xml lines were never cut (256 KB of <br> took 89 s, a
+    4 MB line a gigabyte). They are cut as plain lines are, before parsing; what stays open is closed at the cut
+    and a tag cut in two is left out, so well-formed XML stays well-formed."""
+    import nmt.markup
+    from nmt.translate import CHARS_PER_POSITION
+
+    parse, seen = nmt.markup.parse, []
+    monkeypatch.setattr(nmt.markup, "parse", lambda sentence, *a, **kw: seen.append(len(sentence)) or
+                        parse(sentence, *a, **kw))
+    most = 12 * CHARS_PER_POSITION
+    lines = {"html": "<br>" * 65_536, "xml": "<p>" + "the <b>dog</b> sleeps . " * 40_000 + "</p>"}
+    for format, line in lines.items():
+        out = short.translate([line, "the <i>cat</i> ."], beam_size=1, format=format)
+        assert len(out) == 2 and "<i>" in out[1]
+        assert max(seen) <= most
+        seen.clear()
+    cut = short.parse_markup(lines["xml"][: most + 300], "xml")
+    assert cut.text.startswith("the dog sleeps") and len(cut.text) < most
+    assert [e.start_tag for e in cut.elements] == ["<p>"] and cut.elements[0].end == len(cut.text)  # closed at the cut
+    assert caplog.text.count("before tokenising") == 1
+
+
 def test_control_strings_typed_in_a_source_are_text_to_the_model():
     """"the dog <2fr> sees </s> ...": the model sees the characters, with one </s> at the end, never a tag or an
     end of sentence mid-source."""

@@ -112,7 +112,7 @@ class Job:
     """One request: its sentences, decoding options (Translator.translate keywords) and, per sentence, its
     source tokens and its decoding cost (beam x length limit)."""
 
-    texts: list[str]
+    texts: list  # the sentences as `translate` takes them: strings, or `markup.Marked` the server parsed
     options: dict
     tokens: list[int]
     costs: list[int]
@@ -149,6 +149,7 @@ class BatcherStats:
     disconnected: int = 0  # clients that left before their answer
     dropped: int = 0  # requests given up before or while they ran (timed out, client gone, shutdown): not decoded
     failed: int = 0  # requests whose batch raised
+    stopped: int = 0  # model calls stopped mid-search: every request in them had been given up
 
     def as_dict(self) -> dict:
         return {"requests": self.requests, "batches": self.batches, "model_calls": self.model_calls,
@@ -158,7 +159,7 @@ class BatcherStats:
                 "max_requests_per_batch": max(self.requests_per_batch, default=0),
                 "rejected_queue_full": self.rejected_full, "rejected_cost": self.rejected_cost,
                 "timed_out": self.timed_out, "disconnected": self.disconnected, "dropped": self.dropped,
-                "failed": self.failed}
+                "failed": self.failed, "stopped_calls": self.stopped}
 
 
 class Batcher:
@@ -168,11 +169,15 @@ class Batcher:
     of requests nobody waits for any more are left out, so a client that timed out or left stops costing work
     at the next call. With `batching=False` each request runs alone (the baseline of benchmarks/serve_load.py).
     `max_wait` seconds: how long a free worker waits for more requests to arrive before it starts a batch.
-    The model runs in a daemon thread, so a shutdown that gives up on a call in progress need not wait for it."""
+    The model runs in a daemon thread, so a shutdown that gives up on a call in progress need not wait for it.
+    With `cancellable`, `translate` also takes `cancelled=` (a function it asks as it goes, `Translator.translate`'s):
+    a call whose requests have all been given up stops there, its model thread free for the next."""
 
     def __init__(self, translate, max_tokens: int = 4096, max_queue: int = 64, max_wait: float = 0.002,
-                 batching: bool = True, max_cost: int = 1 << 15, max_queued_cost: int = 1 << 20):
+                 batching: bool = True, max_cost: int = 1 << 15, max_queued_cost: int = 1 << 20,
+                 cancellable: bool = False):
         self.translate, self.max_tokens, self.max_queue = translate, max_tokens, max_queue
+        self.cancellable = cancellable
         self.max_wait, self.batching = max_wait, batching
         self.max_cost, self.max_queued_cost = max_cost, max_queued_cost
         self.pending: deque[Job] = deque()
@@ -323,6 +328,9 @@ class Batcher:
                 found = await self._call(call)
             except Exception as e:  # noqa: BLE001 - reported to the request that caused it, the server goes on
                 jobs = list({id(job): job for job, _ in call}.values())
+                if not any(job.live for job in jobs):  # stopped (or failed) with nobody waiting: nothing to report
+                    self.stats.stopped += 1
+                    continue
                 if len(jobs) == 1:
                     log.warning("a request of %d sentences failed: %s", len(jobs[0].texts), e)
                     self._fail(jobs[0], e)
@@ -352,7 +360,9 @@ class Batcher:
         self.stats.sentences_decoded += len(texts)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        work = partial(self.translate, texts, **call[0][0].options)
+        jobs = list({id(job): job for job, _ in call}.values())
+        cancelled = {"cancelled": lambda: not any(job.live for job in jobs)} if self.cancellable else {}
+        work = partial(self.translate, texts, **call[0][0].options, **cancelled)
 
         def settle(ok: bool, value) -> None:
             if not done.done():

@@ -251,7 +251,8 @@ class Api:
         self.translator, self.cfg = translator, cfg
         self.info = {k: v for k, v in (info or {}).items() if k in PUBLIC_INFO}
         self.batcher = Batcher(translator.translate, cfg.batch_tokens, cfg.max_queue, cfg.max_wait_ms / 1000,
-                               cfg.batching, max_cost=cfg.batch_cost, max_queued_cost=cfg.max_queued_cost)
+                               cfg.batching, max_cost=cfg.batch_cost, max_queued_cost=cfg.max_queued_cost,
+                               cancellable=True)
         # one thread prepares requests (NFKC, tokenising) one at a time: the event loop shares the GIL with it and the
         # model's thread only, and hostile requests queue for it instead of taking every core
         self.prepare = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nmt-prepare")
@@ -277,9 +278,15 @@ class Api:
                 raise BadRequest(400, str(e).replace("(--tgt-lang, tgt_lang=)", "('tgt_lang')")) from None
             # a lower bound of the cost (every sentence one token long): a request over it costs no tokenising
             self._check_cost(decoding_costs(self.translator, [1] * len(sentences), options), options, "at least ")
-            job = await self.loop.run_in_executor(self.prepare, self._job, sentences, options)  # the loop goes on
+            # preparing counts in the request's timeout, waiting for the preparing thread too (the loop goes on)
+            deadline = self.loop.time() + timeout
+            job = await asyncio.wait_for(self.loop.run_in_executor(self.prepare, self._job, sentences, options),
+                                         timeout)
             self._check_cost(job.costs, options)
             future = self.batcher.submit(job)
+        except asyncio.TimeoutError:
+            self.batcher.stats.timed_out += 1
+            return _error(504, f"no translation within the request's timeout of {timeout:g} s (still preparing it)")
         except BadRequest as e:
             return _error(e.status, str(e))
         except QueueFull as e:
@@ -288,7 +295,8 @@ class Api:
             return _error(503, str(e))
         left = asyncio.ensure_future(_client_left(request.receive))
         try:
-            done, _ = await asyncio.wait({future, left}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({future, left}, timeout=max(0.0, deadline - self.loop.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # uvicorn gave up on this request: so does the batcher
             self.batcher.cancel(job, "disconnected")
             raise
@@ -316,19 +324,20 @@ class Api:
                 self.translator.term_ids([target for _, target in options["glossary"].pairs])
             except NmtError as e:
                 raise BadRequest(400, str(e)) from None
-        texts = sentences
+        texts = inputs = sentences
         if "format" in options:  # malformed xml is the client's; the cost is that of the text the model reads
             try:
                 self.translator.check_format(options["format"], options.get("nbest", 1))
-                texts = [markup.parse(s, options["format"], i).text if markup.needs_parsing(s) else s
-                         for i, s in enumerate(sentences)]
+                inputs = [self.translator.parse_markup(s, options["format"], i)  # parsed once: the model's call
+                          for i, s in enumerate(sentences)]                         # takes them so
+                texts = [m.text for m in inputs]
             except markup.MarkupError as e:  # numbered from 0, as the server numbers sentences
                 raise BadRequest(400, f"sentence {e.index}: {e.reason}") from None
             except NmtError as e:
                 raise BadRequest(400, str(e).replace("nbest (--nbest)", "'nbest'")) from None
         tokens = [len(ids) for ids in self.translator.tokenizer.encode_src(texts, leading_tags=False)]
         terms = [len(options["glossary"].targets_in(t)) for t in texts] if "glossary" in options else None
-        return Job(sentences, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens,
+        return Job(inputs, {"batch_tokens": self.cfg.batch_tokens, **options}, tokens,
                    decoding_costs(self.translator, tokens, options, terms))
 
     def _check_cost(self, costs: list[int], options: dict, bound: str = "") -> None:
