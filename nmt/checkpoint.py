@@ -57,6 +57,8 @@ def read_json(path: Path) -> dict:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise NmtError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # json's parser recurses once per level: a file of a million "[" is no config
+        raise NmtError(f"{path}: not a JSON file nmt reads (its values nest too deeply)") from None
     if not isinstance(data, dict):
         raise NmtError(f"{path}: expected a JSON object")
     return data
@@ -105,8 +107,9 @@ def load_model_config(directory: str | Path) -> ModelConfig:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise NmtError(f"{path}: missing; {directory} is not an nmt model directory (give output_dir/model)")
+    record = read_json(path)  # its errors name the file
     try:
-        return from_dict(ModelConfig, read_json(path), "model")
+        return from_dict(ModelConfig, record, "model")
     except NmtError as e:
         raise NmtError(f"{path}: {e}") from None
 
@@ -521,7 +524,7 @@ def safetensors_damage(path: Path) -> str | None:
             header = json.loads(f.read(n))
         size = path.stat().st_size
         end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    except (OSError, ValueError, struct.error, TypeError, KeyError, IndexError, AttributeError) as e:
+    except (OSError, ValueError, struct.error, TypeError, KeyError, IndexError, AttributeError, RecursionError) as e:
         return f"{path.name} is unreadable ({type(e).__name__})"
     if size != 8 + n + end:
         return f"{path.name} is cut short ({size} of {8 + n + end} bytes)"

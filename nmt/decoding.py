@@ -335,7 +335,7 @@ def search_defaults(directory: Path) -> dict:
         return {}
     try:
         alpha = json.loads(path.read_text(encoding="utf-8"))["alpha"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
         raise NmtError(f"{path}: not a readable search defaults file ({e}); delete it to use the defaults") from None
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
         raise NmtError(f"{path}: alpha must be a number, got {alpha!r}")

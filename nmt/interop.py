@@ -473,7 +473,7 @@ def _is_transformers_dir(directory: Path) -> bool:
     """Whether `directory` holds a transformers model (its config.json names a model_type) rather than nmt's."""
     try:
         return "model_type" in json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
         return False
 
 

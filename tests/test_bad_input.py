@@ -176,6 +176,7 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("damage, needle", [
     (lambda d: (d / "config.json").unlink(), "config.json: missing"),
     (lambda d: (d / "config.json").write_text("{not json"), "config.json: not valid JSON"),
+    (lambda d: (d / "config.json").write_text("[" * 100_000), "config.json: not a JSON file nmt reads (its values nest"),
     (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "cannot read the weights"),
     (lambda d: (d / "model.safetensors").unlink(), "cannot read the weights"),
     (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer.json"),

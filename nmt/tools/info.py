@@ -68,7 +68,7 @@ def safetensors_header(path: Path) -> dict[str, dict]:
         tensors = {name: spec for name, spec in header.items() if name != "__metadata__"}
         if not all(isinstance(s, dict) and {"dtype", "shape"} <= s.keys() for s in tensors.values()):
             raise ValueError("a tensor entry without dtype or shape")
-    except (OSError, ValueError, AttributeError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (OSError, ValueError, AttributeError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
         raise NmtError(f"{path}: not a readable safetensors file ({e})") from None
     return tensors
 
