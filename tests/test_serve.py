@@ -472,6 +472,7 @@ def test_a_glossary_puts_its_terms_in_the_translations_as_nmt_translate_does_and
     (tmp_path / "terms.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
     hostile = [({"glossary": [["a", "b"]] * 257}, 413, "257 pairs; the limit is 256"),
                ({"glossary": [["a" * 257, "b"]]}, 413, "item 0 has a term of 257 characters"),
+               ({"glossary": [["a", "b"], ["x", "\ufdfa" * 20]]}, 413, "item 1 has a term of 360 characters after NFKC"),
                ({"glossary": [["a"]]}, 400, "item 0: a term pair must be [source term, target term]"),
                ({"glossary": "a\tb"}, 400, "must be a list of [source term, target term] pairs"),
                ({"glossary": [["a", "b"], ["a", "c"]]}, 400, "item 1: source term 'a' is given twice"),

@@ -164,6 +164,10 @@ def parse_glossary(value) -> Glossary:
             if isinstance(term, str) and len(term) > MAX_TERM_CHARS:
                 raise BadRequest(413, f"'glossary' item {i} has a term of {len(term)} characters; the limit is "
                                  f"{MAX_TERM_CHARS}")
+            # matched and tokenised after NFKC, which makes up to 18 characters of one: bounded as matched
+            if isinstance(term, str) and (n := len(unicodedata.normalize("NFKC", term))) > MAX_TERM_CHARS:
+                raise BadRequest(413, f"'glossary' item {i} has a term of {n} characters after NFKC normalisation "
+                                 f"({len(term)} before); the limit is {MAX_TERM_CHARS}")
     try:
         return Glossary.from_pairs(value, name="'glossary'")
     except NmtError as e:
