@@ -140,6 +140,47 @@ def asgi_requests(app, *requests: tuple) -> list[tuple[int, dict]]:
     return asyncio.run(run())
 
 
+def test_libretranslates_client_and_requests_get_libretranslates_answers(model_dir):
+    """Issue 45, part 1: LibreTranslate's API beside nmt's own. Its real client (libretranslatepy: a form with q,
+    source, target and api_key) translates a document as nmt translate --paragraphs does and lists the languages;
+    raw requests: q as a list, html, alternatives, a wrong or missing key, an unknown language, a multipart form.
+    nmt's own JSON still needs the Bearer key."""
+    from libretranslatepy import LibreTranslateAPI
+
+    document = "the dog sleeps .\n\nthe cat eats a fish .\nthe dog runs ."
+    with serving(model_dir, "--beam", "2", "--api-key", "k") as server:
+        client = LibreTranslateAPI(f"http://127.0.0.1:{server.port}", api_key="k")
+        translated = client.translate(document, "en", "xx")
+        languages = client.languages()
+        lt = {"source": "en", "target": "xx", "api_key": "k"}
+        listed = server.call("POST", "/translate", {**lt, "q": ["the dog sleeps .", "the cat eats ."]})
+        marked = server.call("POST", "/translate", {**lt, "q": "the <b>dog</b> sleeps .", "format": "html"})
+        other = server.call("POST", "/translate", {**lt, "q": "the dog sleeps .", "alternatives": 2})
+        refused = [server.call("POST", "/translate", {**lt, "q": "a", "api_key": "x"}),
+                   server.call("POST", "/translate", {"q": "a", "source": "en", "target": "xx"}),
+                   server.call("POST", "/translate", {**lt, "q": "a", "target": "fr"}),
+                   server.call("POST", "/translate", {**lt, "q": "a", "source": "auto"}),
+                   server.call("POST", "/translate", {**lt, "q": ""}),
+                   server.call("POST", "/translate", {**lt, "q": "a", "format": "markdown"}),
+                   server.call("POST", "/translate", {**lt, "q": "a", "alternatives": 9}),
+                   server.call("POST", "/translate", b"--x--", headers={"Content-Type": "multipart/form-data; b=x"}),
+                   server.call("POST", "/translate", {"sentences": ["a"]})]
+    assert translated == "\n".join(nmt_translate(model_dir, document.split("\n"), "--beam", "2", "--paragraphs"))
+    assert translated.count("\n") == 2 and "\n\n" in translated  # two paragraphs, the blank line kept
+    assert languages == [{"code": "en", "name": "English", "targets": ["xx"]}]
+    assert listed == (200, {"translatedText": nmt_translate(model_dir, ["the dog sleeps .", "the cat eats ."],
+                                                            "--beam", "2")})
+    assert marked == (200, {"translatedText": nmt_translate(model_dir, ["the <b>dog</b> sleeps ."], "--beam", "2",
+                                                            "--format", "html")[0]})
+    assert other[0] == 200 and 1 <= len(other[1]["alternatives"]) <= 2 and other[1]["translatedText"] not in \
+        other[1]["alternatives"]
+    assert [status for status, _ in refused] == [403, 403, 400, 400, 400, 400, 400, 400, 401], refused
+    assert [answer["error"] for _, answer in refused[:3]] == [
+        "Invalid API key", "Invalid API key: this server needs one, sent as api_key (or 'Authorization: Bearer')",
+        "fr is not supported from en (targets: xx)"]
+    assert refused[4][1]["error"] == "Invalid request: missing q parameter"
+
+
 def test_pages_of_other_sites_and_rebound_host_names_are_refused(model_dir):
     """The second audit (issue 47, row 15): without a key the server took cross-site simple POSTs and any Host (a
     site rebinding its name to 127.0.0.1 could read /info, /stats and translations). On loopback the Host must be

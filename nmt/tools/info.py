@@ -22,7 +22,8 @@ def describe(model_dir: str | Path) -> dict:
     Keys: model_dir, architecture (the ModelConfig fields), parameters, tensors, dtypes, vocab
     ({"joint", "src", "tgt"}), and from training.json when present: step, best (validation metrics),
     data (pairs per split, cleaning), num_processes, argv, command; search (the tuned length penalty, from
-    search.json) when training tuned it; languages (languages.json) for a multilingual model.
+    search.json) when training tuned it; languages (languages.json) for a multilingual model; translates
+    ({source code: [target codes]}, `translates`).
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -38,7 +39,26 @@ def describe(model_dir: str | Path) -> dict:
         out["search"] = read_json(model_dir / SEARCH_FILE)
     if (languages := read_languages(model_dir)) is not None:
         out["languages"] = languages
+    out["translates"] = translates(languages, (summary.get("config") or {}).get("data") or {})
     return out
+
+
+def translates(languages: dict | None, data: dict) -> dict[str, list[str]]:
+    """{source code: [target codes]} the model translates: a multilingual model's pairs (languages.json), every
+    language to every other of an imported many-to-many one (its targets, no pairs), else the data.src_lang and
+    data.tgt_lang it was trained with; {} where none is known (an imported one-pair model)."""
+    out: dict[str, list[str]] = {}
+    if languages and languages["pairs"]:
+        targets = sorted(languages["target_languages"], key=len, reverse=True)  # the longest first: codes may hold "-"
+        for pair in languages["pairs"]:
+            tgt = next((t for t in targets if pair.endswith("-" + t)), pair.rsplit("-", 1)[-1])
+            out.setdefault(pair[: -len(tgt) - 1], []).append(tgt)
+    elif languages and languages["target_languages"]:
+        codes = languages["target_languages"]
+        out = {s: [t for t in codes if t != s] for s in codes}
+    elif isinstance(data.get("src_lang"), str) and isinstance(data.get("tgt_lang"), str):
+        out = {data["src_lang"]: [data["tgt_lang"]]}
+    return {s: sorted(set(ts)) for s, ts in sorted(out.items())}
 
 
 def weights_summary(path: Path) -> dict:

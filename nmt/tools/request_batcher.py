@@ -103,6 +103,29 @@ class QueueFull(Exception):
     """The queue holds `max_queue` requests, or as much decoding cost as it may (HTTP 429)."""
 
 
+class BadRequest(Exception):
+    """A request the server refuses: its HTTP status (400, 413, ...) and a message that names what is wrong."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def check_sentences(sentences: list[str], cfg: ServeConfig) -> None:
+    """BadRequest 413 past --max-sentences, or at a sentence over --max-chars characters; 400 at one that is no
+    valid Unicode (a lone surrogate, which JSON can carry)."""
+    if len(sentences) > cfg.max_sentences:
+        raise BadRequest(413, f"{len(sentences)} sentences in one request; the limit is {cfg.max_sentences}")
+    for i, s in enumerate(sentences):
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRequest(400, f"sentence {i} is not valid Unicode (a lone surrogate at character {e.start})") \
+                from None
+        if len(s) > cfg.max_chars:  # the bound holds before NFKC too: its work grows with what it reads and writes
+            raise BadRequest(413, f"sentence {i} has {len(s)} characters; the limit is {cfg.max_chars} per sentence")
+
+
 class Stopping(Exception):
     """The server is shutting down and takes no new requests, or gave up on this one (HTTP 503)."""
 

@@ -51,7 +51,17 @@ from nmt.config import RANGE, Range
 from nmt.constraints import MAX_TERM_CHARS, Glossary
 from nmt.decoding import SearchConfig
 from nmt.errors import NmtError
-from nmt.tools.request_batcher import API_KEY_ENV, Batcher, Job, QueueFull, ServeConfig, Stopping
+from nmt.tools import libretranslate
+from nmt.tools.request_batcher import (
+    API_KEY_ENV,
+    BadRequest,
+    Batcher,
+    Job,
+    QueueFull,
+    ServeConfig,
+    Stopping,
+    check_sentences,
+)
 from nmt.translate import Scored
 
 log = logging.getLogger(__name__)
@@ -86,14 +96,8 @@ def _page() -> tuple[str, dict]:
 PAGE, PAGE_HEADERS = _page()
 
 
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float]:
-    """A request body -> (sentences, Translator.translate keywords, timeout in seconds); BadRequest names the field."""
+def json_object(body: bytes) -> dict:
+    """A request body as the JSON object it must be; BadRequest 400 saying what is wrong with it."""
     try:
         data = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -106,6 +110,12 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
         raise BadRequest(400, f"the body holds a number too long to read ({str(e).split(':')[0]})") from None
     if not isinstance(data, dict):
         raise BadRequest(400, 'the body must be a JSON object like {"sentences": ["Hello."]}')
+    return data
+
+
+def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float]:
+    """A request's JSON object -> (sentences, Translator.translate keywords, timeout in seconds); BadRequest names
+    the field."""
     unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "scores", "glossary", "format",
                            *OPTIONS})
     if unknown:
@@ -114,18 +124,10 @@ def parse_request(body: bytes, cfg: ServeConfig) -> tuple[list[str], dict, float
     sentences = data.get("sentences")
     if not isinstance(sentences, list) or not sentences:
         raise BadRequest(400, "'sentences' must be a non-empty list of strings")
-    if len(sentences) > cfg.max_sentences:
-        raise BadRequest(413, f"{len(sentences)} sentences in one request; the limit is {cfg.max_sentences}")
     for i, s in enumerate(sentences):
         if not isinstance(s, str):
             raise BadRequest(400, f"'sentences' must be a non-empty list of strings; item {i} is {_short(s)}")
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise BadRequest(400, f"sentence {i} is not valid Unicode (a lone surrogate at character {e.start})") \
-                from None
-        if len(s) > cfg.max_chars:  # the bound holds before NFKC too: its work grows with what it reads and writes
-            raise BadRequest(413, f"sentence {i} has {len(s)} characters; the limit is {cfg.max_chars} per sentence")
+    check_sentences(sentences, cfg)
     options = {"beam_size": cfg.beam}
     for key, (keyword, kind) in OPTIONS.items():
         if key in data:
@@ -254,6 +256,7 @@ class Api:
     def __init__(self, translator, cfg: ServeConfig, info: dict | None = None):
         self.translator, self.cfg = translator, cfg
         self.info = {k: v for k, v in (info or {}).items() if k in PUBLIC_INFO}
+        self.translates: dict[str, list[str]] = (info or {}).get("translates") or {}  # source -> targets, if known
         self.batcher = Batcher(translator.translate, cfg.batch_tokens, cfg.max_queue, cfg.max_wait_ms / 1000,
                                cfg.batching, max_cost=cfg.batch_cost, max_queued_cost=cfg.max_queued_cost,
                                cancellable=True)
@@ -265,8 +268,35 @@ class Api:
         self.abandoned_call = False  # a shutdown left a model call running in its thread
 
     async def translate(self, request: Request) -> JSONResponse:
+        """POST /translate: nmt's JSON API, or LibreTranslate's (a form, or a JSON object with "q")."""
+        body = await self.body(request)
+        if isinstance(body, JSONResponse):
+            return body
         try:
-            body = await asyncio.wait_for(read_body(request, self.cfg.max_body_bytes), self.cfg.request_timeout)
+            # a form is LibreTranslate's; a JSON object sent with a form's type too (curl -d sends every body so)
+            form = libretranslate.is_form(request) and not body.lstrip().startswith(b"{")
+            data = libretranslate.form_fields(request, body) if form else json_object(body)
+            if form or ("q" in data and "sentences" not in data):
+                return await libretranslate.translate(self, request, data, request.scope.get(KEY_CHECKED, True))
+            if not request.scope.get(KEY_CHECKED, True):
+                return _error(401, RequireKey.MESSAGE)
+            sentences, options, timeout = parse_request(data, self.cfg)
+            try:
+                self.translator.source_tag(options.get("tgt_lang"))  # a language the model has, or none it needs
+            except NmtError as e:
+                raise BadRequest(400, str(e).replace("(--tgt-lang, tgt_lang=)", "('tgt_lang')")) from None
+        except BadRequest as e:
+            return _error(e.status, str(e))
+        done = await self.run(request, sentences, options, timeout)
+        if isinstance(done, JSONResponse):
+            return done
+        outputs, job = done
+        return JSONResponse({"translations": [_jsonable(o) for o in outputs], "batch": job.batch})
+
+    async def body(self, request: Request) -> bytes | JSONResponse:
+        """The request's body, or the error answer: 408 past --request-timeout, 413 past --max-body-bytes."""
+        try:
+            return await asyncio.wait_for(read_body(request, self.cfg.max_body_bytes), self.cfg.request_timeout)
         except asyncio.TimeoutError:
             return _error(408, f"the body did not arrive within {self.cfg.request_timeout:g} s", close=True)
         except BadRequest as e:
@@ -274,12 +304,13 @@ class Api:
         except ClientDisconnect:  # it left halfway through its body: nobody reads an answer
             self.batcher.stats.disconnected += 1
             return _error(400, "the client closed the connection before its body was complete")
+
+    async def run(self, request: Request, sentences: list[str], options: dict,
+                  timeout: float) -> tuple[list, Job] | JSONResponse:
+        """Sentences checked, prepared, priced and translated with the others in the queue, within `timeout` seconds:
+        (the outputs, the job), or the error answer (413 over --max-cost, 429 queue full, 503 stopping, 504 timed
+        out, 500 the model failed)."""
         try:
-            sentences, options, timeout = parse_request(body, self.cfg)
-            try:
-                self.translator.source_tag(options.get("tgt_lang"))  # a language the model has, or none it needs
-            except NmtError as e:
-                raise BadRequest(400, str(e).replace("(--tgt-lang, tgt_lang=)", "('tgt_lang')")) from None
             # a lower bound of the cost (every sentence one token long): a request over it costs no tokenising
             self._check_cost(decoding_costs(self.translator, [1] * len(sentences), options), options, "at least ")
             # preparing counts in the request's timeout, waiting for the preparing thread too (the loop goes on)
@@ -316,7 +347,7 @@ class Api:
             return _error(503, str(e))
         except Exception as e:  # noqa: BLE001 - the model failed on this request
             return _failed("translation failed", e)
-        return JSONResponse({"translations": [_jsonable(o) for o in outputs], "batch": job.batch})
+        return outputs, job
 
     def _job(self, sentences: list[str], options: dict) -> Job:
         """The request normalised, tokenised and costed (a worker thread; BadRequest 413 past --max-chars)."""
@@ -352,6 +383,9 @@ class Api:
                              f"limit x (1 + glossary terms held): {len(costs)} sentences, beam {options['beam_size']}"
                              f"); the limit is {self.cfg.max_cost}: send fewer or shorter sentences, a smaller beam or "
                              "max_new_tokens, fewer glossary terms")
+
+    async def languages(self, request: Request) -> JSONResponse:
+        return await libretranslate.languages(self, request)
 
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "queued": sum(job.live for job in self.batcher.pending),
@@ -399,22 +433,33 @@ class Api:
         return _failed("internal error", exc)
 
 
+KEY_CHECKED = "nmt.key_checked"  # in a request's scope: False where RequireKey found no right Bearer key
+
+
 class RequireKey:
-    """ASGI middleware: every request but GET /health and the page (GET /, which holds no data and asks for the key)
-    must carry `Authorization: Bearer KEY` (401 JSON otherwise)."""
+    """ASGI middleware: every request but GET /health, GET /languages (as LibreTranslate's) and the page (GET /,
+    which holds no data and asks for the key) must carry `Authorization: Bearer KEY` (401 JSON otherwise). POST
+    /translate without it goes on marked (`KEY_CHECKED` False): LibreTranslate's clients send the key in the body
+    as `api_key`, which its handler checks (nmt's own JSON still gets 401)."""
+
+    MESSAGE = "missing or wrong API key: send 'Authorization: Bearer KEY'"
+    BODY_KEY_ROUTES = ("/translate",)
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] not in ("/health", "/"):
+        if scope["type"] == "http" and scope["path"] not in ("/health", "/", "/languages"):
             given = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = given.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-                response = JSONResponse({"error": "missing or wrong API key: send 'Authorization: Bearer KEY'"},
-                                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, send)
-                return
+                if scope["path"] in self.BODY_KEY_ROUTES and scope["method"] == "POST":
+                    scope[KEY_CHECKED] = False
+                else:
+                    response = JSONResponse({"error": self.MESSAGE}, status_code=401,
+                                            headers={"WWW-Authenticate": "Bearer"})
+                    await response(scope, receive, send)
+                    return
         await self.app(scope, receive, send)
 
 
@@ -449,12 +494,13 @@ class SameOrigin:
 
 
 def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlette:
-    """The ASGI app: POST /translate, GET / (the page), /health, /info, /stats; `app.state.api` is its Api."""
+    """The ASGI app: POST /translate (nmt's JSON, or LibreTranslate's: `nmt.tools.libretranslate`), GET / (the page),
+    /health, /info, /stats, /languages; `app.state.api` is its Api."""
     if cfg.beam not in SEARCH_RANGES["beam_size"]:
         raise NmtError(f"flag '--beam': {cfg.beam} is outside the allowed range {SEARCH_RANGES['beam_size']}")
     api = Api(translator, cfg, info)
     app = Starlette(routes=[Route("/translate", api.translate, methods=["POST"]), Route("/", api.page),
-                            Route("/health", api.health),
+                            Route("/health", api.health), Route("/languages", api.languages),
                             Route("/info", api.show_info), Route("/stats", api.stats)], lifespan=api.lifespan,
                     middleware=[Middleware(SameOrigin, loopback=is_loopback(cfg.host)),
                                 *([Middleware(RequireKey, key=cfg.api_key)] if cfg.api_key else [])],
@@ -523,7 +569,7 @@ def serve(translator, cfg: ServeConfig, info: dict | None = None) -> None:
         timeout_keep_alive=cfg.keep_alive,
         timeout_graceful_shutdown=cfg.shutdown_timeout + 1))  # a backstop: Api.begin_shutdown answers them first
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    print(f"nmt serve: listening on http://{address} (POST /translate, GET / /health /info /stats)", flush=True)
+    print(f"nmt serve: listening on http://{address} (POST /translate, GET / /health /info /stats /languages)", flush=True)
     # uvicorn re-raises the signal that stopped it once it has shut down; a quiet handler makes that a normal return
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
