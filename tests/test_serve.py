@@ -112,7 +112,7 @@ def asgi_requests(app, *requests: tuple) -> list[tuple[int, dict]]:
     import asyncio
 
     async def one(method: str, path: str, body: dict | None = None, headers: dict | None = None):
-        data = json.dumps(body).encode() if body is not None else b""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
         headers = {"host": "127.0.0.1:8080", "content-type": "application/json", "content-length": str(len(data)),
                    **(headers or {})}
         sent, parts, hang = [False], [], asyncio.Event()
@@ -179,6 +179,30 @@ def test_libretranslates_client_and_requests_get_libretranslates_answers(model_d
         "Invalid API key", "Invalid API key: this server needs one, sent as api_key (or 'Authorization: Bearer')",
         "fr is not supported from en (targets: xx)"]
     assert refused[4][1]["error"] == "Invalid request: missing q parameter"
+
+
+def test_hostile_libretranslate_fields_get_400_json(model_dir):
+    """LibreTranslate's fields are untrusted like the rest: a form that is not UTF-8 or has too many fields, q of
+    the wrong type or over the limits, a lone surrogate: 400 naming what is wrong, never 500."""
+    from nmt.tools.request_batcher import ServeConfig
+    from nmt.tools.serve import build_app
+    from nmt.translate import Translator
+
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    lt = {"source": "en", "target": "xx"}
+    hostile = [(b"q=%FF%FE&source=en&target=xx", form, "the form is not UTF-8"),
+               ("&".join(f"f{i}=1" for i in range(40)).encode(), form, "more than 16 fields"),
+               ({"q": [1, 2], **lt}, {}, "q must be a text or a list of texts"),
+               ({"q": {"a": 1}, **lt}, {}, "q must be a text or a list of texts"),
+               ({"q": "a", "source": ["en"], "target": "xx"}, {}, "source must be a string"),
+               ({"q": "word " * 2000, **lt}, {}, "characters; the limit is 4096 per sentence"),
+               ({"q": ["a ."] * 300, **lt}, {}, "300 sentences in one request; the limit is 256"),
+               (b'{"q": "\\ud800 x", "source": "en", "target": "xx"}', {}, "not valid Unicode"),
+               ({"q": "a", "alternatives": "many", **lt}, {}, "alternatives parameter is not a number")]
+    app = build_app(Translator.from_pretrained(model_dir), ServeConfig())
+    answers = asgi_requests(app, *(("POST", "/translate", body, headers) for body, headers, _ in hostile))
+    for (status, answer), (_, _, needle) in zip(answers, hostile):
+        assert status == 400 and needle in answer["error"], (status, answer, needle)
 
 
 def test_pages_of_other_sites_and_rebound_host_names_are_refused(model_dir):
