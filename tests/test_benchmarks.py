@@ -154,6 +154,25 @@ def test_bible_corpus_holds_out_whole_chapters(tmp_path):
     assert (out / "train.en").read_text() == before
 
 
+def test_language_id(tmp_path):
+    """benchmarks/language_id.py prints a row of accuracies and speed per library installed (py3langid, nmt's)."""
+    pytest.importorskip("py3langid")
+    db = tmp_path / "bible.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE bible (bbName TEXT, bNumber INTEGER, cNumber INTEGER, vNumber INTEGER, vText TEXT)")
+    con.executemany("INSERT INTO bible VALUES (?, 1, 1, ?, ?)", [
+        ("4", 1, "In the beginning God created the heavens and the earth."),
+        ("4", 2, "God said, let there be light, and there was light."),
+        ("l", 1, "Au commencement, Dieu créa les cieux et la terre."),
+        ("l", 2, "Dieu dit: Que la lumière soit! Et la lumière fut.")])
+    con.commit()
+    con.close()
+    out = run("language_id.py", "--db", str(db), "--per-language", "2")
+    assert "4 sentences: up to 2 verses in each of 2 languages" in out
+    row = next(line for line in out.splitlines() if line.startswith("| py3langid |")).split("|")
+    assert row[4].strip() == "100.0%" and float(row[6].replace(",", "")) > 0  # whole verses, sentences/s
+
+
 def test_scale(corpus_dir, tmp_path):
     out = run("scale.py", str(corpus_dir), "--sizes", "1k,3k", "--work", str(tmp_path), "--vocab", "300",
               "--tgt-lang", "xx")

@@ -143,7 +143,8 @@ def asgi_requests(app, *requests: tuple) -> list[tuple[int, dict]]:
 def test_libretranslates_client_and_requests_get_libretranslates_answers(model_dir):
     """Issue 45, part 1: LibreTranslate's API beside nmt's own. Its real client (libretranslatepy: a form with q,
     source, target and api_key) translates a document as nmt translate --paragraphs does and lists the languages;
-    raw requests: q as a list, html, alternatives, a wrong or missing key, an unknown language, a multipart form.
+    raw requests: q as a list, html, alternatives, a wrong or missing key, an unknown language, a multipart form;
+    /detect and source auto (part 2), and a text too short to tell.
     nmt's own JSON still needs the Bearer key."""
     from libretranslatepy import LibreTranslateAPI
 
@@ -152,6 +153,13 @@ def test_libretranslates_client_and_requests_get_libretranslates_answers(model_d
         client = LibreTranslateAPI(f"http://127.0.0.1:{server.port}", api_key="k")
         translated = client.translate(document, "en", "xx")
         languages = client.languages()
+        detected = client.detect("Der Hund schläft im Garten.")
+        told = server.call("POST", "/translate", {"q": ["the dog sleeps .", "the cat eats ."], "source": "auto",
+                                                  "target": "xx", "api_key": "k"})
+        short = [server.call("POST", "/detect", {"q": "ok", "api_key": "k"}),
+                 server.call("POST", "/translate", {"q": "Der Hund schläft im Garten.", "source": "auto",
+                                                    "target": "xx", "api_key": "k"}),
+                 server.call("POST", "/detect", {"q": "the dog", "api_key": "x"})]
         lt = {"source": "en", "target": "xx", "api_key": "k"}
         listed = server.call("POST", "/translate", {**lt, "q": ["the dog sleeps .", "the cat eats ."]})
         marked = server.call("POST", "/translate", {**lt, "q": "the <b>dog</b> sleeps .", "format": "html"})
@@ -168,6 +176,11 @@ def test_libretranslates_client_and_requests_get_libretranslates_answers(model_d
     assert translated == "\n".join(nmt_translate(model_dir, document.split("\n"), "--beam", "2", "--paragraphs"))
     assert translated.count("\n") == 2 and "\n\n" in translated  # two paragraphs, the blank line kept
     assert languages == [{"code": "en", "name": "English", "targets": ["xx"]}]
+    assert detected[0]["language"] == "de" and 50 < detected[0]["confidence"] <= 100, detected
+    assert told[0] == 200 and [d["language"] for d in told[1]["detectedLanguage"]] == ["en", "en"], told
+    assert told[1]["translatedText"] == nmt_translate(model_dir, ["the dog sleeps .", "the cat eats ."], "--beam", "2")
+    assert [s for s, _ in short] == [400, 400, 403], short
+    assert "too short to tell its language" in short[0][1]["error"] and short[1][1]["error"] == "de is not supported"
     assert listed == (200, {"translatedText": nmt_translate(model_dir, ["the dog sleeps .", "the cat eats ."],
                                                             "--beam", "2")})
     assert marked == (200, {"translatedText": nmt_translate(model_dir, ["the <b>dog</b> sleeps ."], "--beam", "2",

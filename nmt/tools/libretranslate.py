@@ -6,6 +6,8 @@ browser extensions, Nextcloud, Weblate ...), answered in the shapes of LibreTran
   Answers {"translatedText": a text or a list, as `q` was} and, when asked, {"alternatives": [...]}. A text is a
   document: its paragraphs (runs of non-blank lines) are split into sentences (`nmt.sentences`), translated, and
   each paragraph written back as one line, blank lines kept; an html text is one piece of markup (`nmt.markup`).
+- `POST /detect` (`q`): [{"language", "confidence" 0-100}], the most likely languages of q, best first
+  (`nmt.language`); `source: auto` in /translate tells q's language among the model's source languages.
 - `GET /languages`: [{"code", "name", "targets"}], the languages the model translates from and to.
 
 Errors are {"error": "..."}: 400 for a bad or missing field, an unsupported language or format; 403 for a wrong
@@ -100,12 +102,9 @@ def parse(data: dict, translates: dict[str, list[str]]) -> tuple[list[str], bool
         raise BadRequest(400, "Invalid request: alternatives parameter is not a number") from None
     if alternatives > ALTERNATIVES_LIMIT:
         raise BadRequest(400, f"Invalid request: alternatives parameter must be <= {ALTERNATIVES_LIMIT}")
-    if source == "auto":
-        raise BadRequest(400, "auto is not supported: this server detects no language; send the source language's "
-                         "code (GET /languages lists them)")
-    if translates and source not in translates:
+    if source != "auto" and translates and source not in translates:
         raise BadRequest(400, f"{source[:40]} is not supported")
-    if translates and target not in translates[source]:
+    if source != "auto" and translates and target not in translates[source]:
         raise BadRequest(400, f"{target[:40]} is not supported from {source} (targets: {', '.join(translates[source])})")
     return texts, batch, source, target, text_format, alternatives
 
@@ -115,6 +114,14 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
     try:
         check_key(api.cfg.api_key, data, bearer_ok)
         texts, batch, source, target, text_format, alternatives = parse(data, api.translates)
+        detected = None
+        if source == "auto":  # told among the model's source languages where it has several, else among all
+            sources = list(api.translates)
+            found = await api.loop.run_in_executor(api.prepare, _detect, "\n".join(texts),
+                                                   sources if len(sources) > 1 else None)
+            source = found[0]["language"]
+            detected = found[0]
+            parse({**data, "source": source}, api.translates)  # a language the model translates, to the target
         if text_format == "html":  # one piece of markup each: its tags are not cut apart
             layout = [[[i]] for i in range(len(texts))]
             sentences = list(texts)
@@ -136,6 +143,8 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
     ranked = [[o[0] for o in out] if nbest > 1 else [out] for out in outputs]  # per sentence: its n best texts
     found = [[_written(text_layout, ranked, k) for k in range(nbest)] for text_layout in layout]
     result: dict = {"translatedText": [f[0] for f in found] if batch else found[0][0]}
+    if detected is not None:
+        result["detectedLanguage"] = [detected] * len(found) if batch else detected
     if alternatives:
         others = [list(dict.fromkeys(t for t in f[1:] if t != f[0])) for f in found]
         result["alternatives"] = others if batch else others[0]
@@ -160,6 +169,30 @@ def _documents(texts: list[str]) -> tuple[list[list[list[int] | None]], list[str
 def _written(lines: list[list[int] | None], ranked: list[list[str]], k: int) -> str:
     """A text's translation: each paragraph's sentences' k-th best translations, one line a paragraph."""
     return "\n".join("" if line is None else " ".join(ranked[i][k] for i in line) for line in lines)
+
+
+DETECT_CHARS = 10_000  # enough text to tell a language; a longer q is told by its start
+
+
+def _detect(text: str, among: list[str] | None = None) -> list[dict]:
+    """LibreTranslate's detections: [{"language", "confidence" 0-100}], best first; BadRequest 400 when the text is
+    too short to tell."""
+    from nmt.language import TooShort, detect
+
+    try:
+        return [{"language": code, "confidence": round(100 * p, 1)} for code, p in detect(text[:DETECT_CHARS], among)]
+    except TooShort as e:
+        raise BadRequest(400, str(e)) from None
+
+
+async def detect(api, request: Request, data: dict, bearer_ok: bool) -> JSONResponse:
+    """POST /detect: q's most likely languages, among all the identifier knows (`nmt.language`)."""
+    try:
+        check_key(api.cfg.api_key, data, bearer_ok)
+        q = _field(data, "q")
+        return JSONResponse(await api.loop.run_in_executor(api.prepare, _detect, q))
+    except BadRequest as e:
+        return JSONResponse({"error": str(e)}, status_code=400 if e.status == 413 else e.status)
 
 
 async def languages(api, request: Request) -> JSONResponse:

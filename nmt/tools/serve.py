@@ -387,6 +387,18 @@ class Api:
     async def languages(self, request: Request) -> JSONResponse:
         return await libretranslate.languages(self, request)
 
+    async def detect(self, request: Request) -> JSONResponse:
+        """POST /detect, LibreTranslate's: a form or a JSON object with q."""
+        body = await self.body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        try:
+            data = libretranslate.form_fields(request, body) if libretranslate.is_form(request) and not \
+                body.lstrip().startswith(b"{") else json_object(body)
+        except BadRequest as e:
+            return _error(e.status, str(e))
+        return await libretranslate.detect(self, request, data, request.scope.get(KEY_CHECKED, True))
+
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "queued": sum(job.live for job in self.batcher.pending),
                              "in_flight": self.batcher.in_flight})
@@ -439,11 +451,11 @@ KEY_CHECKED = "nmt.key_checked"  # in a request's scope: False where RequireKey 
 class RequireKey:
     """ASGI middleware: every request but GET /health, GET /languages (as LibreTranslate's) and the page (GET /,
     which holds no data and asks for the key) must carry `Authorization: Bearer KEY` (401 JSON otherwise). POST
-    /translate without it goes on marked (`KEY_CHECKED` False): LibreTranslate's clients send the key in the body
-    as `api_key`, which its handler checks (nmt's own JSON still gets 401)."""
+    /translate and /detect without it go on marked (`KEY_CHECKED` False): LibreTranslate's clients send the key in
+    the body as `api_key`, which their handlers check (nmt's own JSON still gets 401)."""
 
     MESSAGE = "missing or wrong API key: send 'Authorization: Bearer KEY'"
-    BODY_KEY_ROUTES = ("/translate",)
+    BODY_KEY_ROUTES = ("/translate", "/detect")
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
@@ -495,12 +507,13 @@ class SameOrigin:
 
 def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlette:
     """The ASGI app: POST /translate (nmt's JSON, or LibreTranslate's: `nmt.tools.libretranslate`), GET / (the page),
-    /health, /info, /stats, /languages; `app.state.api` is its Api."""
+    /health, /info, /stats, LibreTranslate's /languages and POST /detect; `app.state.api` is its Api."""
     if cfg.beam not in SEARCH_RANGES["beam_size"]:
         raise NmtError(f"flag '--beam': {cfg.beam} is outside the allowed range {SEARCH_RANGES['beam_size']}")
     api = Api(translator, cfg, info)
     app = Starlette(routes=[Route("/translate", api.translate, methods=["POST"]), Route("/", api.page),
                             Route("/health", api.health), Route("/languages", api.languages),
+                            Route("/detect", api.detect, methods=["POST"]),
                             Route("/info", api.show_info), Route("/stats", api.stats)], lifespan=api.lifespan,
                     middleware=[Middleware(SameOrigin, loopback=is_loopback(cfg.host)),
                                 *([Middleware(RequireKey, key=cfg.api_key)] if cfg.api_key else [])],
@@ -569,7 +582,8 @@ def serve(translator, cfg: ServeConfig, info: dict | None = None) -> None:
         timeout_keep_alive=cfg.keep_alive,
         timeout_graceful_shutdown=cfg.shutdown_timeout + 1))  # a backstop: Api.begin_shutdown answers them first
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    print(f"nmt serve: listening on http://{address} (POST /translate, GET / /health /info /stats /languages)", flush=True)
+    print(f"nmt serve: listening on http://{address} (POST /translate /detect, GET / /health /info /stats "
+          "/languages)", flush=True)
     # uvicorn re-raises the signal that stopped it once it has shut down; a quiet handler makes that a normal return
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
