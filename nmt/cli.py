@@ -19,6 +19,7 @@ import sys
 import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nmt.errors import NmtError
 from nmt.validate import Number, error_line, utf8_lines
@@ -153,6 +154,8 @@ def _add_translate(sub) -> None:
                    "markup: its text is translated and its tags put back around the words they enclosed, placed by "
                    "the cross-attention (docs/serving.md); xml must be well formed, html is repaired as a browser "
                    "does; needs MODEL_DIR")
+    p.add_argument("--chunk-size", type=POSITIVE, default=2000, help="lines translated and written at a time; with "
+                   "--input and --output, what a killed run loses at most: run the command again to continue")
     p.add_argument("--attention", metavar="PNG", help="also draw the cross-attention alignment of the FIRST "
                    "input sentence into this image (.png/.svg/.pdf); needs MODEL_DIR, also with --ct2")
     p.add_argument("--attention-layer", type=Number(int, "[-1000, 999]"), default=-1,
@@ -474,13 +477,16 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _translate_stream(translator, seen: _Seen, args: argparse.Namespace) -> None:
     """--input (or stdin) to --output (or stdout, written all or nothing); a terminal or pipe is answered line by
-    line."""
+    line; a file to a file is written in commits a killed run continues (`_translate_file`)."""
     from nmt.textfiles import atomic_file
 
     # bytes, decoded line by line: a line that is not UTF-8 is named by its number
     source = open(args.input, "rb") if args.input else getattr(sys.stdin, "buffer", sys.stdin)
     interactive = not _is_regular_file(source)  # a terminal or a pipe (or FIFO): answer line by line
     try:
+        if args.input and args.output and not interactive and not args.paragraphs and not (
+                os.path.exists(args.output) and not os.path.isfile(args.output)):
+            return _translate_file(translator, source, seen, args)
         with atomic_file(args.output) if args.output else nullcontext(sys.stdout) as sink:
             for line in _translations(translator, source, interactive, seen, args):
                 sink.write(line + "\n")
@@ -491,12 +497,64 @@ def _translate_stream(translator, seen: _Seen, args: argparse.Namespace) -> None
             source.close()
 
 
+def _translate_file(translator, source, seen: _Seen, args: argparse.Namespace) -> None:
+    """--input FILE --output FILE: the output written --chunk-size lines at a time through a partial file and a
+    record of how far it got (`nmt.textfiles.ResumableOutput`), so that a killed run loses at most the chunk in
+    flight and the same command run again continues where it stopped; the input (its sha256), the model's files
+    and every flag are the fingerprint that must match. On a terminal, stderr shows the lines done, lines a
+    second and the time left."""
+    import time
+
+    from nmt.textfiles import ResumableOutput, count_lines, file_digest
+
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("fn", "attention", "attention_layer")}
+    models = [d for d in (args.model_dir or []) + ([args.ct2] if args.ct2 else []) if d]
+    files = {str(p): [p.stat().st_size, p.stat().st_mtime_ns] for d in models for p in sorted(Path(d).rglob("*"))
+             if p.is_file()}
+    out = ResumableOutput(args.output, {"input": file_digest(args.input), "model": files,
+                                        "settings": json.loads(json.dumps(settings, default=str))})
+    done, said = out.start()
+    if said:
+        print(f"nmt translate: {said}", file=sys.stderr, flush=True)
+    total = count_lines(Path(args.input))
+    show = sys.stderr.isatty()
+    start, lines = time.perf_counter(), done
+
+    def remaining():
+        for n, line in enumerate(utf8_lines(source, args.input), 1):
+            seen.see(line)
+            if n > done:
+                yield line
+
+    try:
+        for line in translator.translate_stream(remaining(), chunk_size=args.chunk_size, failed=seen.failed,
+                                                first_line=done + 1, **_translate_kwargs(args)):
+            out.write(line + "\n")
+            lines += 1
+            if (lines - done) % args.chunk_size == 0 or lines == total:
+                out.commit(lines)
+                if show:
+                    rate = (lines - done) / max(time.perf_counter() - start, 1e-9)
+                    left = (total - lines) / rate if rate else 0
+                    print(f"\r{lines:,}/{total:,} lines, {rate:,.1f} lines/s, {left / 60:.1f} min left ",
+                          end="", file=sys.stderr, flush=True)
+        if show:
+            print(file=sys.stderr)
+        out.finish()
+    finally:
+        out.close()
+
+
+def _translate_kwargs(args: argparse.Namespace) -> dict:
+    return dict(nbest=args.nbest, tgt_lang=args.tgt_lang, with_scores=args.scores, format=args.format,
+                **search_kwargs(args), **_glossary(args))
+
+
 def _translations(translator, source, interactive: bool, seen: _Seen, args: argparse.Namespace):
     """The output lines: files batch by length; a terminal or pipe is translated as its lines arrive."""
     from nmt.translate import arrived_lines
 
-    kwargs = dict(nbest=args.nbest, tgt_lang=args.tgt_lang, with_scores=args.scores, format=args.format,
-                  **search_kwargs(args), **_glossary(args))
+    kwargs = _translate_kwargs(args)
     if args.format != "text" and getattr(args, "paragraphs", False):
         raise NmtError(f"--paragraphs splits plain text into sentences, which would cut tags apart: give --format "
                        f"{args.format} one sentence of markup a line, or --paragraphs with --format text")
@@ -514,7 +572,7 @@ def _translations(translator, source, interactive: bool, seen: _Seen, args: argp
         for line in utf8_lines(source, args.input or "stdin"):
             seen.see(line)
             yield line
-    return translator.translate_stream(lines(), failed=seen.failed, **kwargs)
+    return translator.translate_stream(lines(), chunk_size=args.chunk_size, failed=seen.failed, **kwargs)
 
 
 def _paragraph_translations(translator, source, interactive: bool, seen: _Seen, args: argparse.Namespace,

@@ -208,3 +208,89 @@ def _input_files(inputs: Iterable[tuple[str, str | Path | int | None]]) -> Itera
                     yield f"{entry.name} of {name}", str(item), entry.stat()
         elif os.path.exists(item):
             yield name, str(item), os.stat(item)
+
+
+class ResumableOutput:
+    """A line file written in commits that a killed run continues: `nmt translate --input F --output O`.
+
+    The lines go to a partial file beside `path` (.O.nmt-partial); each `commit(lines)` makes them durable (fsync)
+    and then records, atomically, how many input lines they answer and how many bytes they take
+    (.O.nmt-resume.json, with `fingerprint`: the input's and the settings'). `start()` reads that record: the same
+    fingerprint continues after the recorded lines (the partial file cut back to the recorded bytes, so a kill
+    between a write and its commit loses only that commit's lines); another fingerprint, or no record, starts
+    over. `finish()` renames the partial file onto `path` and removes the record: `path` only ever holds a whole
+    output, byte for byte what an uninterrupted run writes."""
+
+    def __init__(self, path: str | Path, fingerprint: dict):
+        self.path = Path(path)
+        _not_a_folder(self.path)
+        target = Path(os.path.realpath(self.path))
+        if not target.parent.is_dir():
+            raise NmtError(f"{path}: cannot write it, the folder {target.parent} does not exist")
+        self.partial = target.with_name(f".{target.name}.nmt-partial")
+        self.record = target.with_name(f".{target.name}.nmt-resume.json")
+        self.target, self.fingerprint = target, fingerprint
+        self.file = None
+        self.bytes = 0
+
+    def start(self) -> tuple[int, str | None]:
+        """(input lines already answered, what to tell the user about it, or None for a fresh start)."""
+        import json
+
+        done, said = 0, None
+        if self.record.is_file():
+            try:
+                record = json.loads(self.record.read_text(encoding="utf-8"))
+                same = record.get("fingerprint") == self.fingerprint
+                lines, size = int(record["lines"]), int(record["bytes"])
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                same, lines, size = False, 0, 0
+            if same and self.partial.is_file() and self.partial.stat().st_size >= size:
+                done, self.bytes = lines, size
+                said = f"continuing {self.path} after line {lines:,} (what an earlier run of this command wrote)"
+            else:
+                said = (f"starting {self.path} over: the input, the model or the settings changed since the run "
+                        "that left its partial output")
+        self.file = open(self.partial, "r+b" if done else "wb")
+        self.file.truncate(self.bytes)
+        self.file.seek(self.bytes)
+        return done, said
+
+    def write(self, text: str) -> None:
+        data = text.encode("utf-8")
+        self.file.write(data)
+        self.bytes += len(data)
+
+    def commit(self, lines: int) -> None:
+        """What is written so far answers the first `lines` input lines: make it survive a kill."""
+        import json
+
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        with atomic_file(self.record) as f:
+            json.dump({"fingerprint": self.fingerprint, "lines": lines, "bytes": self.bytes}, f)
+
+    def finish(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        if self.target.is_file():
+            shutil.copymode(self.target, self.partial)
+        os.replace(self.partial, self.target)
+        self.record.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Leaves the partial output and its record for the next run (an error, a kill: nothing else to do)."""
+        if self.file is not None and not self.file.closed:
+            self.file.close()
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes, read a megabyte at a time."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -502,12 +502,13 @@ class Translator:
             return score_encoded(self.model, src_ids, tgt_ids, batch_tokens, self.device)
 
     def translate_stream(self, lines: Iterable[str], chunk_size: int = 2000, failed: list[int] | None = None,
-                         **kwargs) -> Iterator[str]:
+                         first_line: int = 1, **kwargs) -> Iterator[str]:
         """Translate an iterable of lines of any length, yielding outputs in input order.
 
         Memory stays flat (one chunk at a time). If a chunk fails (out of memory, say), its lines are
         retried one by one; a line that still fails gives an empty output line and a warning, and its
-        number (from 1) is appended to `failed`, so the other lines' translations are never lost.
+        number (from `first_line`: the lines of a continued run are numbered as the whole input's) is appended to
+        `failed`, so the other lines' translations are never lost.
         """
         def chunks() -> Iterator[list[str]]:
             chunk: list[str] = []
@@ -519,13 +520,13 @@ class Translator:
             if chunk:
                 yield chunk
 
-        return self.translate_batches(chunks(), failed, **kwargs)
+        return self.translate_batches(chunks(), failed, first_line, **kwargs)
 
-    def translate_batches(self, batches: Iterable[list[str]], failed: list[int] | None = None,
+    def translate_batches(self, batches: Iterable[list[str]], failed: list[int] | None = None, first_line: int = 1,
                           **kwargs) -> Iterator[str]:
         """Like `translate_stream` for lines that come in groups (e.g. what has arrived on a pipe): each
         group is translated as soon as it comes, and its outputs are yielded before the next is read."""
-        start = 1
+        start = first_line
         for chunk in batches:
             chunk = [line.rstrip("\r\n") for line in chunk]
             yield from self._flat(self._translate_safely(chunk, start, _seeded_from(kwargs, start), failed))

@@ -130,6 +130,7 @@ class Readme:
             shutil.copy(corpus / f"{split}.xx", self.dir / "D" / f"{split}.de")
         lines = (corpus / "test.en").read_text(encoding="utf-8").splitlines(keepends=True)
         (self.dir / "input.en").write_text("".join(lines[:5]), encoding="utf-8")
+        (self.dir / "big.en").write_text("".join(lines), encoding="utf-8")
         # what the pages' translate examples read: a glossary, markup, a document of two paragraphs
         (self.dir / "terms.tsv").write_text(f"{lines[0].split()[1]}\t{GLOSSARY_TARGET}\n", encoding="utf-8")
         tagged = [re.sub(r"^(\S+)", r"<b>\1</b>", line, count=1) for line in lines[:5]]
@@ -289,8 +290,9 @@ def run_decode(readme: Readme, cmd: Cmd, monkeypatch) -> None:
     assert proc.returncode == 0, tail(proc)
     words, redirect = without_redirections(split_env(cmd.text)[1])
     if words[1] == "translate":
-        given = (readme.dir / redirect["<"]).read_text().splitlines()
-        out = (readme.dir / redirect[">"]).read_text().splitlines()
+        src = redirect["<"] if "<" in redirect else words[words.index("--input") + 1]
+        dst = redirect[">"] if ">" in redirect else words[words.index("--output") + 1]
+        given, out = ((readme.dir / path).read_text().splitlines() for path in (src, dst))
         assert len(out) == (len(list(paragraphs(given))) if "--paragraphs" in words else len(given)), tail(proc)
         if "--glossary" in words:
             term = (readme.dir / words[words.index("--glossary") + 1]).read_text().split("\t")[0]

@@ -263,6 +263,65 @@ def test_a_markup_line_of_megabytes_is_cut_before_it_is_parsed(short, monkeypatc
     assert caplog.text.count("before tokenising") == 1
 
 
+def test_a_big_file_killed_midway_continues_where_it_stopped_to_the_same_bytes(translator, tmp_path):
+    """Issue 45, part 5: nmt translate --input F --output O killed with SIGKILL at a random point keeps what it had
+    written (at most the chunk in flight is lost), and the same command run again continues there and ends with
+    the bytes an uninterrupted run writes; a changed input starts over and says so."""
+    import random
+    import signal
+    import time
+
+    translator.model.save_pretrained(tmp_path / "m")
+    translator.tokenizer.save(tmp_path / "m")
+    lines = [src for src, _ in generate_pairs(1200, seed=7)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+
+    def nmt_translate(output: str, **kw) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "nmt.cli", "translate", str(tmp_path / "m"), "--input",
+                                 str(tmp_path / "in.txt"), "--output", str(tmp_path / output), "--chunk-size", "40",
+                                 "--beam", "2"], env=env, stderr=subprocess.PIPE, text=True, **kw)
+
+    whole = nmt_translate("whole.txt")
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()
+    record = tmp_path / ".out.txt.nmt-resume.json"
+    stop_after = random.randrange(40, 1160, 40)  # lines committed before the kill
+    run = nmt_translate("out.txt")
+    while not (record.is_file() and json.loads(record.read_text() or "{}").get("lines", 0) >= stop_after):
+        assert run.poll() is None, f"ended before line {stop_after}: {run.stderr.read()}"
+        time.sleep(0.005)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait(timeout=60)
+    assert not (tmp_path / "out.txt").exists()  # never half an output under the output's name
+    done = json.loads(record.read_text())["lines"]
+    again = nmt_translate("out.txt")
+    assert again.wait(timeout=300) == 0
+    said = again.stderr.read()
+    assert f"continuing {tmp_path / 'out.txt'} after line {done:,}" in said and "lines/s" not in said, stop_after
+    assert (tmp_path / "out.txt").read_bytes() == (tmp_path / "whole.txt").read_bytes(), stop_after
+    assert not record.exists() and not (tmp_path / ".out.txt.nmt-partial").exists()
+    run = nmt_translate("new.txt")  # killed again, then the input changes: the rest would not match
+    while not (tmp_path / ".new.txt.nmt-resume.json").is_file():
+        assert run.poll() is None, run.stderr.read()
+        time.sleep(0.005)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait(timeout=60)
+    (tmp_path / "in.txt").write_text("\n".join(lines[::-1]) + "\n", encoding="utf-8")
+    changed = nmt_translate("new.txt")
+    assert changed.wait(timeout=300) == 0 and "starting" in changed.stderr.read()
+    assert (tmp_path / "new.txt").read_text().splitlines() == (tmp_path / "whole.txt").read_text().splitlines()[::-1]
+    import pty  # on a terminal, stderr shows how far it is
+
+    screen, terminal = pty.openpty()
+    shown = subprocess.run([sys.executable, "-m", "nmt.cli", "translate", str(tmp_path / "m"), "--input",
+                            str(tmp_path / "in.txt"), "--output", str(tmp_path / "seen.txt"), "--chunk-size", "400"],
+                           env=env, stderr=terminal, timeout=300)
+    os.close(terminal)
+    progress = os.read(screen, 1 << 16).decode()
+    os.close(screen)
+    assert shown.returncode == 0 and "1,200/1,200 lines" in progress and "min left" in progress, progress
+
+
 def test_control_strings_typed_in_a_source_are_text_to_the_model():
     """"the dog <2fr> sees </s> ...": the model sees the characters, with one </s> at the end, never a tag or an
     end of sentence mid-source."""
