@@ -80,7 +80,7 @@ def test_nmt_info_reads_json_and_headers_only(tmp_path):
 LAYERS = [
     {"errors", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
-    {"metrics", "textfiles", "launch", "sentences", "markup"},  # markup: tags taken out of a sentence and put back
+    {"metrics", "textfiles", "launch", "sentences", "markup", "language"},  # markup: tags out and back; language: ID
     {"config", "tools.plot", "hub"},  # plot: writes with textfiles; hub: Hub ids resolved to local directories
     {"plan"},
     {"checkpoint"},  # a model directory's files name its ModelConfig
@@ -97,6 +97,7 @@ LAYERS = [
     {"interop"},
     {"translate", "tools.info"},
     {"tools.backtranslate", "tools.request_batcher"},
+    {"tools.libretranslate"},  # LibreTranslate's routes, over serve's Api (given, not imported)
     {"tools.serve"},
     {"training.fsdp"},  # FSDP2's shards gathered into nmt's checkpoint files and back (torch only)
     {"training.state"},
@@ -116,8 +117,8 @@ HOMES = {  # third-party library -> the only modules that import it (one home pe
     "datasets": {"data", "batching"},  # the data layer
     "pandas": {"data"},  # the dedupe's string hashes
     "accelerate": {"compat", "launch", "checkpoint", *(n for n in LAYER if n.startswith("training."))},
-    "matplotlib": {"tools.plot", "attention"}, "starlette": {"tools.serve"}, "transformers": {"interop"},
-    "peft": {"adapters"}, "huggingface_hub": {"hub"},
+    "matplotlib": {"tools.plot", "attention"}, "starlette": {"tools.serve", "tools.libretranslate"}, "transformers": {"interop"},
+    "peft": {"adapters"}, "huggingface_hub": {"hub"}, "py3langid": {"language"},
     "uvicorn": {"tools.serve", "compat"},  # compat: the private protocol class serve extends
 }
 
