@@ -92,3 +92,28 @@ def paragraphs(lines: Iterable[str]) -> Iterator[tuple[int, list[str] | None]]:
         yield number, None
     if block:
         yield first, split_sentences(" ".join(block))
+
+
+def split_documents(texts: list[str]) -> tuple[list[list[list[int] | None]], list[str]]:
+    """Documents into sentences: each text's paragraphs (`paragraphs` of its lines) as the numbers of their
+    sentences in the list of all the texts' sentences (None: a blank line, kept), and that list. `join_documents`
+    puts translations of those sentences back: what `Translator.translate_documents`, `nmt translate --paragraphs`
+    and the server's documents share."""
+    layout, sentences = [], []
+    for text in texts:
+        lines: list[list[int] | None] = []
+        for _, found in paragraphs(text.splitlines()):
+            if found is None:
+                lines.append(None)
+            else:
+                lines.append(list(range(len(sentences), len(sentences) + len(found))))
+                sentences.extend(found)
+        layout.append(lines)
+    return layout, sentences
+
+
+def join_documents(layout: list[list[list[int] | None]], translations: list[str]) -> list[str]:
+    """Each document of `layout` (`split_documents`) written back: a paragraph's translated sentences joined by a
+    space on one line, a blank line for each blank line."""
+    return ["\n".join("" if line is None else " ".join(translations[i] for i in line) for line in lines)
+            for lines in layout]

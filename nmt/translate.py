@@ -501,6 +501,19 @@ class Translator:
         with torch.inference_mode():
             return score_encoded(self.model, src_ids, tgt_ids, batch_tokens, self.device)
 
+    def translate_documents(self, documents: list[str], **kwargs) -> list[str]:
+        """Documents in, documents out: each document's paragraphs (runs of non-blank lines) split into sentences
+        (`nmt.sentences`), all the documents' sentences translated in one call (`translate`'s keywords), and each
+        paragraph written back as one line of its translated sentences, blank lines kept, as `nmt translate
+        --paragraphs` writes a file and the server a document."""
+        from nmt.sentences import join_documents, split_documents
+
+        if kwargs.get("nbest", 1) != 1 or kwargs.get("with_scores") or kwargs.get("format", "text") != "text":
+            raise NmtError("a document is translated as plain text, one translation a sentence: leave out nbest, "
+                           "with_scores and format")
+        layout, sentences = split_documents(documents)
+        return join_documents(layout, self.translate(sentences, **kwargs) if sentences else [])
+
     def translate_stream(self, lines: Iterable[str], chunk_size: int = 2000, failed: list[int] | None = None,
                          first_line: int = 1, **kwargs) -> Iterator[str]:
         """Translate an iterable of lines of any length, yielding outputs in input order.

@@ -117,7 +117,8 @@ HOMES = {  # third-party library -> the only modules that import it (one home pe
     "datasets": {"data", "batching"},  # the data layer
     "pandas": {"data"},  # the dedupe's string hashes
     "accelerate": {"compat", "launch", "checkpoint", *(n for n in LAYER if n.startswith("training."))},
-    "matplotlib": {"tools.plot", "attention"}, "starlette": {"tools.serve", "tools.libretranslate"}, "transformers": {"interop"},
+    "matplotlib": {"tools.plot", "attention"}, "transformers": {"interop"},
+    "starlette": {"tools.serve", "tools.libretranslate"},  # libretranslate: LibreTranslate's routes of the server
     "peft": {"adapters"}, "huggingface_hub": {"hub"}, "py3langid": {"language"},
     "uvicorn": {"tools.serve", "compat"},  # compat: the private protocol class serve extends
 }

@@ -194,6 +194,30 @@ def test_libretranslates_client_and_requests_get_libretranslates_answers(model_d
     assert refused[4][1]["error"] == "Invalid request: missing q parameter"
 
 
+def test_a_document_translates_alike_from_the_cli_python_and_both_http_apis(model_dir):
+    """Issue 45, part 4: documents everywhere. Paragraphs split into sentences and written back one line each, blank
+    lines kept: nmt translate --paragraphs, Translator.translate_documents, nmt's API with "paragraphs": true and
+    LibreTranslate's q give the same text; the limits apply to the sentences, and n-best or scores are refused."""
+    from nmt.tools.request_batcher import ServeConfig
+    from nmt.tools.serve import build_app
+    from nmt.translate import Translator
+
+    documents = ["the dog sleeps . The cat eats a fish .\nthe dog runs .\n\n\nA cat sleeps .", "\n", "the cat ."]
+    translator = Translator.from_pretrained(model_dir)
+    python = translator.translate_documents(documents, beam_size=2)
+    cli = "\n".join(nmt_translate(model_dir, documents[0].split("\n"), "--beam", "2", "--paragraphs"))
+    answers = asgi_requests(build_app(translator, ServeConfig(beam=2, max_sentences=4)),
+                            ("POST", "/translate", {"sentences": documents, "paragraphs": True}),
+                            ("POST", "/translate", {"q": documents, "source": "en", "target": "xx"}),
+                            ("POST", "/translate", {"sentences": [documents[0]] * 2, "paragraphs": True}),
+                            ("POST", "/translate", {"sentences": documents, "paragraphs": True, "nbest": 2}))
+    assert python[0] == cli and python[0].count("\n") == 3 and python[1] == "" and len(python[0].split("\n")[0]) > 0
+    assert answers[0] == (200, {"translations": python, "batch": answers[0][1]["batch"]})
+    assert answers[1] == (200, {"translatedText": python})
+    assert answers[2][0] == 413 and "6 sentences in one request; the limit is 4" in answers[2][1]["error"]
+    assert answers[3][0] == 400 and "'paragraphs' gives one translation a paragraph" in answers[3][1]["error"]
+
+
 def test_hostile_libretranslate_fields_get_400_json(model_dir):
     """LibreTranslate's fields are untrusted like the rest: a form that is not UTF-8 or has too many fields, q of
     the wrong type or over the limits, a lone surrogate: 400 naming what is wrong, never 500."""

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from nmt.sentences import paragraphs
+from nmt.sentences import join_documents, split_documents
 from nmt.tools.request_batcher import BadRequest, check_sentences
 
 FORM = "application/x-www-form-urlencoded"
@@ -126,7 +126,7 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
             layout = [[[i]] for i in range(len(texts))]
             sentences = list(texts)
         else:
-            layout, sentences = _documents(texts)
+            layout, sentences = split_documents(texts)
         check_sentences(sentences, api.cfg)
     except BadRequest as e:
         return JSONResponse({"error": str(e)}, status_code=400 if e.status == 413 else e.status)
@@ -141,7 +141,8 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
             return done
         outputs = done[0]
     ranked = [[o[0] for o in out] if nbest > 1 else [out] for out in outputs]  # per sentence: its n best texts
-    found = [[_written(text_layout, ranked, k) for k in range(nbest)] for text_layout in layout]
+    written = [join_documents(layout, [r[k] for r in ranked]) for k in range(nbest)]  # k-th best of every text
+    found = [[written[k][i] for k in range(nbest)] for i in range(len(layout))]
     result: dict = {"translatedText": [f[0] for f in found] if batch else found[0][0]}
     if detected is not None:
         result["detectedLanguage"] = [detected] * len(found) if batch else detected
@@ -149,26 +150,6 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
         others = [list(dict.fromkeys(t for t in f[1:] if t != f[0])) for f in found]
         result["alternatives"] = others if batch else others[0]
     return JSONResponse(result)
-
-
-def _documents(texts: list[str]) -> tuple[list[list[list[int] | None]], list[str]]:
-    """Each text's paragraphs as lists of sentence numbers (None: a blank line kept), and all the sentences."""
-    layout, sentences = [], []
-    for text in texts:
-        lines = []
-        for _, found in paragraphs(text.split("\n")):
-            if found is None:
-                lines.append(None)
-            else:
-                lines.append(list(range(len(sentences), len(sentences) + len(found))))
-                sentences.extend(found)
-        layout.append(lines)
-    return layout, sentences
-
-
-def _written(lines: list[list[int] | None], ranked: list[list[str]], k: int) -> str:
-    """A text's translation: each paragraph's sentences' k-th best translations, one line a paragraph."""
-    return "\n".join("" if line is None else " ".join(ranked[i][k] for i in line) for line in lines)
 
 
 DETECT_CHARS = 10_000  # enough text to tell a language; a longer q is told by its start

@@ -51,6 +51,7 @@ from nmt.config import RANGE, Range
 from nmt.constraints import MAX_TERM_CHARS, Glossary
 from nmt.decoding import SearchConfig
 from nmt.errors import NmtError
+from nmt.sentences import join_documents, split_documents
 from nmt.tools import libretranslate
 from nmt.tools.request_batcher import (
     API_KEY_ENV,
@@ -113,20 +114,30 @@ def json_object(body: bytes) -> dict:
     return data
 
 
-def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float]:
-    """A request's JSON object -> (sentences, Translator.translate keywords, timeout in seconds); BadRequest names
-    the field."""
-    unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "scores", "glossary", "format",
-                           *OPTIONS})
+def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float, list | None]:
+    """A request's JSON object -> (sentences, Translator.translate keywords, timeout in seconds, and with
+    "paragraphs": true the documents' layout, `nmt.sentences.split_documents`, else None); BadRequest names the
+    field. With paragraphs each item of `sentences` is a document, split into sentences that the limits apply to."""
+    unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "scores", "glossary", "format", "paragraphs",
+                                  *OPTIONS})
     if unknown:
         raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, tgt_lang, scores, "
-                         f"glossary, format, {', '.join(OPTIONS)}")
+                         f"glossary, format, paragraphs, {', '.join(OPTIONS)}")
     sentences = data.get("sentences")
     if not isinstance(sentences, list) or not sentences:
         raise BadRequest(400, "'sentences' must be a non-empty list of strings")
     for i, s in enumerate(sentences):
         if not isinstance(s, str):
             raise BadRequest(400, f"'sentences' must be a non-empty list of strings; item {i} is {_short(s)}")
+    layout = None
+    if "paragraphs" in data:  # each item a document, as nmt translate --paragraphs reads a file
+        if not isinstance(data["paragraphs"], bool):
+            raise BadRequest(400, f"'paragraphs' must be true or false, got {_short(data['paragraphs'])}")
+        if data["paragraphs"]:
+            if any(key in data for key in ("nbest", "scores")) or data.get("format", "text") != "text":
+                raise BadRequest(400, "'paragraphs' gives one translation a paragraph of plain text: leave out "
+                                 "'nbest', 'scores' and 'format'")
+            layout, sentences = split_documents(sentences)
     check_sentences(sentences, cfg)
     options = {"beam_size": cfg.beam}
     for key, (keyword, kind) in OPTIONS.items():
@@ -151,7 +162,7 @@ def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float]
         if data["format"] != "text":
             options["format"] = data["format"]
     timeout = _number(data.get("timeout", cfg.timeout), "timeout", float, Range(f"(0, {cfg.timeout}]"))
-    return [s.replace("\n", " ") for s in sentences], options, timeout
+    return [s.replace("\n", " ") for s in sentences], options, timeout, layout
 
 
 def parse_glossary(value) -> Glossary:
@@ -280,17 +291,21 @@ class Api:
                 return await libretranslate.translate(self, request, data, request.scope.get(KEY_CHECKED, True))
             if not request.scope.get(KEY_CHECKED, True):
                 return _error(401, RequireKey.MESSAGE)
-            sentences, options, timeout = parse_request(data, self.cfg)
+            sentences, options, timeout, layout = parse_request(data, self.cfg)
             try:
                 self.translator.source_tag(options.get("tgt_lang"))  # a language the model has, or none it needs
             except NmtError as e:
                 raise BadRequest(400, str(e).replace("(--tgt-lang, tgt_lang=)", "('tgt_lang')")) from None
         except BadRequest as e:
             return _error(e.status, str(e))
+        if layout is not None and not sentences:  # documents of blank lines only
+            return JSONResponse({"translations": join_documents(layout, []), "batch": {}})
         done = await self.run(request, sentences, options, timeout)
         if isinstance(done, JSONResponse):
             return done
         outputs, job = done
+        if layout is not None:
+            outputs = join_documents(layout, outputs)
         return JSONResponse({"translations": [_jsonable(o) for o in outputs], "batch": job.batch})
 
     async def body(self, request: Request) -> bytes | JSONResponse:
