@@ -143,7 +143,8 @@ def asgi_requests(app, *requests: tuple) -> list[tuple[int, dict]]:
 def test_libretranslates_client_and_requests_get_libretranslates_answers(model_dir):
     """Issue 45, part 1: LibreTranslate's API beside nmt's own. Its real client (libretranslatepy: a form with q,
     source, target and api_key) translates a document as nmt translate --paragraphs does and lists the languages;
-    raw requests: q as a list, html, alternatives, a wrong or missing key, an unknown language, a multipart form;
+    raw requests: q as a list, html, alternatives, a wrong or missing key, an unknown language, a multipart form
+    (a browser's FormData; with a file: 400);
     /detect and source auto (part 2), and a text too short to tell.
     nmt's own JSON still needs the Bearer key."""
     from libretranslatepy import LibreTranslateAPI
@@ -171,8 +172,9 @@ def test_libretranslates_client_and_requests_get_libretranslates_answers(model_d
                    server.call("POST", "/translate", {**lt, "q": ""}),
                    server.call("POST", "/translate", {**lt, "q": "a", "format": "markdown"}),
                    server.call("POST", "/translate", {**lt, "q": "a", "alternatives": 9}),
-                   server.call("POST", "/translate", b"--x--", headers={"Content-Type": "multipart/form-data; b=x"}),
+                   server.call("POST", "/translate", multipart({**lt, "q": "a"}, file=True), headers=MULTIPART),
                    server.call("POST", "/translate", {"sentences": ["a"]})]
+        browser = server.call("POST", "/translate", multipart({**lt, "q": "the dog sleeps ."}), headers=MULTIPART)
     assert translated == "\n".join(nmt_translate(model_dir, document.split("\n"), "--beam", "2", "--paragraphs"))
     assert translated.count("\n") == 2 and "\n\n" in translated  # two paragraphs, the blank line kept
     assert languages == [{"code": "en", "name": "English", "targets": ["xx"]}]
@@ -192,6 +194,20 @@ def test_libretranslates_client_and_requests_get_libretranslates_answers(model_d
         "Invalid API key", "Invalid API key: this server needs one, sent as api_key (or 'Authorization: Bearer')",
         "fr is not supported from en (targets: xx)"]
     assert refused[4][1]["error"] == "Invalid request: missing q parameter"
+    assert refused[7][1]["error"].startswith("the multipart form cannot be read (Too many files")
+    assert browser == (200, {"translatedText": nmt_translate(model_dir, ["the dog sleeps ."], "--beam", "2")[0]})
+
+
+MULTIPART = {"Content-Type": "multipart/form-data; boundary=nmt-boundary"}
+
+
+def multipart(fields: dict, file: bool = False) -> bytes:
+    """A multipart/form-data body as a browser's FormData sends it (with `file`, also a file field)."""
+    parts = [f'--nmt-boundary\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items()]
+    if file:
+        parts.append('--nmt-boundary\r\nContent-Disposition: form-data; name="f"; filename="a.txt"\r\n'
+                     'Content-Type: text/plain\r\n\r\nx\r\n')
+    return ("".join(parts) + "--nmt-boundary--\r\n").encode()
 
 
 def test_a_document_translates_alike_from_the_cli_python_and_both_http_apis(model_dir):

@@ -1,7 +1,7 @@
 """LibreTranslate's API on `nmt serve`, beside nmt's own: what LibreTranslate's clients send (libretranslatepy,
 browser extensions, Nextcloud, Weblate ...), answered in the shapes of LibreTranslate's own app.
 
-- `POST /translate`, a form (application/x-www-form-urlencoded) or a JSON object with "q": `q` (a text, or in JSON
+- `POST /translate`, a form (url-encoded or multipart) or a JSON object with "q": `q` (a text, or in JSON
   a list of texts), `source` (a code), `target`, `format` ("text" or "html"), `alternatives` (0-3), `api_key`.
   Answers {"translatedText": a text or a list, as `q` was} and, when asked, {"alternatives": [...]}. A text is a
   document: its paragraphs (runs of non-blank lines) are split into sentences (`nmt.sentences`), translated, and
@@ -49,10 +49,21 @@ def is_form(request: Request) -> bool:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower() in (FORM, MULTIPART)
 
 
-def form_fields(request: Request, body: bytes) -> dict[str, str]:
-    """A url-encoded form's fields (the first value of each), line ends as LibreTranslate makes them (LF)."""
+async def form_fields(request: Request, body: bytes) -> dict[str, str]:
+    """A form's fields (the first value of each), url-encoded or multipart (as browsers send a FormData; files are
+    refused), line ends as LibreTranslate makes them (LF)."""
     if request.headers.get("content-type", "").split(";", 1)[0].strip().lower() == MULTIPART:
-        raise BadRequest(400, f"send the fields url-encoded ({FORM}) or as a JSON object; multipart forms are not read")
+        from starlette.formparsers import MultiPartException, MultiPartParser
+
+        async def chunks():
+            yield body
+
+        try:
+            form = await MultiPartParser(request.headers, chunks(), max_files=0, max_fields=MAX_FIELDS).parse()
+        except MultiPartException as e:  # a file too ("Too many files"): this API translates text fields
+            raise BadRequest(400, f"the multipart form cannot be read ({e.message}): send text fields only") from None
+        fields = {key: form.get(key) for key in form.keys()}
+        return {key: "\n".join(value.splitlines()) for key, value in fields.items()}
     try:
         fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=MAX_FIELDS,
                           encoding="utf-8", errors="strict")

@@ -286,7 +286,7 @@ class Api:
         try:
             # a form is LibreTranslate's; a JSON object sent with a form's type too (curl -d sends every body so)
             form = libretranslate.is_form(request) and not body.lstrip().startswith(b"{")
-            data = libretranslate.form_fields(request, body) if form else json_object(body)
+            data = await libretranslate.form_fields(request, body) if form else json_object(body)
             if form or ("q" in data and "sentences" not in data):
                 return await libretranslate.translate(self, request, data, request.scope.get(KEY_CHECKED, True))
             if not request.scope.get(KEY_CHECKED, True):
@@ -408,7 +408,7 @@ class Api:
         if isinstance(body, JSONResponse):
             return body
         try:
-            data = libretranslate.form_fields(request, body) if libretranslate.is_form(request) and not \
+            data = await libretranslate.form_fields(request, body) if libretranslate.is_form(request) and not \
                 body.lstrip().startswith(b"{") else json_object(body)
         except BadRequest as e:
             return _error(e.status, str(e))
