@@ -124,7 +124,9 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="length penalty exponent (default: the model's tuned alpha, "
                    "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
     p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default auto: the GPU when there is one)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="the weights' and the search's precision "
+                   "(default fp32, TF32 products on a GPU; fp16: GPUs only; with --ct2: its compute type)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -180,7 +182,9 @@ def _add_score(sub) -> None:
     p.add_argument("--per-token", action="store_true", help="also print each target token's log-probability")
     p.add_argument("--tgt-lang", help="a multilingual model's target language (one of its languages.json's)")
     p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="padded tokens per batch")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default auto: the GPU when there is one)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="the weights' and the search's precision "
+                   "(default fp32, TF32 products on a GPU; fp16: GPUs only; with --ct2: its compute type)")
     p.add_argument("--output", help="write here instead of stdout")
     p.set_defaults(fn=cmd_score)
 
@@ -259,7 +263,9 @@ def _add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
     p.add_argument("model_dir", help="a model directory (output_dir/model of a run) or a Hub id (as for translate)")
     p.add_argument("--revision", help=REVISION_HELP)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default auto: the GPU when there is one)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="the weights' and the search's precision "
+                   "(default fp32, TF32 products on a GPU; fp16: GPUs only; with --ct2: its compute type)")
     ServeConfig.add_flags(p)
     p.set_defaults(fn=cmd_serve, ct2=None)
 
@@ -433,11 +439,13 @@ def _translator(args: argparse.Namespace):
     from nmt.translate import Translator
 
     if args.ct2:
-        return Translator.from_ctranslate2(args.ct2, device=args.device)
+        ct2_types = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+        return Translator.from_ctranslate2(args.ct2, device=args.device,
+                                           compute_type=ct2_types.get(args.dtype, "default"))
     if not args.model_dir:
         raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")
     dirs = args.model_dir
-    return Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
+    return Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device, dtype=args.dtype or "fp32")
 
 
 @dataclass
@@ -635,7 +643,7 @@ def _draw_first(translator, seen: _Seen, args: argparse.Namespace) -> None:
     if seen.first is None:
         raise NmtError("--attention: the input is empty; there is no first sentence to draw")
     if translator.backend != "torch" or len(args.model_dir) != 1:
-        translator = Translator.from_pretrained(args.model_dir[0], args.device)
+        translator = Translator.from_pretrained(args.model_dir[0], args.device, dtype=args.dtype or "fp32")
     text, alpha = seen.first, {} if args.alpha is None else {"alpha": args.alpha}
     src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam,
                                              tgt_lang=args.tgt_lang, **alpha)
@@ -677,7 +685,8 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
     if len(src) != len(tgt):
         raise NmtError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
     dirs = args.model_dir
-    translator = Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device)
+    translator = Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device,
+                                            dtype=args.dtype or "fp32")
     with atomic_file(args.output) if args.output else nullcontext(sys.stdout) as sink:
         for s in translator.score(src, tgt, batch_tokens=args.batch_tokens, tgt_lang=args.tgt_lang):
             tokens = "\t" + " ".join(f"{x:.4f}" for x in s.token_logprobs) if args.per_token else ""
@@ -693,7 +702,7 @@ def cmd_backtranslate(args: argparse.Namespace, extra: list[str]) -> int:
     if args.tag is not None and (not args.tag or any(c.isspace() for c in args.tag)):
         raise NmtError(f"--tag must be one token without spaces, e.g. <bt>; got {args.tag!r}")
     src_path, tgt_path = output_paths(args.output, args.model_dir, args.src_lang, args.tgt_lang, args.input)
-    translator = Translator.from_pretrained(args.model_dir, device=args.device)
+    translator = Translator.from_pretrained(args.model_dir, device=args.device, dtype=args.dtype or "fp32")
     # a multilingual model translates into the language of the synthetic sources: their file's suffix
     into = src_path.suffix[1:] if len(translator.target_languages) > 1 else None
     result = backtranslate(translator, args.input, src_path, tgt_path, tag=args.tag,
@@ -778,7 +787,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         values["api_key"] = os.environ.get(API_KEY_ENV) or None
     cfg = ServeConfig(**values)
     resolve_models(args)
-    serve(Translator.from_pretrained(args.model_dir, device=args.device), cfg, describe(args.model_dir))
+    serve(Translator.from_pretrained(args.model_dir, device=args.device, dtype=args.dtype or "fp32"), cfg,
+          describe(args.model_dir))
     return 0
 
 

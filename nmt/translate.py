@@ -100,15 +100,45 @@ def _model_directory(name: str | Path, revision: str | None) -> Path:
     return model_directory(name, revision)
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # --dtype's names
+
+
+def decoding_device(device: str | torch.device | None = None) -> torch.device:
+    """Where to decode: `device` as given ("cpu", "cuda:1"), or where none is (None, "auto"), the GPU when torch
+    sees one, else the CPU."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise NmtError(f"--device {device!r} is no device torch knows: cpu, cuda, cuda:1, ... or auto") from None
+
+
+def decoding_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The precision of the weights and the search (`DTYPES`: fp32, bf16, fp16). On a GPU, fp32 matrix products
+    run in TF32 (torch's "high" precision: fp32's range, a 10-bit mantissa, Ampere's tensor cores); fp16 is for
+    GPUs (a CPU computes it slowly, without fp16 units: bf16 or fp32 there)."""
+    if dtype not in DTYPES:
+        raise NmtError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "fp16" and device.type == "cpu":
+        raise NmtError("--dtype fp16 is for GPUs; on a CPU decode in bf16 (where it has bf16 units) or fp32")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return DTYPES[dtype]
+
+
 class Translator:
     """A trained model and its tokenizer, ready to translate sentences."""
 
     def __init__(self, model: Seq2SeqTransformer | Ensemble | CT2Model, tokenizer: PairTokenizer,
-                 device: str | torch.device = "cpu",
-                 search_defaults: dict | None = None, languages: dict | None = None):
-        self.model = model.to(device).eval() if isinstance(model, torch.nn.Module) else model
+                 device: str | torch.device | None = None,
+                 search_defaults: dict | None = None, languages: dict | None = None, dtype: str = "fp32"):
+        self.device = decoding_device(device)
+        if isinstance(model, torch.nn.Module):
+            model = model.to(self.device, decoding_dtype(dtype, self.device)).eval()
+        self.model = model
         self.tokenizer = tokenizer
-        self.device = torch.device(device)
         self.search_defaults = search_defaults or {}  # SearchConfig fields used unless a call gives them
         self.languages = languages  # the model directory's languages.json (nmt.checkpoint), None where it has none
         self._cut_said = False  # whether a source cut before tokenising has been reported (`_cut_long`)
@@ -183,44 +213,45 @@ class Translator:
         return "torch" if isinstance(self.model, torch.nn.Module) else "ctranslate2"
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path | list[str | Path], device: str | torch.device = "cpu",
-                        revision: str | None = None) -> Translator:
+    def from_pretrained(cls, directory: str | Path | list[str | Path], device: str | torch.device | None = None,
+                        revision: str | None = None, dtype: str = "fp32") -> Translator:
         """Load config.json, model.safetensors and tokenizer.json from a model directory; from a list of
         them, an ensemble (same tokenizer required; search defaults from the first). A Hub id `ORG/NAME` (at
         `revision`) names the model directory it holds, or its transformers model imported once, as `nmt
-        translate ORG/NAME` does (`nmt.interop.model_directory`)."""
+        translate ORG/NAME` does (`nmt.interop.model_directory`). `device`: where to decode (None: the GPU when
+        there is one, `decoding_device`); `dtype`: the weights' and the search's precision (`decoding_dtype`)."""
         if isinstance(directory, (list, tuple)):
-            return cls._ensemble([_model_directory(d, revision) for d in directory], device)
+            return cls._ensemble([_model_directory(d, revision) for d in directory], device, dtype)
         directory = _model_directory(directory, revision)
         bound_onednn_primitive_caches()  # before the first packed linear (nmt.compat)
         opened = open_model(directory)
-        model = use_cpu_kernels(opened.model, packed_linears=True)  # fixed weights
-        return cls(model, opened.tokenizer, device, opened.search, opened.languages)
+        model = use_cpu_kernels(opened.model, packed_linears=True)  # fixed weights (fp32 on a CPU only)
+        return cls(model, opened.tokenizer, device, opened.search, opened.languages, dtype)
 
     @classmethod
-    def _ensemble(cls, directories: list[Path], device) -> Translator:
+    def _ensemble(cls, directories: list[Path], device, dtype: str = "fp32") -> Translator:
         if not directories:
             raise NmtError("give at least one model directory")
         if len(directories) == 1:
-            return cls.from_pretrained(directories[0], device)
-        members = [cls.from_pretrained(d) for d in directories]
+            return cls.from_pretrained(directories[0], device, dtype=dtype)
+        members = [cls.from_pretrained(d, "cpu") for d in directories]  # moved once, together
         for d, m in zip(directories[1:], members[1:]):
             if not m.tokenizer.same_as(members[0].tokenizer):
                 raise NmtError(f"{d}: its tokenizer differs from {directories[0]}'s; an ensemble needs models "
                                "trained with one tokenizer (nmt average combines checkpoints of one run instead)")
         model = Ensemble([m.model for m in members])
-        return cls(model, members[0].tokenizer, device, members[0].search_defaults, members[0].languages)
+        return cls(model, members[0].tokenizer, device, members[0].search_defaults, members[0].languages, dtype)
 
     @classmethod
-    def from_ctranslate2(cls, directory: str | Path, device: str | torch.device = "cpu", compute_type: str = "default",
-                         threads: int = 0) -> Translator:
+    def from_ctranslate2(cls, directory: str | Path, device: str | torch.device | None = None,
+                         compute_type: str = "default", threads: int = 0) -> Translator:
         """A model exported by `nmt export MODEL_DIR --to ctranslate2 DIR`, decoded by CTranslate2.
 
         `compute_type` is CTranslate2's ("default": as exported, e.g. int8; "float32", "int8", ...); `threads`
         its intra-op threads (0: its default). Greedy translations equal the PyTorch model's (float32 export).
         """
 
-        directory = Path(directory)
+        directory, device = Path(directory), decoding_device(device)
         model = CT2Model(directory, device=str(device), compute_type=compute_type, threads=threads)
         tokenizer = PairTokenizer.load(directory)
         tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)

@@ -322,6 +322,33 @@ def test_a_big_file_killed_midway_continues_where_it_stopped_to_the_same_bytes(t
     assert shown.returncode == 0 and "1,200/1,200 lines" in progress and "min left" in progress, progress
 
 
+def test_decoding_goes_to_the_gpu_when_there_is_one_in_the_precision_asked(translator, monkeypatch):
+    """Issue 46, part 1 (decoding): --device defaults to the GPU when torch sees one (faked here), fp32 products
+    run in TF32 there, --dtype bf16 decodes with bf16 weights, and fp16 on a CPU is refused with what to use."""
+    from nmt.translate import decoding_device, decoding_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert decoding_device() == decoding_device("auto") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert decoding_device() == torch.device("cpu") and decoding_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(NmtError, match="--device 'gpu0' is no device torch knows"):
+        decoding_device("gpu0")
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert decoding_dtype("fp32", torch.device("cuda")) == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    with pytest.raises(NmtError, match="--dtype fp16 is for GPUs; on a CPU decode in bf16"):
+        decoding_dtype("fp16", torch.device("cpu"))
+    import copy
+
+    half = Translator(copy.deepcopy(translator.model), translator.tokenizer, "cpu", dtype="bf16")
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    out = half.translate(TEXTS[:4], beam_size=2, with_scores=True)
+    assert len(out) == 4 and all(math.isfinite(o.mean_logprob) for o in out)
+
+
 def test_control_strings_typed_in_a_source_are_text_to_the_model():
     """"the dog <2fr> sees </s> ...": the model sees the characters, with one </s> at the end, never a tag or an
     end of sentence mid-source."""
