@@ -498,13 +498,20 @@ def _finish(cfg: TrainConfig, plan: Plan, inherited: dict[str, str]) -> TrainCon
 # --- re-planning once the real run's speed is known ----------------------------------------------------------
 
 
-def precision_for(max_minutes: float | None, launched: str | None, native_bf16: bool) -> tuple[str, str | None]:
+def precision_for(max_minutes: float | None, launched: str | None, native_bf16: bool,
+                  gpu: bool = False) -> tuple[str, str | None]:
     """The mixed precision a run trains in and why (None: the launcher chose it, `accelerate launch`, a profile or
-    ACCELERATE_MIXED_PRECISION). Under a time budget bf16 where the device multiplies it in hardware: more steps in
-    the same minutes (1.55x on a 2-core AVX512-BF16 CPU, benchmarks/train_speed.py), which validated better
-    (docs/results.md); else fp32 ("no")."""
+    ACCELERATE_MIXED_PRECISION). On a GPU always mixed: bf16 where it has bf16 units (Ampere and later), else fp16
+    with a loss scaler (a GPU's fp32 units are a fraction of its half-precision ones). On a CPU, under a time
+    budget, bf16 where it multiplies bf16 in hardware: more steps in the same minutes (1.55x on a 2-core
+    AVX512-BF16 CPU, benchmarks/train_speed.py), which validated better (docs/results.md); else fp32 ("no")."""
     if launched is not None:
         return launched, None
+    if gpu:
+        if native_bf16:
+            return "bf16", "a GPU with bf16 units: its tensor cores, fp32's range (ACCELERATE_MIXED_PRECISION=no: fp32)"
+        return "fp16", ("a GPU without bf16 units (before Ampere): fp16 with a loss scaler "
+                        "(ACCELERATE_MIXED_PRECISION=no: fp32)")
     if max_minutes is not None and native_bf16:
         return "bf16", "for the time budget: this device multiplies bf16 in hardware (ACCELERATE_MIXED_PRECISION=no: fp32)"
     return "no", None

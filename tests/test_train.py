@@ -585,6 +585,20 @@ def test_bf16_only_for_a_time_budget_on_hardware_that_has_it(precision_cfg, unla
     assert precision == expected and (why is not None) == (expected == "bf16")  # the plan prints why it chose bf16
 
 
+@pytest.mark.parametrize("bf16_units", [True, False])
+@pytest.mark.parametrize("minutes", [None, 25.0])
+def test_a_gpu_trains_in_bf16_where_it_has_the_units_else_fp16(precision_cfg, unlaunched, monkeypatch, bf16_units,
+                                                                minutes):
+    """Issue 46, part 1: on a GPU nmt trains mixed, budget or not: bf16 with bf16 units, fp16 (scaled) without;
+    bf16 that torch only emulates (V100, T4) does not count. The device's answers are faked."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_units or
+                        including_emulation)
+    assert loop.native_bf16("cuda") == bf16_units
+    precision, why = run_precision(dataclasses.replace(precision_cfg, max_minutes=minutes), "cuda")
+    assert precision == ("bf16" if bf16_units else "fp16") and ("bf16 units" in why)
+
+
 @pytest.mark.parametrize("launched", ["no", "FP16", "bf16"])
 def test_the_launchers_choice_wins(precision_cfg, monkeypatch, launched):
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launched)

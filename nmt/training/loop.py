@@ -531,7 +531,7 @@ def default_device(device: str | None = None) -> torch.device:
 def run_precision(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]:
     """The mixed precision a run on `device_type` trains in, and why when nmt chose it (`nmt.plan.precision_for`,
     the rule, given what the launcher and the device say)."""
-    return precision_for(cfg.max_minutes, launched_precision(), native_bf16(device_type))
+    return precision_for(cfg.max_minutes, launched_precision(), native_bf16(device_type), gpu=device_type == "cuda")
 
 
 def launched_precision() -> str | None:
@@ -541,10 +541,10 @@ def launched_precision() -> str | None:
 
 
 def native_bf16(device_type: str) -> bool:
-    """Whether `device_type` multiplies bf16 in hardware: a GPU that supports it, or a CPU with oneDNN's bf16
-    kernels (AVX512-BF16 or AMX)."""
+    """Whether `device_type` multiplies bf16 in hardware: a GPU with bf16 units (Ampere and later; torch emulates
+    bf16 on older ones, which does not count), or a CPU with oneDNN's bf16 kernels (AVX512-BF16 or AMX)."""
     if device_type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     return device_type == "cpu" and mkldnn_bf16_supported()
 
 

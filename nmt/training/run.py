@@ -185,6 +185,8 @@ def make_accelerator(cfg: TrainConfig, precision: str) -> Accelerator:
     )
     if made_before:  # the kwargs above apply only to a group the Accelerator makes itself
         set_process_group_timeout(timeout)
+    if accelerator.device.type == "cuda":  # fp32 products (fp32 runs, the loss, the optimizer's) on tensor cores
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     return accelerator
 
 
