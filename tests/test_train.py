@@ -618,6 +618,22 @@ def test_the_accelerator_trains_in_the_chosen_precision(precision_cfg, unlaunche
         reset_accelerate_state()
 
 
+def test_validation_decodes_in_the_training_precision(precision_cfg, monkeypatch):
+    """Issue 46, part 1: a run in bf16 decodes its validation under the same autocast (it decoded in fp32)."""
+    import nmt.training.evaluation as evaluation
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    search, seen = evaluation.search_encoded, []
+    monkeypatch.setattr(evaluation, "search_encoded", lambda *a, **kw: seen.append(
+        torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None) or search(*a, **kw))
+    reset_accelerate_state()
+    try:
+        train(dataclasses.replace(precision_cfg, max_steps=4, eval_every=2))
+    finally:
+        reset_accelerate_state()
+    assert seen and set(seen) == {torch.bfloat16}, seen
+
+
 @pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("no", None)])
 def test_one_device_steps_run_the_forward_under_autocast(precision, dtype):
     seen = []

@@ -90,7 +90,8 @@ def valid_bleu(run: Run, plain: torch.nn.Module | None = None) -> dict:
 
 def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) -> dict | None:
     """BLEU/chrF of `base` (an unwrapped model, or None on processes that decode nothing) searching with
-    `search` on the validation set: this process decodes share (rank, world), the main one scores.
+    `search` on the validation set, under the run's mixed precision: this process decodes share (rank, world), the
+    main one scores.
     None on every process when a stop signal cut the decoding short on any. A validation set of several
     language pairs is scored per pair (bleu_en-de, chrf_en-de, ...); bleu and chrf are then their means."""
     valid = run.corpus.splits["valid"]
@@ -98,9 +99,10 @@ def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) ->
     picked = valid.select([i for _, idx in rows for i in idx])
     src_ids, n = picked["src_ids"], len(picked)
     rank, world = share
-    found = {} if base is None else search_encoded(base, src_ids, search, run.cfg.max_tokens, rank=rank,
-                                                   world_size=world, device=run.accelerator.device,
-                                                   stop=run.stop_requested)
+    with run.accelerator.autocast():  # in the precision the run trains in (bf16: faster, as the model is used)
+        found = {} if base is None else search_encoded(base, src_ids, search, run.cfg.max_tokens, rank=rank,
+                                                       world_size=world, device=run.accelerator.device,
+                                                       stop=run.stop_requested)
     mine = [(i, hyps[0].tokens) for i, hyps in found.items()] + ([(-1, None)] if run.stop_requested() else [])
     gathered = dict(run.accelerator.gather_for_metrics(mine, use_gather_object=True))  # index -> tokens, each once
     if -1 in gathered:
