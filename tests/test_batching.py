@@ -310,6 +310,24 @@ def test_collator_uses_its_special_ids():
     assert batch["labels"].tolist() == [[4, 9], [9, 7]]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(3, 99), max_size=9), st.lists(st.integers(3, 99), max_size=9)),
+                max_size=8), st.sampled_from([None, 1, 4, 8]))
+def test_the_vectorised_collator_equals_padding_row_by_row(pairs, multiple_of):
+    """Issue 46, part 2: the collator places every row's ids in one pass (no Python loop over rows); its tensors
+    are those of padding each row in turn, <s> before and </s> after each target, rounded up alike."""
+    def row_by_row(rows):
+        width = max((len(r) for r in rows), default=0)
+        width = -(-width // multiple_of) * multiple_of if multiple_of else width
+        return [list(r) + [0] * (width - len(r)) for r in rows]
+
+    batch = Collator(pad_id=0, bos_id=1, eos_id=2, pad_to_multiple_of=multiple_of)(
+        [{"src_ids": s, "tgt_ids": t} for s, t in pairs])
+    assert batch["src_ids"].tolist() == row_by_row([s for s, _ in pairs]) and batch["src_ids"].dtype == torch.long
+    assert batch["tgt_in_ids"].tolist() == row_by_row([[1, *t] for _, t in pairs])
+    assert batch["labels"].tolist() == row_by_row([[*t, 2] for _, t in pairs])
+
+
 def test_pad_rounds_up_to_the_multiple():
     assert pad([[1, 2, 3], [4]], pad_id=0, multiple_of=4).tolist() == [[1, 2, 3, 0], [4, 0, 0, 0]]
     assert pad([[1, 2, 3, 4]], pad_id=0, multiple_of=4).shape == (1, 4)
