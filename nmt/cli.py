@@ -261,13 +261,17 @@ def _add_serve_parser(sub) -> None:
     from nmt.tools.request_batcher import ServeConfig  # no web framework: nmt serve's flags exist without the extra
 
     p = sub.add_parser("serve", help="an HTTP JSON API translating with a model directory (needs nmt[serve])")
-    p.add_argument("model_dir", help="a model directory (output_dir/model of a run) or a Hub id (as for translate)")
+    p.add_argument("model_dir", nargs="?", help="a model directory (output_dir/model of a run) or a Hub id (as for "
+                   "translate); optional with --ct2")
     p.add_argument("--revision", help=REVISION_HELP)
+    p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export MODEL_DIR "
+                   "--to ctranslate2 DIR (plain text, n-best, scores, documents and LibreTranslate's routes; "
+                   "glossaries and markup need the PyTorch model)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default auto: the GPU when there is one)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="the weights' and the search's precision "
                    "(default fp32, TF32 products on a GPU; fp16: GPUs only; with --ct2: its compute type)")
     ServeConfig.add_flags(p)
-    p.set_defaults(fn=cmd_serve, ct2=None)
+    p.set_defaults(fn=cmd_serve)
 
 
 def _add_info(sub) -> None:
@@ -786,6 +790,19 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     if values["api_key"] is None:  # an empty variable is no key; an empty --api-key is an error
         values["api_key"] = os.environ.get(API_KEY_ENV) or None
     cfg = ServeConfig(**values)
+    if args.ct2:
+        from nmt.checkpoint import read_languages
+        from nmt.tools.info import translates
+
+        if args.model_dir:
+            raise NmtError("give MODEL_DIR or --ct2 DIR, not both: the server decodes with one model")
+        ct2_types = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+        translator = Translator.from_ctranslate2(args.ct2, device=args.device,
+                                                 compute_type=ct2_types.get(args.dtype, "default"))
+        serve(translator, cfg, {"translates": translates(read_languages(args.ct2), {})})
+        return 0
+    if not args.model_dir:
+        raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")
     resolve_models(args)
     serve(Translator.from_pretrained(args.model_dir, device=args.device, dtype=args.dtype or "fp32"), cfg,
           describe(args.model_dir))

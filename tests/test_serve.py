@@ -38,9 +38,10 @@ def model_dir(corpus_dir, tmp_path_factory) -> Path:
 class Server:
     """`nmt serve MODEL_DIR --port 0 FLAGS` in a subprocess; `port` is the one it printed."""
 
-    def __init__(self, model_dir: Path, *flags: str, env: dict | None = None):
+    def __init__(self, model_dir: Path | None, *flags: str, env: dict | None = None):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "nmt.cli", "serve", str(model_dir), "--port", "0", *flags],
+        model = [str(model_dir)] if model_dir else []  # None: the flags name the model (--ct2 DIR)
+        self.proc = subprocess.Popen([sys.executable, "-m", "nmt.cli", "serve", *model, "--port", "0", *flags],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()  # blocks until it listens (or dies)
         assert "listening on http://127.0.0.1:" in line, (line, self.proc.stderr.read())
@@ -256,6 +257,31 @@ def test_hostile_libretranslate_fields_get_400_json(model_dir):
     answers = asgi_requests(app, *(("POST", "/translate", body, headers) for body, headers, _ in hostile))
     for (status, answer), (_, _, needle) in zip(answers, hostile):
         assert status == 400 and needle in answer["error"], (status, answer, needle)
+
+
+def test_serve_ct2_answers_both_apis_as_nmt_translate_ct2_does(model_dir, tmp_path):
+    """Issue 45, part 6 (first piece): nmt serve --ct2 DIR decodes with CTranslate2 behind the same routes: nmt's
+    API (with scores and documents) and LibreTranslate's, as nmt translate --ct2 does; a glossary or markup, which
+    need the PyTorch model, is a 400 that says so."""
+    pytest.importorskip("ctranslate2")
+    from nmt.cli import main
+
+    assert main(["export", str(model_dir), "--to", "ctranslate2", str(tmp_path / "ct2")]) == 0
+    lines = ["the dog sleeps .", "the cat eats a fish ."]
+    with serving(None, "--ct2", str(tmp_path / "ct2"), "--beam", "2") as server:
+        plain = server.call("POST", "/translate", {"sentences": lines})
+        scored = server.call("POST", "/translate", {"sentences": lines, "scores": True})
+        lt = server.call("POST", "/translate", {"q": lines, "source": "en", "target": "xx"})
+        refused = [server.call("POST", "/translate", {"sentences": lines, "glossary": [["dog", "x"]]}),
+                   server.call("POST", "/translate", {"sentences": ["the <b>dog</b> ."], "format": "html"})]
+    expected = nmt_translate(model_dir, lines, "--ct2", str(tmp_path / "ct2"), "--beam", "2")
+    assert plain[0] == 200 and plain[1]["translations"] == expected
+    assert [t["text"] for t in scored[1]["translations"]] == expected and all(
+        0 < t["confidence"] <= 1 for t in scored[1]["translations"])
+    assert lt == (200, {"translatedText": expected})
+    assert [s for s, _ in refused] == [400, 400]
+    assert "CTranslate2, which takes no glossary" in refused[0][1]["error"]
+    assert "needs the PyTorch model" in refused[1][1]["error"], refused[1]
 
 
 def test_pages_of_other_sites_and_rebound_host_names_are_refused(model_dir):
