@@ -253,7 +253,9 @@ def test_hostile_libretranslate_fields_get_400_json(model_dir):
                ({"q": ["a ."] * 300, **lt}, {}, "300 sentences in one request; the limit is 256"),
                (b'{"q": "\\ud800 x", "source": "en", "target": "xx"}', {}, "not valid Unicode"),
                ({"q": "a", "alternatives": "many", **lt}, {}, "alternatives parameter is not a number")]
-    app = build_app(Translator.from_pretrained(model_dir), ServeConfig())
+    hostile.append(({"q": "the dog sleeps . " * 40, **lt}, {}, "the request's decoding cost is"))  # over --max-cost
+    app = build_app(Translator.from_pretrained(model_dir), ServeConfig(max_cost=2000, batch_cost=2000,
+                                                                      max_queued_cost=2000))
     answers = asgi_requests(app, *(("POST", "/translate", body, headers) for body, headers, _ in hostile))
     for (status, answer), (_, _, needle) in zip(answers, hostile):
         assert status == 400 and needle in answer["error"], (status, answer, needle)

@@ -148,7 +148,8 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
     outputs: list = []
     if sentences:
         done = await api.run(request, sentences, options, api.cfg.timeout)
-        if isinstance(done, JSONResponse):
+        if isinstance(done, JSONResponse):  # a limit (nmt's 413) is LibreTranslate's 400; 429, 503, 504 as they are
+            done.status_code = 400 if done.status_code == 413 else done.status_code
             return done
         outputs = done[0]
     ranked = [[o[0] for o in out] if nbest > 1 else [out] for out in outputs]  # per sentence: its n best texts
