@@ -164,7 +164,8 @@ def test_libretranslates_client_and_requests_get_libretranslates_answers(model_d
                  server.call("POST", "/detect", {"q": "the dog", "api_key": "x"})]
         lt = {"source": "en", "target": "xx", "api_key": "k"}
         listed = server.call("POST", "/translate", {**lt, "q": ["the dog sleeps .", "the cat eats ."]})
-        marked = server.call("POST", "/translate", {**lt, "q": "the <b>dog</b> sleeps .", "format": "html"})
+        marked = server.call("POST", "/translate", {**lt, "q": "the <b>dog</b> sleeps .", "format": "html",
+                                                    "alternatives": 1})
         other = server.call("POST", "/translate", {**lt, "q": "the dog sleeps .", "alternatives": 2})
         refused = [server.call("POST", "/translate", {**lt, "q": "a", "api_key": "x"}),
                    server.call("POST", "/translate", {"q": "a", "source": "en", "target": "xx"}),
@@ -187,7 +188,7 @@ def test_libretranslates_client_and_requests_get_libretranslates_answers(model_d
     assert listed == (200, {"translatedText": nmt_translate(model_dir, ["the dog sleeps .", "the cat eats ."],
                                                             "--beam", "2")})
     assert marked == (200, {"translatedText": nmt_translate(model_dir, ["the <b>dog</b> sleeps ."], "--beam", "2",
-                                                            "--format", "html")[0]})
+                                                            "--format", "html")[0], "alternatives": []})
     assert other[0] == 200 and 1 <= len(other[1]["alternatives"]) <= 2 and other[1]["translatedText"] not in \
         other[1]["alternatives"]
     assert [status for status, _ in refused] == [403, 403, 400, 400, 400, 400, 400, 400, 401], refused

@@ -141,7 +141,7 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
         check_sentences(sentences, api.cfg)
     except BadRequest as e:
         return JSONResponse({"error": str(e)}, status_code=400 if e.status == 413 else e.status)
-    nbest = alternatives + 1
+    nbest = 1 if text_format == "html" else alternatives + 1  # as LibreTranslate: no alternatives for html ([])
     options = {"beam_size": max(api.cfg.beam, nbest), **({"nbest": nbest} if nbest > 1 else {}),
                **({"format": "html"} if text_format == "html" else {}),
                **({"tgt_lang": target} if api.translator.target_languages else {})}
