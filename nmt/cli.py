@@ -124,6 +124,11 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="length penalty exponent (default: the model's tuned alpha, "
                    "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
     p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
+    _add_device_args(p)
+
+
+def _add_device_args(p: argparse.ArgumentParser) -> None:
+    """Where and in what precision a command decodes (`Translator.from_pretrained`'s device and dtype)."""
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default auto: the GPU when there is one)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="the weights' and the search's precision "
                    "(default fp32, TF32 products on a GPU; fp16: GPUs only; with --ct2: its compute type)")
@@ -182,9 +187,7 @@ def _add_score(sub) -> None:
     p.add_argument("--per-token", action="store_true", help="also print each target token's log-probability")
     p.add_argument("--tgt-lang", help="a multilingual model's target language (one of its languages.json's)")
     p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="padded tokens per batch")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default auto: the GPU when there is one)")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="the weights' and the search's precision "
-                   "(default fp32, TF32 products on a GPU; fp16: GPUs only; with --ct2: its compute type)")
+    _add_device_args(p)
     p.add_argument("--output", help="write here instead of stdout")
     p.set_defaults(fn=cmd_score)
 
@@ -267,9 +270,7 @@ def _add_serve_parser(sub) -> None:
     p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export MODEL_DIR "
                    "--to ctranslate2 DIR (plain text, n-best, scores, documents and LibreTranslate's routes; "
                    "glossaries and markup need the PyTorch model)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default auto: the GPU when there is one)")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="the weights' and the search's precision "
-                   "(default fp32, TF32 products on a GPU; fp16: GPUs only; with --ct2: its compute type)")
+    _add_device_args(p)
     ServeConfig.add_flags(p)
     p.set_defaults(fn=cmd_serve)
 
@@ -443,13 +444,19 @@ def _translator(args: argparse.Namespace):
     from nmt.translate import Translator
 
     if args.ct2:
-        ct2_types = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-        return Translator.from_ctranslate2(args.ct2, device=args.device,
-                                           compute_type=ct2_types.get(args.dtype, "default"))
+        return _ct2_translator(args)
     if not args.model_dir:
         raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")
     dirs = args.model_dir
     return Translator.from_pretrained(dirs if len(dirs) > 1 else dirs[0], device=args.device, dtype=args.dtype or "fp32")
+
+
+def _ct2_translator(args: argparse.Namespace):
+    """--ct2 DIR decoded by CTranslate2, --dtype as its compute type (default: as exported)."""
+    from nmt.translate import Translator
+
+    compute_type = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(args.dtype, "default")
+    return Translator.from_ctranslate2(args.ct2, device=args.device, compute_type=compute_type)
 
 
 @dataclass
@@ -796,10 +803,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 
         if args.model_dir:
             raise NmtError("give MODEL_DIR or --ct2 DIR, not both: the server decodes with one model")
-        ct2_types = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-        translator = Translator.from_ctranslate2(args.ct2, device=args.device,
-                                                 compute_type=ct2_types.get(args.dtype, "default"))
-        serve(translator, cfg, {"translates": translates(read_languages(args.ct2), {})})
+        serve(_ct2_translator(args), cfg, {"translates": translates(read_languages(args.ct2), {})})
         return 0
     if not args.model_dir:
         raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")

@@ -284,9 +284,7 @@ class Api:
         if isinstance(body, JSONResponse):
             return body
         try:
-            # a form is LibreTranslate's; a JSON object sent with a form's type too (curl -d sends every body so)
-            form = libretranslate.is_form(request) and not body.lstrip().startswith(b"{")
-            data = await libretranslate.form_fields(request, body) if form else json_object(body)
+            data, form = await self.fields(request, body)
             if form or ("q" in data and "sentences" not in data):
                 return await libretranslate.translate(self, request, data, request.scope.get(KEY_CHECKED, True))
             if not request.scope.get(KEY_CHECKED, True):
@@ -307,6 +305,13 @@ class Api:
         if layout is not None:
             outputs = join_documents(layout, outputs)
         return JSONResponse({"translations": [_jsonable(o) for o in outputs], "batch": job.batch})
+
+    @staticmethod
+    async def fields(request: Request, body: bytes) -> tuple[dict, bool]:
+        """The body's fields and whether they came as a form (LibreTranslate's); a JSON object sent with a form's
+        type is read as JSON (curl -d sends every body so). BadRequest 400 for a body that is neither."""
+        form = libretranslate.is_form(request) and not body.lstrip().startswith(b"{")
+        return (await libretranslate.form_fields(request, body) if form else json_object(body)), form
 
     async def body(self, request: Request) -> bytes | JSONResponse:
         """The request's body, or the error answer: 408 past --request-timeout, 413 past --max-body-bytes."""
@@ -408,8 +413,7 @@ class Api:
         if isinstance(body, JSONResponse):
             return body
         try:
-            data = await libretranslate.form_fields(request, body) if libretranslate.is_form(request) and not \
-                body.lstrip().startswith(b"{") else json_object(body)
+            data, _ = await self.fields(request, body)
         except BadRequest as e:
             return _error(e.status, str(e))
         return await libretranslate.detect(self, request, data, request.scope.get(KEY_CHECKED, True))
