@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import re
+import sys
 
 
 @contextlib.contextmanager
@@ -55,6 +56,21 @@ def reset_accelerate_state() -> None:
     with private("accelerate", "AcceleratorState._reset_state", "1.15"):
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+
+
+def forget_parent_compile_threads() -> None:
+    """In a forked child: drop the thread pool that torch.compile's CPU backend inherited from its parent.
+
+    torch 2.13's inductor compiles C++ kernels on `AsyncCompile.pool()`, a ThreadPoolExecutor cached for the
+    process; its `after_fork` hook resets the process pool but not this one. A child forked after the parent
+    compiled anything inherits the executor without its threads, so its first uncached kernel waits forever
+    (a 2-process `compile: true` run launched from a notebook or test that had compiled before hung in CI)."""
+    if "torch._inductor.async_compile" not in sys.modules:  # the parent never compiled: nothing inherited
+        return
+    from torch._inductor.async_compile import AsyncCompile
+
+    with private("torch", "torch._inductor.async_compile.AsyncCompile.pool", "2.13"):
+        AsyncCompile.pool.cache_clear()
 
 
 def mkldnn_bf16_supported() -> bool:

@@ -35,7 +35,12 @@ from typing import Any
 
 import torch
 
-from nmt.compat import accelerate_state_is_empty, default_store, reset_accelerate_state
+from nmt.compat import (
+    accelerate_state_is_empty,
+    default_store,
+    forget_parent_compile_threads,
+    reset_accelerate_state,
+)
 
 _MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 
@@ -140,8 +145,9 @@ def _launch_gpus(function: Callable[..., Any], args: tuple, num_processes: int, 
 
 
 def _gpu_worker(function: Callable[..., Any], *args: Any) -> None:
-    # A forked child inherits the parent's accelerate singletons; start from a clean state.
+    # A forked child inherits the parent's accelerate singletons and torch.compile's threadless pool; start clean.
     reset_accelerate_state()
+    forget_parent_compile_threads()
     function(*args)
 
 
@@ -149,13 +155,21 @@ def _launch_cpu(function: Callable[..., Any], args: tuple, num_processes: int, m
     from torch.multiprocessing import start_processes
 
     start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    # join=True: waits for all; if one raises, the others are terminated and the error is re-raised here.
-    start_processes(
+    ranks = start_processes(
         _cpu_worker,
         args=(function, args, num_processes, port, mixed_precision),
         nprocs=num_processes,
         start_method=start_method,
+        join=False,
     )
+    try:  # join: waits for all; if one raises, the others are terminated and the error is re-raised here
+        while not ranks.join():
+            pass
+    finally:  # interrupted (Ctrl-C in a notebook, a test's timeout): no rank outlives the launch
+        for process in ranks.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
 
 
 def _cpu_worker(
@@ -178,6 +192,7 @@ def _cpu_worker(
         # gloo otherwise picks the interface of the host name, which may not reach 127.0.0.1.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     reset_accelerate_state()
+    forget_parent_compile_threads()
     from accelerate import PartialState
 
     # Forms the gloo group (MULTI_CPU). Later PartialState() / Accelerator() calls in `function` reuse this

@@ -7,6 +7,8 @@ import tempfile
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="nmt-test-hf-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# torch.compile builds every kernel, as on CI's clean machine: none comes from an earlier run's cache on disk
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="nmt-test-inductor-"))
 
 from pathlib import Path  # noqa: E402
 

@@ -98,6 +98,58 @@ def test_failure_in_one_rank_is_raised_and_does_not_hang():
         launch(_fail_on_rank1, num_processes=2)
 
 
+def _compile_something_new(out_dir: str) -> None:
+    rank = PartialState().process_index
+    twice = torch.compile(lambda x: (x.cos() * 3 - 1).tanh())  # not the parent's function: new kernels to build
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(float(twice(torch.ones(4)).sum())))
+
+
+@needs_cpu_only
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_ranks_compile_after_the_parent_compiled(tmp_path, monkeypatch):
+    """A notebook that compiled something, then launches a compiling run: every rank builds its kernels (the forked
+    ranks inherited torch.compile's thread pool without its threads; with an empty kernel cache they waited for
+    it forever, as in CI)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))  # empty: nothing comes from disk
+    torch.compile(lambda x: (x.sin() * 2 + 1).relu())(torch.ones(4))
+    launch(_compile_something_new, (str(tmp_path),), num_processes=2)
+    assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [
+        pytest.approx(float(torch.tanh(torch.ones(4).cos() * 3 - 1).sum()))] * 2
+
+
+def _sleep_forever(out_dir: str) -> None:
+    import time
+
+    Path(out_dir, f"{os.getpid()}.pid").touch()
+    while True:
+        time.sleep(1)
+
+
+@needs_cpu_only
+@pytest.mark.multiprocess
+def test_an_interrupted_launch_leaves_no_rank_behind(tmp_path):
+    """Ctrl-C in a notebook (or a test's timeout) while the ranks run: the interruption reaches the caller and
+    every rank is gone, none left holding a port, a core or a process group."""
+    import signal
+    import threading
+    import time
+
+    def ctrl_c_once_both_run():
+        while len(list(tmp_path.glob("*.pid"))) < 2:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C sends: KeyboardInterrupt in the caller's thread
+
+    threading.Thread(target=ctrl_c_once_both_run, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        launch(_sleep_forever, (str(tmp_path),), num_processes=2)
+    pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):  # reaped, not a zombie: gone from the process table
+            os.kill(pid, 0)
+
+
 @needs_cpu_only
 @pytest.mark.multiprocess
 def test_notebook_launcher_trap_on_cpu(tmp_path):
