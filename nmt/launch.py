@@ -163,7 +163,9 @@ def _launch_cpu(function: Callable[..., Any], args: tuple, num_processes: int, m
         join=False,
     )
     try:  # join: waits for all; if one raises, the others are terminated and the error is re-raised here
-        while not ranks.join():
+        # in short waits: a Ctrl-C that the kernel hands to another of this process's threads is only seen by this
+        # thread once its wait returns
+        while not ranks.join(timeout=0.5):
             pass
     finally:  # interrupted (Ctrl-C in a notebook, a test's timeout): no rank outlives the launch
         for process in ranks.processes:

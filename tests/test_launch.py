@@ -140,9 +140,13 @@ def test_an_interrupted_launch_leaves_no_rank_behind(tmp_path):
             time.sleep(0.1)
         os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C sends: KeyboardInterrupt in the caller's thread
 
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a plain interpreter's, as a notebook's
     threading.Thread(target=ctrl_c_once_both_run, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        launch(_sleep_forever, (str(tmp_path),), num_processes=2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch(_sleep_forever, (str(tmp_path),), num_processes=2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
     assert len(pids) == 2
     for pid in pids:
