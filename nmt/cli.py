@@ -123,6 +123,8 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=Number(float, "nmt.decoding:SearchConfig.alpha"),
                    help="length penalty exponent (default: the model's tuned alpha, "
                    "search.json in MODEL_DIR when training had tune_alpha, else 0.6)")
+    p.add_argument("--no-repeat-ngram-size", type=Number(int, "nmt.decoding:SearchConfig.no_repeat_ngram_size"),
+                   default=0, help="no n-gram of N tokens twice in a translation (a cure for loops; default 0: off)")
     p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch")
     _add_device_args(p)
 
@@ -154,6 +156,10 @@ def _add_translate(sub) -> None:
                    help="hypotheses per sentence (tab-separated with scores; at most --beam)")
     p.add_argument("--scores", action="store_true", help="TSV: each translation, its mean log-probability per token "
                    "(</s> included) and a 0-1 confidence, exp of that mean (docs/serving.md)")
+    p.add_argument("--guard", action="store_true", help="check each translation for loops and, where the model "
+                   "names its languages, for another language than the target; decode a flagged one again (a wider "
+                   "beam, no 3-gram twice for a loop); with --scores a 4th column says why one stays doubtful "
+                   "(nmt.guard)")
     p.add_argument("--paragraphs", action="store_true", help="a document: each paragraph (lines up to a blank "
                    "line) split into sentences (nmt.sentences' rule), translated, and written as one line; blank "
                    "lines kept")
@@ -427,7 +433,8 @@ def search_kwargs(args: argparse.Namespace) -> dict:
         from nmt.decoding import SamplingConfig
 
         sampling = SamplingConfig(topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed)
-    return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, sampling=sampling, **alpha)
+    return dict(beam_size=args.beam, batch_tokens=args.batch_tokens, sampling=sampling,
+                no_repeat_ngram_size=args.no_repeat_ngram_size, **alpha)
 
 
 def _glossary(args: argparse.Namespace) -> dict:
@@ -566,7 +573,7 @@ def _translate_file(translator, source, seen: _Seen, args: argparse.Namespace) -
 
 def _translate_kwargs(args: argparse.Namespace) -> dict:
     return dict(nbest=args.nbest, tgt_lang=args.tgt_lang, with_scores=args.scores, format=args.format,
-                **search_kwargs(args), **_glossary(args))
+                guard=args.guard, **search_kwargs(args), **_glossary(args))
 
 
 def _translations(translator, source, interactive: bool, seen: _Seen, args: argparse.Namespace):

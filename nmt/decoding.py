@@ -40,6 +40,8 @@ class SearchConfig:
     max_len_a: float = ranged(10, "[0, 1e6]")  # a generated sentence has at most a + b * source length tokens ...
     max_len_b: float = ranged(2.0, "[0, 1e6]")  # ... (including the final </s>)
     max_new_tokens: int = ranged(256, "[1, 1e6]")  # and never more than this
+    # no n-gram of this many tokens twice in a translation (as transformers' no_repeat_ngram_size); 0: any may repeat
+    no_repeat_ngram_size: int = ranged(0, "[0, 1000]")
     # the token every translation starts with, forced (an imported M2M100/NLLB's target language); None: the
     # model's own forced_bos_id (config.json), or none
     first_token: int | None = ranged(None, "[0, 1e9]")
@@ -117,6 +119,8 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
     for t in range(steps):
         _check(cancelled)
         lp = _constrain(dec.step(last), limits.index_select(0, alive) <= t + 1, never, eos, forced if t == 0 else None)
+        if cfg.no_repeat_ngram_size:
+            _ban_repeats(lp, tokens.index_select(0, alive)[:, :t], cfg.no_repeat_ngram_size)
         if sampling is None:
             best, last = lp.max(-1)
         else:
@@ -179,6 +183,8 @@ def beam_search(model, src_ids: torch.Tensor, cfg: SearchConfig, terms: list[lis
         N, W = scores.shape
         at = limits.index_select(0, sent)
         lp = _constrain(dec.step(last), at.repeat_interleave(W) <= t + 1, never, eos, forced if t == 0 else None)
+        if cfg.no_repeat_ngram_size:
+            _ban_repeats(lp, history, cfg.no_repeat_ngram_size)
         if terms is not None:
             terms.restrict(lp, at.repeat_interleave(W) <= t + 1, eos)
         top, beam, tok = _best_continuations(scores, lp, 2 * K)  # (N, 2K): at most K are </s>, K others remain
@@ -317,6 +323,22 @@ def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: torch.Tensor, eo
     lp.masked_fill_(at_limit[:, None], -torch.inf)
     lp[:, eos] = eos_lp
     return lp
+
+
+def _ban_repeats(lp: torch.Tensor, history: torch.Tensor, n: int) -> None:
+    """In place: each row (R, V) of `lp` may not emit a token that would end an n-gram its `history` (R, t) holds
+    already (the row's last n-1 tokens followed by it once before). Without reading the device."""
+    t = history.shape[1]
+    if t < n or n < 1:
+        return
+    grams = history.unfold(1, n, 1)  # (R, t - n + 1, n): every n-gram so far
+    ends = grams[:, :, -1]  # the token each n-gram ended with
+    if n > 1:
+        seen = grams[:, :, :-1].eq(history[:, None, t - n + 1:]).all(-1)  # its first n-1 tokens are the row's last
+        ends = ends.masked_fill(~seen, lp.shape[1])  # points past the vocabulary: bans nothing
+    banned = torch.zeros(lp.shape[0], lp.shape[1] + 1, dtype=torch.bool, device=lp.device)
+    banned.scatter_(1, ends, True)
+    lp.masked_fill_(banned[:, :-1], -torch.inf)
 
 
 def generate(model, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: int = 128, **kwargs) -> torch.Tensor:

@@ -38,7 +38,7 @@ def _identifier():
     return _IDENTIFIER
 
 
-def _base(code: str) -> str:
+def base(code: str) -> str:
     return code.split("_")[0].split("-")[0]  # "pt_BR" and "zh-Hans" are told as "pt" and "zh"
 
 
@@ -51,7 +51,7 @@ def detect(text: str, among: list[str] | None = None, top: int = 3) -> list[tupl
     identifier = _identifier()
     with _LOCK:
         classes = set(identifier.nb_classes)
-        named = {_base(c): c for c in among or () if _base(c) in classes}  # the identifier's code -> the caller's
+        named = {base(c): c for c in among or () if base(c) in classes}  # the identifier's code -> the caller's
         identifier.set_languages(list(named) or None)
         try:
             ranked = identifier.rank(text)[:top]

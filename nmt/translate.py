@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nmt import guard as guard_checks
 from nmt import markup
 from nmt.batching import eval_batches, pad
 from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE, check_output_dir, read_languages, write_directory
@@ -52,6 +53,7 @@ from nmt.decoding import (
     search_encoded,
 )
 from nmt.errors import NmtError
+from nmt.guard import Guard
 from nmt.kernels import use_cpu_kernels
 from nmt.loading import open_model
 from nmt.model import Seq2SeqTransformer
@@ -82,6 +84,7 @@ class Scored:
     text: str
     score: float  # the search's ranking score (log-probability / length penalty), as n-best lists show it
     mean_logprob: float
+    doubt: str = ""  # with a guard: why the translation is doubtful ("off-target: en", "loop"), "" if it is not
 
     @property
     def confidence(self) -> float:
@@ -288,7 +291,8 @@ class Translator:
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
                   long_inputs: str = "truncate", sampling: SamplingConfig | None = None, tgt_lang: str | None = None,
                   glossary: Glossary | dict | list | None = None, with_scores: bool = False, format: str = "text",
-                  cancelled=None, **search_kwargs) -> list[str] | list[list[tuple[str, float]]] | list:
+                  cancelled=None, guard: Guard | bool | None = None,
+                  **search_kwargs) -> list[str] | list[list[tuple[str, float]]] | list:
         """Translate sentences; returns one string per sentence, or with nbest > 1 one list of exactly `nbest`
         (translation, score) pairs per sentence, best first, always in input order.
 
@@ -315,9 +319,17 @@ class Translator:
         `cancelled` (a function), asked before every search step: once it returns True, translate raises
         `nmt.decoding.Cancelled` (a server's model call whose clients all gave up stops there; CTranslate2's
         search is one call, asked before it only).
+        `guard` (True or a `nmt.guard.Guard`): each translation checked for another language than the target (where
+        the model names its languages) and for loops; a flagged one is searched for again (`nmt.guard`), and with
+        `with_scores` what stays doubtful says why (`Scored.doubt`).
         """
         if markup.check_format(format) != "text":
             return self._marked(texts, format, dict(
+                beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
+                tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, cancelled=cancelled, guard=guard,
+                **search_kwargs))
+        if guard:
+            return self._guarded(list(texts), Guard() if guard is True else guard, dict(
                 beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
                 tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, cancelled=cancelled, **search_kwargs))
         if long_inputs not in ("truncate", "split"):
@@ -361,6 +373,49 @@ class Translator:
             scored = [[Scored(t, s, lp / n if n else 0.0) for t, s, lp, n in hs] for hs in joined]
             return [hs[0] for hs in scored] if nbest == 1 else scored
         return [hs[0][0] for hs in joined] if nbest == 1 else [[(t, s) for t, s, *_ in hs] for hs in joined]
+
+    def _guarded(self, texts: list[str], guard: Guard, kwargs: dict) -> list:
+        """translate(..., guard=...): the translations, those `nmt.guard` flags searched for again with its fallback
+        (a `beam_factor` times wider beam whose n-best list is read best first; no n-gram of `no_repeat_ngram_size`
+        tokens twice for a loop), the first candidate that passes taking the place of the first translation."""
+        if kwargs["nbest"] != 1 or kwargs["sampling"] is not None:
+            raise NmtError("guard checks one translation per sentence found by beam search: leave out nbest (--nbest) "
+                           "and sampling (--sampling)")
+        with_scores = kwargs["with_scores"]
+        kwargs = {**kwargs, "with_scores": True}
+        outputs = self.translate(texts, **kwargs)
+        target, among = self.guard_languages(kwargs["tgt_lang"]) if guard.languages else (None, [])
+        doubts = [guard_checks.doubt(out.text, text, guard, target, among) for out, text in zip(outputs, texts)]
+        wide = kwargs["beam_size"] * guard.beam_factor
+        for looped in (False, True):
+            flagged = [i for i, d in enumerate(doubts) if d and (d == "loop") == looped]
+            if not flagged or (wide <= kwargs["beam_size"] and not (looped and guard.no_repeat_ngram_size)):
+                continue  # the fallback would search as the first search did
+            fallback = {**kwargs, "beam_size": wide, "nbest": wide}
+            if looped and guard.no_repeat_ngram_size:
+                fallback["no_repeat_ngram_size"] = guard.no_repeat_ngram_size
+            for i, candidates in zip(flagged, self.translate([texts[i] for i in flagged], **fallback)):
+                mended = next((c for c in candidates
+                               if not guard_checks.doubt(c.text, texts[i], guard, target, among)), None)
+                if mended is not None:
+                    outputs[i], doubts[i] = mended, ""
+        if with_scores:
+            return [replace(out, doubt=d) for out, d in zip(outputs, doubts)]
+        return [out.text for out in outputs]
+
+    def guard_languages(self, tgt_lang: str | None) -> tuple[str | None, list[str]]:
+        """(the target's code, the model's languages) as the language identifier names them (an imported
+        M2M100/NLLB's deu_Latn by its alias de), for the guard's check; (None, []) where the model does not name its
+        languages (one pair, no languages.json)."""
+        record = self.languages or {}
+        short = {code: alias for alias, code in (record.get("aliases") or {}).items()}
+        codes = [short.get(c, c) for c in record.get("target_languages") or []]
+        if not codes:
+            return None, []
+        target = self.target_language(tgt_lang) if tgt_lang is not None else None
+        if target is None and len(codes) == 1:
+            target = codes[0]
+        return (short.get(target, target) if target is not None else None), codes
 
     def check_format(self, format: str, nbest: int = 1) -> None:
         """NmtError where `format` cannot be translated with these settings: markup needs one translation per
@@ -573,7 +628,8 @@ class Translator:
         start = first_line
         for chunk in batches:
             chunk = [line.rstrip("\r\n") for line in chunk]
-            yield from self._flat(self._translate_safely(chunk, start, _seeded_from(kwargs, start), failed))
+            yield from self._flat(self._translate_safely(chunk, start, _seeded_from(kwargs, start), failed),
+                                  bool(kwargs.get("guard")))
             start += len(chunk)
 
     def _translate_safely(self, chunk: list[str], first_line: int, kwargs: dict, failed: list[int] | None) -> list:
@@ -614,12 +670,13 @@ class Translator:
         return "" if kwargs.get("nbest", 1) == 1 else []
 
     @staticmethod
-    def _flat(outputs) -> Iterator[str]:
+    def _flat(outputs, guarded: bool = False) -> Iterator[str]:
         """Output lines: a translation; n-best: text TAB score, repeated; with scores, text TAB mean log-probability
-        TAB confidence (repeated for n-best)."""
+        TAB confidence (repeated for n-best), and with a guard TAB why it is doubtful (empty when it is not)."""
         def fields(out) -> str:
             if isinstance(out, Scored):
-                return f"{out.text}\t{out.mean_logprob:.4f}\t{out.confidence:.4f}"
+                doubt = f"\t{out.doubt}" if guarded else ""
+                return f"{out.text}\t{out.mean_logprob:.4f}\t{out.confidence:.4f}{doubt}"
             return out if isinstance(out, str) else f"{out[0]}\t{out[1]:.4f}"
         for out in outputs:
             yield fields(out) if isinstance(out, (str, Scored)) else "\t".join(fields(o) for o in out)
@@ -889,7 +946,7 @@ class CT2Model:
             results = self.translator.translate_batch(
                 tokens, **{"beam_size": search.beam_size, "num_hypotheses": search.nbest, **options},
                 length_penalty=search.alpha, max_decoding_length=max(limit - 1, 1), return_scores=True,
-                return_end_token=True, suppress_sequences=never)
+                return_end_token=True, suppress_sequences=never, no_repeat_ngram_size=search.no_repeat_ngram_size)
             for r, res in zip(rows, results):
                 out[r] = [self._hypothesis(h, s) for h, s in zip(res.hypotheses, res.scores)]
         return out

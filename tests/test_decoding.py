@@ -77,6 +77,11 @@ class EosAverse(nn.Module):
         logits[..., EOS] -= 50.0
         return logits
 
+    def forward(self, src_ids, tgt_in_ids):
+        logits = self.inner(src_ids, tgt_in_ids).clone()
+        logits[..., EOS] -= 50.0
+        return logits
+
 
 @st.composite
 def cases(draw, max_rows: int = 4):
@@ -107,12 +112,18 @@ def forced_logprob(model, src_row: torch.Tensor, tokens: list[int]) -> float:
     return float(lp[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
 
 
-def reference_greedy(model, src_row: torch.Tensor, limit: int) -> list[int]:
-    """Greedy for one sentence by full recomputation: never <pad>/<s>; only </s> once at the limit."""
+def reference_greedy(model, src_row: torch.Tensor, limit: int, no_repeat: int = 0) -> list[int]:
+    """Greedy for one sentence by full recomputation: never <pad>/<s>; only </s> once at the limit; with
+    `no_repeat` n, never a token that ends an n-gram the translation holds already."""
     tokens: list[int] = []
     while not tokens or tokens[-1] != EOS:
         logits = model(src_row, torch.tensor([[BOS, *tokens]]))[0, -1].float()
         logits[[PAD, BOS]] = -torch.inf
+        if no_repeat:
+            tail = tokens[len(tokens) - no_repeat + 1:] if no_repeat > 1 else []
+            for j in range(len(tokens) - no_repeat + 1):
+                if tokens[j: j + no_repeat - 1] == tail:
+                    logits[tokens[j + no_repeat - 1]] = -torch.inf
         tokens.append(EOS if len(tokens) + 1 >= limit else int(logits.argmax()))
     return tokens
 
@@ -164,6 +175,27 @@ def test_beam_hypotheses_are_sorted_scored_and_within_limits(case, cfg):
             assert len({tuple(h.tokens) for h in nbest}) == len(nbest)
             for hyp in nbest:
                 check_hypothesis(model, src_ids[i : i + 1], hyp, limits[i], cfg.alpha)
+
+
+def repeats(tokens: list[int], n: int) -> bool:
+    grams = [tuple(tokens[i: i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+@PROPERTY
+@given(case=cases(), cfg=searches, n=st.integers(1, 3))
+def test_no_repeat_ngram_size_keeps_every_n_gram_to_once(case, cfg, n):
+    """no_repeat_ngram_size n on a model made to run to its length limit, where loops come: no hypothesis of
+    beam search holds an n-gram twice, and greedy picks at each step the best token that repeats none, as
+    recomputed from scratch."""
+    model, src_ids = case
+    model, cfg = EosAverse(model), replace(cfg, no_repeat_ngram_size=n, nbest=cfg.beam_size)
+    limits = limits_of(src_ids, cfg)
+    for nbest in beam_search(model, src_ids, cfg):
+        assert not any(repeats(h.tokens, n) for h in nbest)
+    with torch.no_grad():
+        for i, hyp in enumerate(greedy(model, src_ids, replace(cfg, beam_size=1, nbest=1))):
+            assert hyp.tokens == reference_greedy(model, src_ids[i: i + 1], limits[i], no_repeat=n)
 
 
 @settings(max_examples=10, deadline=None)

@@ -81,7 +81,8 @@ LAYERS = [
     {"errors", "synthetic"},
     {"compat"},  # names a changed private API in an NmtError
     {"metrics", "textfiles", "launch", "sentences", "markup", "language"},  # markup: tags out and back; language: ID
-    {"config", "tools.plot", "hub"},  # plot: writes with textfiles; hub: Hub ids resolved to local directories
+    {"config", "tools.plot", "hub", "guard"},  # plot: writes with textfiles; hub: Hub ids resolved to local
+    # directories; guard: loops and off-target translations, told by language
     {"plan"},
     {"checkpoint"},  # a model directory's files name its ModelConfig
     {"tokenizer", "validate"},

@@ -118,8 +118,9 @@ def test_an_opus_mt_directory_imports_with_the_ids_marian_tokenizer_gives(opus):
 
 @pytest.mark.slow
 def test_an_imported_opus_mt_model_translates_padded_batches_as_generate(opus, capsys, tmp_path):
-    """Every sentence of one padded batch of 3- to 12-word sentences: greedy, and beam 4 without length penalty,
-    as transformers translates each (before, padding with id 0, Marian's </s>, changed most lines)."""
+    """Every sentence of one padded batch of 3- to 12-word sentences: greedy, beam 4 without length penalty, and
+    beam 4 with no token twice (no_repeat_ngram_size 1), as transformers translates each (before, padding with id 0,
+    Marian's </s>, changed most lines)."""
     hf_dir, out = opus
     hf = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
     tok = transformers.MarianTokenizer.from_pretrained(hf_dir)
@@ -128,6 +129,9 @@ def test_an_imported_opus_mt_model_translates_padded_batches_as_generate(opus, c
     assert len({len(line.split()) for line in greedy}) >= 4  # translations of many lengths, each ended by the model
     beam = _translate(capsys, out, TEST, tmp_path, "--beam", "4", "--alpha", "0")
     assert beam == [_generate(hf, tok, s, num_beams=4, length_penalty=0.0, early_stopping=True) for s in TEST]
+    no_repeat = _translate(capsys, out, TEST, tmp_path, "--beam", "4", "--alpha", "0", "--no-repeat-ngram-size", "1")
+    assert no_repeat != beam and no_repeat == [_generate(hf, tok, s, num_beams=4, length_penalty=0.0,
+                                                         early_stopping=True, no_repeat_ngram_size=1) for s in TEST]
 
 
 @pytest.mark.slow

@@ -297,8 +297,10 @@ def run_decode(readme: Readme, cmd: Cmd, monkeypatch) -> None:
         if "--glossary" in words:
             term = (readme.dir / words[words.index("--glossary") + 1]).read_text().split("\t")[0]
             assert all(GLOSSARY_TARGET in o for g, o in zip(given, out) if term in g.split()), out
-        if "--scores" in words:
-            assert all(len(o.split("\t")) == 3 and 0 <= float(o.split("\t")[2]) <= 1 for o in out), out
+        if "--scores" in words:  # with --guard a 4th column: why a translation stays doubtful, or nothing
+            columns = 4 if "--guard" in words else 3
+            assert all(len(o.split("\t")) == columns and 0 <= float(o.split("\t")[2]) <= 1 for o in out), out
+            assert all(o.split("\t")[3] in ("", "loop") for o in out if columns == 4), out  # one pair: no language
         if "--format" in words:
             assert all(o.count("<b>") == g.count("<b>") == o.count("</b>") for g, o in zip(given, out)), out
     else:

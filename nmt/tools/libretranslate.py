@@ -144,7 +144,8 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
     nbest = 1 if text_format == "html" else alternatives + 1  # as LibreTranslate: no alternatives for html ([])
     options = {"beam_size": max(api.cfg.beam, nbest), **({"nbest": nbest} if nbest > 1 else {}),
                **({"format": "html"} if text_format == "html" else {}),
-               **({"tgt_lang": target} if api.translator.target_languages else {})}
+               **({"tgt_lang": target} if api.translator.target_languages else {}),
+               **({"guard": True} if api.cfg.guard else {})}
     outputs: list = []
     if sentences:
         done = await api.run(request, sentences, options, api.cfg.timeout)

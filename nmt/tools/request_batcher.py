@@ -66,6 +66,7 @@ class ServeConfig:
     shutdown_timeout: float = _flag(10.0, "on SIGTERM or Ctrl-C: seconds the requests in flight get to finish; the "
                                     "rest get HTTP 503 and the server exits", "[0, 86400]")
     beam: int = _flag(4, "the beam size of requests that do not give one", "nmt.decoding:SearchConfig.beam_size")
+    guard: bool = False  # --guard: requests that do not say "guard": false are checked (nmt.guard)
     threads: int = _flag(0, "torch threads of the model (0: torch's default)", "[0, 4096]")
     api_key: str | None = field(default=None, repr=False)  # --api-key or $NMT_API_KEY; never shown by GET /info
 
@@ -79,6 +80,9 @@ class ServeConfig:
         parser.add_argument("--api-key", default=None,
                             help=f"requests other than GET /health must send 'Authorization: Bearer KEY' (HTTP 401 "
                             f"otherwise); default: ${API_KEY_ENV}, which other users cannot read in `ps`")
+        parser.add_argument("--guard", action="store_true",
+                            help="check every translation for loops and another language than the target and search "
+                            "again for those flagged (nmt.guard), unless a request says \"guard\": false")
         for f in fields(cls):
             if "help" in f.metadata:
                 allowed = f.metadata.get(RANGE) or f.metadata.get(RANGE_OF)

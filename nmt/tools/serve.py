@@ -51,6 +51,7 @@ from nmt.config import RANGE, Range
 from nmt.constraints import MAX_TERM_CHARS, Glossary
 from nmt.decoding import SearchConfig
 from nmt.errors import NmtError
+from nmt.guard import Guard
 from nmt.sentences import join_documents, split_documents
 from nmt.tools import libretranslate
 from nmt.tools.request_batcher import (
@@ -70,7 +71,7 @@ log = logging.getLogger(__name__)
 # Request options: JSON key -> (Translator.translate keyword, type). Their ranges are SearchConfig's: what a request
 # may cost is bounded by --max-cost, not by a second set of numbers here.
 OPTIONS = {"beam": ("beam_size", int), "alpha": ("alpha", float), "nbest": ("nbest", int),
-           "max_new_tokens": ("max_new_tokens", int)}
+           "max_new_tokens": ("max_new_tokens", int), "no_repeat_ngram_size": ("no_repeat_ngram_size", int)}
 SEARCH_RANGES = {f.name: f.metadata[RANGE] for f in dataclasses.fields(SearchConfig) if RANGE in f.metadata}
 # what GET /info shows of `nmt info --json`: no paths, no command lines
 MAX_GLOSSARY_PAIRS = 256  # a request's glossary: at most this many pairs, of at most MAX_TERM_CHARS characters a term
@@ -119,10 +120,10 @@ def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float,
     "paragraphs": true the documents' layout, `nmt.sentences.split_documents`, else None); BadRequest names the
     field. With paragraphs each item of `sentences` is a document, split into sentences that the limits apply to."""
     unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "scores", "glossary", "format", "paragraphs",
-                                  *OPTIONS})
+                                  "guard", *OPTIONS})
     if unknown:
         raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, tgt_lang, scores, "
-                         f"glossary, format, paragraphs, {', '.join(OPTIONS)}")
+                         f"glossary, format, paragraphs, guard, {', '.join(OPTIONS)}")
     sentences = data.get("sentences")
     if not isinstance(sentences, list) or not sentences:
         raise BadRequest(400, "'sentences' must be a non-empty list of strings")
@@ -153,6 +154,10 @@ def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float,
         if not isinstance(data["scores"], bool):
             raise BadRequest(400, f"'scores' must be true or false, got {_short(data['scores'])}")
         options["with_scores"] = data["scores"]
+    if not isinstance(data.get("guard", cfg.guard), bool):
+        raise BadRequest(400, f"'guard' must be true or false, got {_short(data['guard'])}")
+    if data.get("guard", cfg.guard):  # loops and the wrong language searched for again (nmt.guard)
+        options["guard"] = True
     if "glossary" in data:
         options["glossary"] = parse_glossary(data["glossary"])
     if "format" in data:  # "html", "xml": each sentence is markup, its tags kept (nmt.markup)
@@ -218,13 +223,15 @@ def decoding_costs(translator, tokens: list[int], options: dict, terms: list[int
     """Per sentence: beam x the most output tokens search may generate for it (as Translator.translate and
     nmt.decoding.length_limits bound them: min(a + b * source length, max_new_tokens), truncated sources), times
     1 + the glossary terms it holds (`terms`): the constrained search weighs each term's next token for every
-    beam at every step."""
+    beam at every step; with a guard, times 1 + its beam factor (every sentence may be searched for again with
+    the wider beam)."""
     limit = translator.model.cfg.max_positions
+    again = 1 + Guard().beam_factor if options.get("guard") else 1
     search = SearchConfig(**{k: v for k, v in {**translator.search_defaults, **options}.items()
                              if k in SEARCH_RANGES and k != "max_new_tokens"})
     most = min(options.get("max_new_tokens", limit), limit - 1)
     return [search.beam_size * max(1, min(int(search.max_len_a + search.max_len_b * min(n, limit)), most)) * (1 + c)
-            for n, c in zip(tokens, terms or [0] * len(tokens))]
+            * again for n, c in zip(tokens, terms or [0] * len(tokens))]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -304,7 +311,8 @@ class Api:
         outputs, job = done
         if layout is not None:
             outputs = join_documents(layout, outputs)
-        return JSONResponse({"translations": [_jsonable(o) for o in outputs], "batch": job.batch})
+        guarded = bool(options.get("guard"))
+        return JSONResponse({"translations": [_jsonable(o, guarded) for o in outputs], "batch": job.batch})
 
     @staticmethod
     async def fields(request: Request, body: bytes) -> tuple[dict, bool]:
@@ -541,13 +549,15 @@ def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlet
     return app
 
 
-def _jsonable(output):
-    """A translation: a string; with scores {"text", "mean_logprob", "confidence"}; n-best a list of {"text",
-    "score"} (with scores, and "mean_logprob", "confidence")."""
+def _jsonable(output, guarded: bool = False):
+    """A translation: a string; with scores {"text", "mean_logprob", "confidence"} (and with a guard "doubt": why it
+    stays doubtful, "" when it is not); n-best a list of {"text", "score"} (with scores, and "mean_logprob",
+    "confidence")."""
     if isinstance(output, str):
         return output
     if isinstance(output, Scored):
-        return {"text": output.text, "mean_logprob": output.mean_logprob, "confidence": output.confidence}
+        doubt = {"doubt": output.doubt} if guarded else {}
+        return {"text": output.text, "mean_logprob": output.mean_logprob, "confidence": output.confidence, **doubt}
     return [{"text": o.text, "score": o.score, "mean_logprob": o.mean_logprob, "confidence": o.confidence}
             if isinstance(o, Scored) else {"text": o[0], "score": o[1]} for o in output]
 
