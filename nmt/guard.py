@@ -75,10 +75,10 @@ def loops(translation: str, source: str) -> bool:
 def off_target(translation: str, target: str, among: list[str]) -> str | None:
     """The language `translation` is in when it is confidently not `target` (a code the identifier knows), told
     among the codes of `among`; None when it is the target, or too short or mixed to tell."""
-    from nmt.language import TooShort, base, detect
+    from nmt.language import TooShort, base, detect, knows
 
-    if sum(c.isalpha() for c in translation) < MIN_LETTERS:
-        return None
+    if sum(c.isalpha() for c in translation) < MIN_LETTERS or not knows(target):
+        return None  # too short to tell, or a language the identifier cannot tell (it would name another)
     try:
         language, p = detect(translation, among=sorted({*among, target}), top=1)[0]
     except TooShort:

@@ -42,6 +42,11 @@ def base(code: str) -> str:
     return code.split("_")[0].split("-")[0]  # "pt_BR" and "zh-Hans" are told as "pt" and "zh"
 
 
+def knows(code: str) -> bool:
+    """Whether the identifier can tell language `code` ("pt_BR" as "pt")."""
+    return base(code) in set(_identifier().nb_classes)
+
+
 def detect(text: str, among: list[str] | None = None, top: int = 3) -> list[tuple[str, float]]:
     """The `top` most likely languages of `text` with their probabilities (0-1, best first), among the codes of
     `among` that the identifier knows (all it knows where none or no `among`). TooShort for a text of fewer than

@@ -37,6 +37,7 @@ def test_off_target_names_the_language_a_translation_is_in_when_it_is_not_the_ta
     assert off_target(german, "de", ["en", "de"]) is None
     assert off_target(german, "de_DE", ["en", "de_DE"]) is None  # a regional code is its language
     assert off_target("Hallo, Tom!", "en", ["en", "de"]) is None  # too few letters to tell
+    assert off_target(english, "xx", ["en", "xx"]) is None  # a language the identifier cannot tell: no check
 
 
 def test_the_guard_decodes_flagged_sentences_again_and_leaves_the_others_as_they_were(tmp_path, capsys):
