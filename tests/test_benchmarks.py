@@ -341,3 +341,16 @@ def test_finetune_adapts_an_opus_mt_style_hub_model_three_ways(corpus_dir, tmp_p
     assert all(len(row[18:].split()) == 5 for row in table[1:5])  # new BLEU/chrF, old BLEU/chrF, minutes
     assert table[5].startswith("floor 1, (a) - (c) on the new domain: ")
     assert table[6].startswith("floor 2, (a) - start on the old domain: ")
+
+
+def test_guard_on_a_model_of_both_directions(corpus_dir, tmp_path):
+    """benchmarks/guard.py trains a two-direction model, then translates each direction with and without --guard
+    (the user's commands) and compares the fallbacks on what the guard flagged."""
+    out = run("guard.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.2", "--beam", "2", "--output",
+              str(tmp_path / "runs"), cwd=tmp_path, home=tmp_path)
+    assert f"$ nmt train --config {tmp_path / 'runs' / 'both.yaml'} --max_minutes 0.2" in out
+    assert "--tgt-lang xx --beam 2 --scores --guard" in out and "--tgt-lang en --beam 2 --scores" in out
+    table = out[out.index("setting"):].splitlines()
+    assert [row.split()[:2] for row in table if row.startswith(("en-xx ", "xx-en "))] == [
+        ["en-xx", "plain"], ["en-xx", "--guard"], ["xx-en", "plain"], ["xx-en", "--guard"]]
+    assert sum(re.match(r"(en-xx|xx-en): 40 sentences, \d+ flagged", row) is not None for row in table) == 2
