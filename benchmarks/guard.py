@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from multilingual import multilingual_config  # noqa: E402
 from quality import run_user_command  # noqa: E402
 
-from nmt.guard import Guard, doubt, loops  # noqa: E402
+from nmt.guard import Guard, loops  # noqa: E402
 from nmt.metrics import corpus_scores  # noqa: E402
 
 
@@ -57,14 +57,14 @@ def direction(model: Path, data: Path, src: str, tgt: str, beam: int, out: Path)
     translator = Translator.from_pretrained(model)
     target, among = translator.guard_languages(tgt)
     check = Guard()
-    reasons = [doubt(row[0], s, check, target, among) for row, s in zip(plain, sources)]
+    reasons = [check.doubt(row[0], s, target, among) for row, s in zip(plain, sources)]
     flagged = [i for i, r in enumerate(reasons) if r]
     untouched = [i for i, r in enumerate(reasons) if not r]
     assert all(guarded[i][0] == plain[i][0] for i in untouched), "a sentence the guard passed was changed"
     rows = []
     for name, outs, seconds in (("plain", plain, t_plain), ("--guard", guarded, t_guard)):
         texts = [row[0] for row in outs]
-        off = sum(doubt(t, s, Guard(loops=False), target, among) != "" for t, s in zip(texts, sources))
+        off = sum(Guard(loops=False).doubt(t, s, target, among) != "" for t, s in zip(texts, sources))
         looped = sum(loops(t, s) for t, s in zip(texts, sources))
         every = corpus_scores(texts, refs)
         kept = (f"{'-':>10} {'-':>10}" if not untouched else "{bleu:10.2f} {chrf:10.2f}".format(

@@ -120,7 +120,7 @@ def greedy(model, src_ids: torch.Tensor, cfg: SearchConfig | None = None,
         _check(cancelled)
         lp = _constrain(dec.step(last), limits.index_select(0, alive) <= t + 1, never, eos, forced if t == 0 else None)
         if cfg.no_repeat_ngram_size:
-            _ban_repeats(lp, tokens.index_select(0, alive)[:, :t], cfg.no_repeat_ngram_size)
+            _ban_repeats(lp, tokens[:, :t].index_select(0, alive), cfg.no_repeat_ngram_size)
         if sampling is None:
             best, last = lp.max(-1)
         else:

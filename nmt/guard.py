@@ -4,8 +4,8 @@ the one asked for (a multilingual model's commonest fault), and loops ("I'm sorr
 `Translator.translate(..., guard=True)` checks each translation; a flagged one is searched for again with the
 fallback (`Guard`: a wider beam whose n-best list is read best first, and no n-gram twice where it looped), and
 the first candidate that passes both checks replaces it. What no candidate mends keeps its first translation and
-says why it is doubtful (`Scored.doubt`: "off-target: en", "loop"). Sentences that pass are not decoded again, so
-their translations are exactly those without the guard.
+says why it is doubtful (`Guard.doubt`, `Scored.doubt`: "off-target: en", "loop"). Sentences that pass are not
+decoded again, so their translations are exactly those without the guard.
 
 The checks:
 - **Loop**: a run of 1 to `MAX_SPAN` words said back to back at least 3 times (4 for a single word), or a run of 1
@@ -37,6 +37,17 @@ class Guard:
     loops: bool = True  # check for loops
     beam_factor: int = 2  # the fallback's beam: this many times the call's own, all of its hypotheses read
     no_repeat_ngram_size: int = 3  # the fallback of a loop never says an n-gram of this many tokens twice (0: off)
+
+    def doubt(self, translation: str, source: str, target: str | None, among: list[str]) -> str:
+        """Why `translation` of `source` is doubtful ("off-target: en", "loop"), or "" when it passes; `target` and
+        `among` as `Translator.guard_languages` gives them (None: no language check)."""
+        if self.languages and target is not None:
+            other = off_target(translation, target, among)
+            if other is not None:
+                return f"off-target: {other}"
+        if self.loops and loops(translation, source):
+            return "loop"
+        return ""
 
 
 def _units(text: str) -> list[str]:
@@ -84,14 +95,3 @@ def off_target(translation: str, target: str, among: list[str]) -> str | None:
     except TooShort:
         return None
     return language if base(language) != base(target) and p >= OFF_TARGET_CONFIDENCE else None
-
-
-def doubt(translation: str, source: str, guard: Guard, target: str | None, among: list[str]) -> str:
-    """Why `translation` of `source` is doubtful ("off-target: en", "loop"), or "" when it passes."""
-    if guard.languages and target is not None:
-        other = off_target(translation, target, among)
-        if other is not None:
-            return f"off-target: {other}"
-    if guard.loops and loops(translation, source):
-        return "loop"
-    return ""

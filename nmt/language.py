@@ -23,6 +23,7 @@ class TooShort(NmtError):
 
 
 _IDENTIFIER = None
+_LANGUAGES: frozenset[str] | None = None
 _LOCK = threading.Lock()  # the identifier is restricted to a set of languages per call: one call at a time
 
 
@@ -42,9 +43,17 @@ def base(code: str) -> str:
     return code.split("_")[0].split("-")[0]  # "pt_BR" and "zh-Hans" are told as "pt" and "zh"
 
 
+def _languages() -> frozenset[str]:
+    """The codes the identifier tells (read once)."""
+    global _LANGUAGES
+    if _LANGUAGES is None:
+        _LANGUAGES = frozenset(_identifier().nb_classes)
+    return _LANGUAGES
+
+
 def knows(code: str) -> bool:
     """Whether the identifier can tell language `code` ("pt_BR" as "pt")."""
-    return base(code) in set(_identifier().nb_classes)
+    return base(code) in _languages()
 
 
 def detect(text: str, among: list[str] | None = None, top: int = 3) -> list[tuple[str, float]]:
@@ -55,8 +64,7 @@ def detect(text: str, among: list[str] | None = None, top: int = 3) -> list[tupl
         raise TooShort("the text is too short to tell its language (fewer than 3 letters): give its language")
     identifier = _identifier()
     with _LOCK:
-        classes = set(identifier.nb_classes)
-        named = {base(c): c for c in among or () if base(c) in classes}  # the identifier's code -> the caller's
+        named = {base(c): c for c in among or () if knows(c)}  # the identifier's code -> the caller's
         identifier.set_languages(list(named) or None)
         try:
             ranked = identifier.rank(text)[:top]

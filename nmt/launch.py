@@ -144,10 +144,14 @@ def _launch_gpus(function: Callable[..., Any], args: tuple, num_processes: int, 
     )
 
 
-def _gpu_worker(function: Callable[..., Any], *args: Any) -> None:
-    # A forked child inherits the parent's accelerate singletons and torch.compile's threadless pool; start clean.
+def _start_clean() -> None:
+    """In a forked child: forget the parent's accelerate singletons and torch.compile's pool without threads."""
     reset_accelerate_state()
     forget_parent_compile_threads()
+
+
+def _gpu_worker(function: Callable[..., Any], *args: Any) -> None:
+    _start_clean()
     function(*args)
 
 
@@ -193,8 +197,7 @@ def _cpu_worker(
     if sys.platform.startswith("linux"):
         # gloo otherwise picks the interface of the host name, which may not reach 127.0.0.1.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    reset_accelerate_state()
-    forget_parent_compile_threads()
+    _start_clean()
     from accelerate import PartialState
 
     # Forms the gloo group (MULTI_CPU). Later PartialState() / Accelerator() calls in `function` reuse this

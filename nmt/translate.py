@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt import guard as guard_checks
 from nmt import markup
 from nmt.batching import eval_batches, pad
 from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE, check_output_dir, read_languages, write_directory
@@ -385,7 +384,7 @@ class Translator:
         kwargs = {**kwargs, "with_scores": True}
         outputs = self.translate(texts, **kwargs)
         target, among = self.guard_languages(kwargs["tgt_lang"]) if guard.languages else (None, [])
-        doubts = [guard_checks.doubt(out.text, text, guard, target, among) for out, text in zip(outputs, texts)]
+        doubts = [guard.doubt(out.text, text, target, among) for out, text in zip(outputs, texts)]
         wide = kwargs["beam_size"] * guard.beam_factor
         for looped in (False, True):
             flagged = [i for i, d in enumerate(doubts) if d and (d == "loop") == looped]
@@ -396,7 +395,7 @@ class Translator:
                 fallback["no_repeat_ngram_size"] = guard.no_repeat_ngram_size
             for i, candidates in zip(flagged, self.translate([texts[i] for i in flagged], **fallback)):
                 mended = next((c for c in candidates
-                               if not guard_checks.doubt(c.text, texts[i], guard, target, among)), None)
+                               if not guard.doubt(c.text, texts[i], target, among)), None)
                 if mended is not None:
                     outputs[i], doubts[i] = mended, ""
         if with_scores:
