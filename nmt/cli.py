@@ -108,6 +108,8 @@ def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
                    "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
     _add_decoding_args(p)
     p.add_argument("--tgt-lang", help="a multilingual model's target language (one of its languages.json's)")
+    p.add_argument("--src-lang", help="an imported M2M100/NLLB model's source language, a code or auto (each "
+                   "sentence's told; default: the one it was imported with)")
     p.add_argument("--output", help="write here instead of stdout (evaluate: the hypotheses)")
     p.add_argument("--glossary", metavar="TSV", help="terms translated your way: source term TAB target term, one a "
                    "line; where a sentence holds a source term (whole words, case as given) its translation holds "
@@ -572,8 +574,8 @@ def _translate_file(translator, source, seen: _Seen, args: argparse.Namespace) -
 
 
 def _translate_kwargs(args: argparse.Namespace) -> dict:
-    return dict(nbest=args.nbest, tgt_lang=args.tgt_lang, with_scores=args.scores, format=args.format,
-                guard=args.guard, **search_kwargs(args), **_glossary(args))
+    return dict(nbest=args.nbest, tgt_lang=args.tgt_lang, src_lang=args.src_lang, with_scores=args.scores,
+                format=args.format, guard=args.guard, **search_kwargs(args), **_glossary(args))
 
 
 def _translations(translator, source, interactive: bool, seen: _Seen, args: argparse.Namespace):
@@ -664,7 +666,7 @@ def _draw_first(translator, seen: _Seen, args: argparse.Namespace) -> None:
         translator = Translator.from_pretrained(args.model_dir[0], args.device, dtype=args.dtype or "fp32")
     text, alpha = seen.first, {} if args.alpha is None else {"alpha": args.alpha}
     src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam,
-                                             tgt_lang=args.tgt_lang, **alpha)
+                                             tgt_lang=args.tgt_lang, src_lang=args.src_lang, **alpha)
     translation = translator.tokenizer.decode_tgt([[translator.tokenizer.tgt.token_to_id(t) for t in tgt]])[0]
     out = plot_alignment(src, tgt, weights, args.attention, title=f"{text}  \u2192  {translation}")
     print(f"wrote {out} (cross-attention of the first sentence)", file=sys.stderr)
@@ -680,7 +682,8 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise NmtError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    hyps = _translator(args).translate(src, tgt_lang=args.tgt_lang, **search_kwargs(args), **_glossary(args))
+    hyps = _translator(args).translate(src, tgt_lang=args.tgt_lang, src_lang=args.src_lang, **search_kwargs(args),
+                                       **_glossary(args))
     if args.output:
         with atomic_file(args.output) as sink:
             sink.write("".join(h + "\n" for h in hyps))

@@ -29,6 +29,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
+from nmt.language import ISO639_3
 
 INSTALL_HINT = "pip install 'nmt[hf]' (transformers, sentencepiece and protobuf)"
 MARIAN, M2M100, PEGASUS = "marian", "m2m_100", "pegasus"
@@ -40,16 +41,6 @@ ATTENTION_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implemen
 SHARD = re.compile(r"[\w.-]+\.safetensors")  # a weights shard's file name, in the directory itself
 # a multilingual model's language tokens: M2M100's __de__ (the code inside), NLLB's deu_Latn (the code itself)
 M2M100_LANG, NLLB_LANG = re.compile(r"__([a-z]{2,3}(?:_[A-Za-z]{2,4})?)__"), re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
-# ISO 639-1 -> the ISO 639-3 code NLLB names the language (or its standard variety) by
-ISO639_3 = dict(pair.split(":") for pair in """af:afr ak:aka am:amh ar:arb as:asm ay:ayr az:azj ba:bak be:bel bg:bul
-bm:bam bn:ben bo:bod bs:bos ca:cat cs:ces cy:cym da:dan de:deu dz:dzo ee:ewe el:ell en:eng eo:epo es:spa et:est eu:eus
-fa:pes ff:fuv fi:fin fj:fij fo:fao fr:fra ga:gle gd:gla gl:glg gn:grn gu:guj ha:hau he:heb hi:hin hr:hrv ht:hat hu:hun
-hy:hye id:ind ig:ibo is:isl it:ita ja:jpn jv:jav ka:kat kg:kon ki:kik kk:kaz km:khm kn:kan ko:kor kr:knc ks:kas ku:kmr
-ky:kir lb:ltz lg:lug li:lim ln:lin lo:lao lt:lit lv:lvs mg:plt mi:mri mk:mkd ml:mal mn:khk mr:mar ms:zsm mt:mlt my:mya
-nb:nob ne:npi nl:nld nn:nno no:nob ny:nya oc:oci om:gaz or:ory pa:pan pl:pol ps:pbt pt:por qu:quy rn:run ro:ron ru:rus
-rw:kin sa:san sc:srd sd:snd sg:sag si:sin sk:slk sl:slv sm:smo sn:sna so:som sq:als sr:srp ss:ssw st:sot su:sun sv:swe
-sw:swh ta:tam te:tel tg:tgk th:tha ti:tir tk:tuk tl:tgl tn:tsn tr:tur ts:tso tt:tat tw:twi ug:uig uk:ukr ur:urd uz:uzn
-vi:vie wo:wol xh:xho yi:ydd yo:yor zh:zho zu:zul""".split())
 log = logging.getLogger(__name__)
 
 

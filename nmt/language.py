@@ -14,6 +14,19 @@ import threading
 
 from nmt.errors import NmtError
 
+# ISO 639-1 -> the ISO 639-3 code NLLB names the language (or its standard variety) by
+ISO639_3 = dict(pair.split(":") for pair in """af:afr ak:aka am:amh ar:arb as:asm ay:ayr az:azj ba:bak be:bel bg:bul
+bm:bam bn:ben bo:bod bs:bos ca:cat cs:ces cy:cym da:dan de:deu dz:dzo ee:ewe el:ell en:eng eo:epo es:spa et:est eu:eus
+fa:pes ff:fuv fi:fin fj:fij fo:fao fr:fra ga:gle gd:gla gl:glg gn:grn gu:guj ha:hau he:heb hi:hin hr:hrv ht:hat hu:hun
+hy:hye id:ind ig:ibo is:isl it:ita ja:jpn jv:jav ka:kat kg:kon ki:kik kk:kaz km:khm kn:kan ko:kor kr:knc ks:kas ku:kmr
+ky:kir lb:ltz lg:lug li:lim ln:lin lo:lao lt:lit lv:lvs mg:plt mi:mri mk:mkd ml:mal mn:khk mr:mar ms:zsm mt:mlt my:mya
+nb:nob ne:npi nl:nld nn:nno no:nob ny:nya oc:oci om:gaz or:ory pa:pan pl:pol ps:pbt pt:por qu:quy rn:run ro:ron ru:rus
+rw:kin sa:san sc:srd sd:snd sg:sag si:sin sk:slk sl:slv sm:smo sn:sna so:som sq:als sr:srp ss:ssw st:sot su:sun sv:swe
+sw:swh ta:tam te:tel tg:tgk th:tha ti:tir tk:tuk tl:tgl tn:tsn tr:tur ts:tso tt:tat tw:twi ug:uig uk:ukr ur:urd uz:uzn
+vi:vie wo:wol xh:xho yi:ydd yo:yor zh:zho zu:zul""".split())
+ISO639_1 = {}  # NLLB's ISO 639-3 code -> ISO 639-1, the identifier's (the first where two share one: nb)
+for _iso1, _iso3 in ISO639_3.items():
+    ISO639_1.setdefault(_iso3, _iso1)
 MIN_LETTERS = 3  # fewer letters than this tell no language (a name, "ok", "12:30")
 MIN_CONFIDENCE = 0.2  # a best guess below this is no answer: the text is too short or mixed to tell
 
@@ -40,7 +53,10 @@ def _identifier():
 
 
 def base(code: str) -> str:
-    return code.split("_")[0].split("-")[0]  # "pt_BR" and "zh-Hans" are told as "pt" and "zh"
+    """`code` as the identifier names its language: "pt_BR" and "zh-Hans" as "pt" and "zh", an NLLB code by its ISO
+    639-1 code ("deu_Latn" as "de")."""
+    head = code.split("_")[0].split("-")[0]
+    return ISO639_1.get(head, head)
 
 
 def _languages() -> frozenset[str]:
@@ -64,7 +80,10 @@ def detect(text: str, among: list[str] | None = None, top: int = 3) -> list[tupl
         raise TooShort("the text is too short to tell its language (fewer than 3 letters): give its language")
     identifier = _identifier()
     with _LOCK:
-        named = {base(c): c for c in among or () if knows(c)}  # the identifier's code -> the caller's
+        named: dict[str, str] = {}  # the identifier's code -> the caller's (the first of two alike: zho_Hans)
+        for code in among or ():
+            if knows(code):
+                named.setdefault(base(code), code)
         identifier.set_languages(list(named) or None)
         try:
             ranked = identifier.rank(text)[:top]

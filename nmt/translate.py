@@ -151,6 +151,12 @@ class Translator:
         """The languages this model translates into, as its languages.json names them (empty: it does not say)."""
         return list((self.languages or {}).get("target_languages", []))
 
+    @property
+    def source_languages(self) -> list[str]:
+        """The source languages an imported M2M100/NLLB model can be told (`src_lang`); empty for a model that reads
+        the languages it was trained on untold."""
+        return list((self.languages or {}).get("first_tokens") or {})
+
     def target_language(self, tgt_lang: str | None) -> str | None:
         """`tgt_lang` as the model names it: an imported M2M100/NLLB model's alias mapped (de -> deu_Latn, said
         once), any other code as it is."""
@@ -260,7 +266,7 @@ class Translator:
         return cls(model, tokenizer, device, search_defaults(directory), read_languages(directory))
 
     def attention(self, text: str, layer: int = -1, beam_size: int = 4, tgt_lang: str | None = None,
-                  **search_kwargs) -> tuple[list[str], list[str], torch.Tensor]:
+                  src_lang: str | None = None, **search_kwargs) -> tuple[list[str], list[str], torch.Tensor]:
         """Translate one sentence and return its cross-attention alignment.
 
         Returns (source subword tokens (S,) ending in </s>, target tokens (T,) ending in </s>, weights (T, S)):
@@ -273,7 +279,7 @@ class Translator:
             raise NmtError("attention pictures need one PyTorch model: use Translator.from_pretrained(MODEL_DIR)")
         limit = self.model.cfg.max_positions
         text = self._cut_long(text, limit)
-        ids = self._source_ids([text], limit, "truncate", tgt_lang)[0][0]
+        ids = self._source_ids([text], limit, "truncate", tgt_lang, src_lang)[0][0]
         search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         src_ids = torch.tensor([ids], device=self.device)
@@ -290,7 +296,7 @@ class Translator:
     def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
                   long_inputs: str = "truncate", sampling: SamplingConfig | None = None, tgt_lang: str | None = None,
                   glossary: Glossary | dict | list | None = None, with_scores: bool = False, format: str = "text",
-                  cancelled=None, guard: Guard | bool | None = None,
+                  cancelled=None, guard: Guard | bool | None = None, src_lang: str | None = None,
                   **search_kwargs) -> list[str] | list[list[tuple[str, float]]] | list:
         """Translate sentences; returns one string per sentence, or with nbest > 1 one list of exactly `nbest`
         (translation, score) pairs per sentence, best first, always in input order.
@@ -321,16 +327,19 @@ class Translator:
         `guard` (True or a `nmt.guard.Guard`): each translation checked for another language than the target (where
         the model names its languages) and for loops; a flagged one is searched for again (`nmt.guard`), and with
         `with_scores` what stays doubtful says why (`Scored.doubt`).
+        `src_lang`: an imported M2M100/NLLB model's source language, a code or "auto" (each sentence's told;
+        `source_starts`); None: the one it was imported with. Other models read their languages untold.
         """
         if markup.check_format(format) != "text":
             return self._marked(texts, format, dict(
                 beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
                 tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, cancelled=cancelled, guard=guard,
-                **search_kwargs))
+                src_lang=src_lang, **search_kwargs))
         if guard:
             return self._guarded(list(texts), Guard() if guard is True else guard, dict(
                 beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
-                tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, cancelled=cancelled, **search_kwargs))
+                tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, cancelled=cancelled, src_lang=src_lang,
+                **search_kwargs))
         if long_inputs not in ("truncate", "split"):
             raise NmtError(f"long_inputs must be 'truncate' or 'split', got {long_inputs!r}")
         texts = list(texts)
@@ -339,7 +348,7 @@ class Translator:
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
         beams = beam_size if sampling is None else max(beam_size, nbest)  # nbest samples need no beams
         search = self._search(tgt_lang, beam_size=beams, nbest=nbest, **search_kwargs)
-        pieces, owner = self._pieces(texts, limit, long_inputs, tgt_lang)
+        pieces, owner = self._pieces(texts, limit, long_inputs, tgt_lang, src_lang)
         terms = None
         if glossary is not None:
             if sampling is not None or self.backend != "torch":
@@ -403,18 +412,52 @@ class Translator:
         return [out.text for out in outputs]
 
     def guard_languages(self, tgt_lang: str | None) -> tuple[str | None, list[str]]:
-        """(the target's code, the model's languages) as the language identifier names them (an imported
-        M2M100/NLLB's deu_Latn by its alias de), for the guard's check; (None, []) where the model does not name its
-        languages (one pair, no languages.json)."""
-        record = self.languages or {}
-        short = {code: alias for alias, code in (record.get("aliases") or {}).items()}
-        codes = [short.get(c, c) for c in record.get("target_languages") or []]
+        """(the target's code, the model's languages) for the guard's check, as the model names them (an imported
+        NLLB's deu_Latn for the alias de; `nmt.language` tells NLLB codes by their ISO 639-1 code); (None, []) where
+        the model does not name its languages (one pair, no languages.json)."""
+        codes = self.target_languages
         if not codes:
             return None, []
         target = self.target_language(tgt_lang) if tgt_lang is not None else None
-        if target is None and len(codes) == 1:
-            target = codes[0]
-        return (short.get(target, target) if target is not None else None), codes
+        return (codes[0] if target is None and len(codes) == 1 else target), codes
+
+    def source_starts(self, texts: list[str], src_lang: str | None) -> list[int | None] | None:
+        """Per text, the id of the language token an imported M2M100/NLLB model's source is to start with for
+        `src_lang`: one of the model's codes or an alias (de for deu_Latn), or "auto", each text's language told by
+        `nmt.language` among the model's (where two codes are one language to the identifier, zho_Hans and
+        zho_Hant, the first); None (all, or a text too short to tell, said once per call) keeps the import's
+        source language. NmtError for a model that takes no source language, or a code it does not have."""
+        if src_lang is None:
+            return None
+        if not self.source_languages:
+            raise NmtError(f"source language {src_lang!r}: this model takes no source language (it reads the "
+                           "languages it was trained on untold); leave --src-lang (src_lang) out")
+        firsts = self.languages["first_tokens"]
+        starts = {code: self.tokenizer.src.token_to_id(token) for code, token in firsts.items()}
+        if src_lang != "auto":
+            from nmt.interop import language_token
+
+            token = language_token(src_lang, firsts, "source language", say=f"src {src_lang}" not in self._aliases_said)
+            self._aliases_said.add(f"src {src_lang}")
+            return [self.tokenizer.src.token_to_id(token)] * len(texts)
+        from nmt.language import TooShort, detect, knows
+
+        among = [code for code in firsts if knows(code)]
+        if not among:
+            raise NmtError("the language identifier tells none of this model's languages: give the source language "
+                           "(--src-lang CODE, src_lang=)")
+        found: list[int | None] = []
+        short = 0
+        for text in texts:
+            try:
+                found.append(starts[detect(text, among, top=1)[0][0]] if text.strip() else None)
+            except TooShort:
+                found.append(None)
+                short += 1
+        if short:
+            log.warning("%d of %d sentences are too short to tell their language: read as the import's source "
+                        "language (give --src-lang CODE for them)", short, len(found))
+        return found
 
     def check_format(self, format: str, nbest: int = 1) -> None:
         """NmtError where `format` cannot be translated with these settings: markup needs one translation per
@@ -436,7 +479,7 @@ class Translator:
         plain = [out.text if isinstance(out, Scored) else out for out in outputs]
         tagged = [i for i, m in enumerate(marked) if m.elements]
         placed = dict(zip(tagged, self._with_tags([marked[i] for i in tagged], [plain[i] for i in tagged],
-                                                  kwargs["tgt_lang"], kwargs["batch_tokens"])))
+                                                  kwargs["tgt_lang"], kwargs["batch_tokens"], kwargs["src_lang"])))
         result = []
         for i, out in enumerate(outputs):
             text = placed[i] if i in placed else markup.escape(plain[i])
@@ -452,7 +495,7 @@ class Translator:
         return markup.parse(head, format, index, cut=len(head) < len(text))
 
     def _with_tags(self, marked: list[markup.Marked], translations: list[str], tgt_lang: str | None,
-                   batch_tokens: int) -> list[str]:
+                   batch_tokens: int, src_lang: str | None = None) -> list[str]:
         """Each translation of a `marked` text with its tags, placed through the cross-attention (heads averaged,
         last decoder layer; an ensemble's first model) of a teacher-forced pass over the translation as the target
         tokenizer writes it (the search's own tokens spell the same text): length-sorted batches of
@@ -463,7 +506,8 @@ class Translator:
             return []
         model = getattr(self.model, "models", [self.model])[0]
         limit, eos = model.cfg.max_positions, model.cfg.eos_id
-        src_ids = [fitted[0] for fitted in self._source_ids([m.text for m in marked], limit, "truncate", tgt_lang)]
+        src_ids = [fitted[0] for fitted in
+                   self._source_ids([m.text for m in marked], limit, "truncate", tgt_lang, src_lang)]
         specials = bool(self.tokenizer.src_specials)
         src_encodings = self.tokenizer.src.encode_batch([m.text for m in marked], add_special_tokens=specials)
         tgt_encodings = self.tokenizer.tgt.encode_batch(list(translations))  # as encode_tgt: the template's tokens
@@ -541,27 +585,34 @@ class Translator:
                                "a term is text the translation holds; leave it out")
         return encoded
 
-    def _pieces(self, texts: list[str], limit: int, long_inputs: str,
-                tgt_lang: str | None = None) -> tuple[list[list[int]], list[int]]:
+    def _pieces(self, texts: list[str], limit: int, long_inputs: str, tgt_lang: str | None = None,
+                src_lang: str | None = None) -> tuple[list[list[int]], list[int]]:
         """The model inputs (source ids fitted to `limit`) and the sentence each belongs to; a blank sentence, or
         one the tokenizer keeps nothing of, has none: the model would only make something up for it."""
         pieces, owner = [], []
         least = 2 if self.source_tag(tgt_lang) is None else 3  # more than </s> (and the tag)
-        for i, (text, fitted) in enumerate(zip(texts, self._source_ids(texts, limit, long_inputs, tgt_lang))):
+        fitted_ids = self._source_ids(texts, limit, long_inputs, tgt_lang, src_lang)
+        for i, (text, fitted) in enumerate(zip(texts, fitted_ids)):
             if text.strip() and len(fitted[0]) >= least:
                 for piece in fitted:
                     pieces.append(piece)
                     owner.append(i)
         return pieces, owner
 
-    def _source_ids(self, texts: list[str], limit: int, how: str, tgt_lang: str | None) -> list[list[list[int]]]:
+    def _source_ids(self, texts: list[str], limit: int, how: str, tgt_lang: str | None,
+                    src_lang: str | None = None) -> list[list[list[int]]]:
         """Each text's source ids fitted to `limit` (`fit_length`: one piece, or several when split), each piece
-        after the target-language tag of a multilingual model (`source_tag`). A text is first cut to
+        after the target-language tag of a multilingual model (`source_tag`), an imported M2M100/NLLB model's
+        source starting with the language token `src_lang` names (`source_starts`). A text is first cut to
         CHARS_PER_POSITION characters per position (`cut_long`): tokenising a 64 MB line takes a minute, and no
         model reads more than `limit` subwords of it."""
         tag = self.source_tag(tgt_lang)
         # a user's text is text throughout: a tag typed at its start is not the tag (that is inserted by id)
-        encoded = self.tokenizer.encode_src([self._cut_long(text, limit) for text in texts], leading_tags=False)
+        texts = [self._cut_long(text, limit) for text in texts]
+        encoded = self.tokenizer.encode_src(texts, leading_tags=False)
+        starts = self.source_starts(texts, src_lang)
+        if starts is not None:  # the import's template put its source language token first
+            encoded = [[start, *ids[1:]] if start is not None and ids else ids for start, ids in zip(starts, encoded)]
         if tag is None:
             return [fit_length(ids, limit, how) for ids in encoded]
         return [[[tag, *piece] for piece in fit_length(ids, limit - 1, how)] for ids in encoded]

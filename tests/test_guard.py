@@ -36,6 +36,9 @@ def test_off_target_names_the_language_a_translation_is_in_when_it_is_not_the_ta
     assert off_target(english, "de", ["en", "de"]) == "en"
     assert off_target(german, "de", ["en", "de"]) is None
     assert off_target(german, "de_DE", ["en", "de_DE"]) is None  # a regional code is its language
+    nllb = ["deu_Latn", "eng_Latn", "zho_Hans", "zho_Hant"]  # an imported NLLB's codes, told by ISO 639-1
+    assert off_target(english, "deu_Latn", nllb) == "eng_Latn"
+    assert off_target(german, "deu_Latn", nllb) is None
     assert off_target("Hallo, Tom!", "en", ["en", "de"]) is None  # too few letters to tell
     assert off_target(english, "xx", ["en", "xx"]) is None  # a language the identifier cannot tell: no check
 

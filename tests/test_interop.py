@@ -220,7 +220,8 @@ def nllb(tmp_path_factory) -> tuple[Path, Path]:
     tok.post_processor = processors.TemplateProcessing(single="eng_Latn $A </s>", special_tokens=[
         ("eng_Latn", tok.token_to_id("eng_Latn")), ("</s>", 2)])
     hf_dir = tmp_path_factory.mktemp("nllb") / "hf"
-    _m2m100(vocab=tok.get_vocab_size(), d_model=32).save_pretrained(hf_dir)
+    # weights of a trained model's scale: a source's language token moves its translation's score
+    _m2m100(vocab=tok.get_vocab_size(), d_model=32, init_std=0.3).save_pretrained(hf_dir)
     tok.save(str(hf_dir / "tokenizer.json"))
     out = hf_dir.parent / "out"
     assert main(["import", str(hf_dir), str(out), "--src-lang", "en"]) == 0
@@ -264,6 +265,68 @@ def test_an_nllb_import_translates_into_each_of_its_languages_by_short_code(nllb
         assert status == 200 and len(body["translations"]) == 2
         assert server.call("POST", "/translate", {"sentences": SENTENCES[:2], "tgt_lang": "xx"})[0] == 400
 
+
+
+def test_an_nllb_import_reads_the_source_language_it_is_told_or_tells_it(nllb, marian_nmt, tmp_path, caplog, capsys):
+    """src_lang (--src-lang, the server's src_lang, LibreTranslate's source) starts each source with its language's
+    token in place of the import's, as transformers' tokenizer given that src_lang does; "auto" tells each sentence's
+    language (one too short to tell keeps the import's, said). A model that reads its languages untold refuses it."""
+    pytest.importorskip("py3langid")
+    hf_dir, out = nllb
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json"), eos_token="</s>",
+                                                  pad_token="<pad>", unk_token="<unk>")
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(hf_dir).eval()
+    lines = ["Der Hund schläft heute unter dem großen Baum im Garten.",
+             "Le chien dort aujourd'hui sous le grand arbre du jardin.",
+             "The dog sleeps under the big tree in the garden today.", "OK"]
+    search = dict(beam_size=1, max_new_tokens=10, max_len_a=10, max_len_b=0, tgt_lang="fra_Latn")
+
+    def generate(codes: list[str]) -> list[str]:
+        ids = [[theirs.convert_tokens_to_ids(code), *theirs(line).input_ids[1:]] for code, line in zip(codes, lines)]
+        out_ids = hf.generate(**theirs.pad({"input_ids": ids}, return_tensors="pt"), num_beams=1, do_sample=False,
+                              max_new_tokens=10, forced_eos_token_id=2, suppress_tokens=[1],
+                              forced_bos_token_id=theirs.convert_tokens_to_ids("fra_Latn"))
+        return theirs.batch_decode(out_ids, skip_special_tokens=True)
+
+    translator = Translator.from_pretrained(out)
+    assert translator.source_languages == NLLB_CODES
+    assert translator.translate(lines, **search) == generate(["eng_Latn"] * 4)
+    with caplog.at_level("INFO", logger="nmt"):
+        auto = translator.translate(lines, src_lang="auto", with_scores=True, **search)
+        each = [translator.translate([line], src_lang=code, with_scores=True, **search)[0]
+                for line, code in zip(lines, ["de", "fr", "eng_Latn", "eng_Latn"])]
+    assert [a.text for a in auto] == [e.text for e in each] == generate(["deu_Latn", "fra_Latn", "eng_Latn", "eng_Latn"])
+    assert [a.score for a in auto] == pytest.approx([e.score for e in each], abs=1e-4)
+    imported = translator.translate(lines, with_scores=True, **search)
+    assert all(abs(a.score - i.score) > 1e-3 for a, i in zip(auto[:2], imported[:2]))  # the token is read
+    assert [a.score for a in auto[2:]] == pytest.approx([i.score for i in imported[2:]], abs=1e-4)
+    assert "1 of 4 sentences are too short to tell their language" in caplog.text
+    assert "source language de is deu_Latn in this model" in caplog.text
+
+    source = tmp_path / "mixed.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["translate", str(out), "--input", str(source), "--src-lang", "auto", "--tgt-lang", "fr"]) == 0
+    by_cli = capsys.readouterr().out.splitlines()
+    assert by_cli == translator.translate(lines, src_lang="auto", tgt_lang="fr")
+    for model, flags, says in ((out, ["ja", "--tgt-lang", "fr"], "source language 'ja' is not a language of this "
+                                "model; its languages: "), (marian_nmt, ["de"], "this model takes no source language")):
+        assert main(["translate", str(model), "--input", str(source), "--src-lang", *flags]) == 2
+        assert says in _one_error_line(capsys)
+
+    from tests.test_serve import serving
+
+    with serving(out) as server:
+        status, body = server.call("POST", "/translate", {"sentences": lines, "tgt_lang": "fr", "src_lang": "auto"})
+        assert status == 200 and body["translations"] == by_cli
+        status, body = server.call("POST", "/translate", {"sentences": lines, "tgt_lang": "fr", "src_lang": "ja"})
+        assert status == 400 and "'ja' is not a language of this model" in body["error"]
+        # LibreTranslate's codes are those GET /languages lists: the model's own
+        status, body = server.call("POST", "/translate", {"q": lines[0], "source": "deu_Latn", "target": "fra_Latn"})
+        assert status == 200 and body["translatedText"] == by_cli[0]
+        status, body = server.call("POST", "/translate", {"q": lines[1], "source": "auto", "target": "deu_Latn"})
+        assert status == 200 and body["detectedLanguage"]["language"] == "fra_Latn"
+        assert body["translatedText"] == translator.translate(lines[1:2], src_lang="fr", tgt_lang="de")[0]
 
 
 def test_a_fine_tuned_multilingual_import_keeps_its_languages(nllb, corpus_dir, tmp_path, fresh_accelerate_state):

@@ -145,6 +145,7 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
     options = {"beam_size": max(api.cfg.beam, nbest), **({"nbest": nbest} if nbest > 1 else {}),
                **({"format": "html"} if text_format == "html" else {}),
                **({"tgt_lang": target} if api.translator.target_languages else {}),
+               **({"src_lang": source} if api.translator.source_languages else {}),
                **({"guard": True} if api.cfg.guard else {})}
     outputs: list = []
     if sentences:

@@ -119,10 +119,10 @@ def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float,
     """A request's JSON object -> (sentences, Translator.translate keywords, timeout in seconds, and with
     "paragraphs": true the documents' layout, `nmt.sentences.split_documents`, else None); BadRequest names the
     field. With paragraphs each item of `sentences` is a document, split into sentences that the limits apply to."""
-    unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "scores", "glossary", "format", "paragraphs",
-                                  "guard", *OPTIONS})
+    unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "src_lang", "scores", "glossary", "format",
+                                  "paragraphs", "guard", *OPTIONS})
     if unknown:
-        raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, tgt_lang, scores, "
+        raise BadRequest(400, f"unknown field {_short(unknown[0])}; known: sentences, timeout, tgt_lang, src_lang, scores, "
                          f"glossary, format, paragraphs, guard, {', '.join(OPTIONS)}")
     sentences = data.get("sentences")
     if not isinstance(sentences, list) or not sentences:
@@ -150,6 +150,10 @@ def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float,
         if not isinstance(data["tgt_lang"], str):
             raise BadRequest(400, f"'tgt_lang' must be a language code string, got {_short(data['tgt_lang'])}")
         options["tgt_lang"] = data["tgt_lang"]
+    if "src_lang" in data:  # an imported M2M100/NLLB model's source language, or "auto" (checked by the caller)
+        if not isinstance(data["src_lang"], str):
+            raise BadRequest(400, f"'src_lang' must be a language code string or auto, got {_short(data['src_lang'])}")
+        options["src_lang"] = data["src_lang"]
     if "scores" in data:  # each translation with its mean log-probability and confidence (nmt.translate.Scored)
         if not isinstance(data["scores"], bool):
             raise BadRequest(400, f"'scores' must be true or false, got {_short(data['scores'])}")
@@ -299,8 +303,10 @@ class Api:
             sentences, options, timeout, layout = parse_request(data, self.cfg)
             try:
                 self.translator.source_tag(options.get("tgt_lang"))  # a language the model has, or none it needs
+                self.translator.source_starts([], options.get("src_lang"))  # one it can be told, or none
             except NmtError as e:
-                raise BadRequest(400, str(e).replace("(--tgt-lang, tgt_lang=)", "('tgt_lang')")) from None
+                raise BadRequest(400, str(e).replace("(--tgt-lang, tgt_lang=)", "('tgt_lang')")
+                                 .replace("--src-lang (src_lang)", "'src_lang'")) from None
         except BadRequest as e:
             return _error(e.status, str(e))
         if layout is not None and not sentences:  # documents of blank lines only
