@@ -276,8 +276,8 @@ def _add_serve_parser(sub) -> None:
                    "translate); optional with --ct2")
     p.add_argument("--revision", help=REVISION_HELP)
     p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export MODEL_DIR "
-                   "--to ctranslate2 DIR (plain text, n-best, scores, documents and LibreTranslate's routes; "
-                   "glossaries and markup need the PyTorch model)")
+                   "--to ctranslate2 DIR (plain text, n-best, scores, documents, markup and LibreTranslate's "
+                   "routes; a glossary needs the PyTorch model)")
     _add_device_args(p)
     ServeConfig.add_flags(p)
     p.set_defaults(fn=cmd_serve)

@@ -461,14 +461,11 @@ class Translator:
 
     def check_format(self, format: str, nbest: int = 1) -> None:
         """NmtError where `format` cannot be translated with these settings: markup needs one translation per
-        sentence and the PyTorch model's cross-attention."""
+        sentence."""
         if markup.check_format(format) == "text":
             return
         if nbest != 1:
             raise NmtError(f"format {format} gives one translation per sentence: leave out nbest (--nbest)")
-        if self.backend != "torch":
-            raise NmtError(f"format {format} places tags through the model's cross-attention, which needs the PyTorch "
-                           "model: use Translator.from_pretrained(MODEL_DIR), or nmt translate MODEL_DIR without --ct2")
 
     def _marked(self, texts: list[str], format: str, kwargs: dict) -> list:
         """translate(..., format="html"|"xml"): every sentence's plain text translated in one call, then the tags of
@@ -499,7 +496,8 @@ class Translator:
         """Each translation of a `marked` text with its tags, placed through the cross-attention (heads averaged,
         last decoder layer; an ensemble's first model) of a teacher-forced pass over the translation as the target
         tokenizer writes it (the search's own tokens spell the same text): length-sorted batches of
-        `batch_tokens`, each pass a fraction of what searching for the translations cost."""
+        `batch_tokens`, each pass a fraction of what searching for the translations cost. A CTranslate2 export's
+        are the same weights (`CT2Model.cross_attentions`)."""
         from nmt.attention import cross_attentions
 
         if not marked:
@@ -517,7 +515,8 @@ class Translator:
         with torch.inference_mode():
             for batch in eval_batches(lengths, batch_tokens, 0, 1):
                 rows = batch.tolist()
-                found = cross_attentions(model, [src_ids[r] for r in rows], [tgt_ids[r] for r in rows])
+                pairs = [src_ids[r] for r in rows], [tgt_ids[r] for r in rows]
+                found = model.cross_attentions(*pairs) if self.backend != "torch" else cross_attentions(model, *pairs)
                 for r, w in zip(rows, found):
                     weights[r] = w  # (T, S)
         out = []
@@ -887,7 +886,8 @@ def build_spec(model, src_vocab: list[str], tgt_vocab: list[str]):
     cfg: ModelConfig = model.cfg
     act = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[cfg.activation]  # exact erf GELU
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.pre_norm, activation=act)
+        (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.pre_norm, activation=act,
+        alignment_layer=-1, alignment_heads=cfg.n_heads)  # return_attention: the last layer's heads averaged
     positions = _np(model.positions)  # (max_positions, D)
     enc, dec = spec.encoder, spec.decoder
     enc.scale_embeddings = dec.scale_embeddings = True  # x * sqrt(D) + position
@@ -929,7 +929,8 @@ def save_ctranslate2(model, src_vocab: list[str], tgt_vocab: list[str], out_dir:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec.save(str(out_dir))  # model.bin, config.json, shared_ (or source_ + target_) vocabulary.json
-    meta = {"model": to_dict(model.cfg), "quantization": quantization or "float32", **(extra_meta or {})}
+    meta = {"model": to_dict(model.cfg), "quantization": quantization or "float32",
+            "alignment_heads": model.cfg.n_heads, **(extra_meta or {})}
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2))
     return out_dir
 
@@ -964,7 +965,10 @@ class CT2Model:
         meta_path = directory / META_FILE
         if not meta_path.is_file():
             raise NmtError(f"{directory}: no {META_FILE}; make it with nmt export MODEL_DIR --to ctranslate2 {directory}")
-        self.cfg = from_dict(ModelConfig, json.loads(meta_path.read_text(encoding="utf-8"))["model"], "model")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        self.cfg = from_dict(ModelConfig, meta["model"], "model")
+        self.alignment_heads = meta.get("alignment_heads", 1)  # exports before they were recorded: CT2's default
+        self._alignment_said = False
         src, tgt = _read_vocabularies(directory)
         self.src_vocab, self.tgt_vocab = src, tgt
         self.tgt_index = {t: i for i, t in enumerate(tgt)}
@@ -1020,6 +1024,24 @@ class CT2Model:
             max_batch_size=batch_tokens, batch_type="tokens")
         for (_, h), result in zip(rows, results):
             h.logprob = float(sum(result.log_probs))
+
+    def cross_attentions(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Per pair, the (T_i, S_i) cross-attention of the last decoder layer, heads averaged, with which the model
+        reads target `tgt_ids[i]` (ending in </s>) after source `src_ids[i]`: as `nmt.attention.cross_attentions`
+        gives nmt's model, by CTranslate2's decoding forced through the target (`target_prefix`,
+        `return_attention`; an export averages every head of the last layer for it, as `alignment_heads` in its
+        nmt_ctranslate2.json records; an older export gives the first head's only, said once)."""
+        if self.alignment_heads != self.cfg.n_heads and not self._alignment_said:
+            self._alignment_said = True
+            log.warning("this CTranslate2 export gives the attention of one head of %d: tags are placed less well "
+                        "than by the PyTorch model; export it again (nmt export MODEL_DIR --to ctranslate2 DIR)",
+                        self.cfg.n_heads)
+        results = self.translator.translate_batch(
+            [[self.src_vocab[i] for i in s] for s in src_ids],
+            target_prefix=[[self.tgt_vocab[i] for i in t[:-1]] for t in tgt_ids],
+            max_decoding_length=max(len(t) for t in tgt_ids), beam_size=1, return_attention=True,
+            return_end_token=True)
+        return [torch.tensor(r.attention[0][: len(t)]) for r, t in zip(results, tgt_ids)]
 
     def _hypothesis(self, tokens: list[str], score: float) -> Hypothesis:
         """CT2 tokens -> ids ending in </s> (added when the length limit cut the hypothesis, as nmt does)."""

@@ -264,8 +264,8 @@ def test_hostile_libretranslate_fields_get_400_json(model_dir):
 
 def test_serve_ct2_answers_both_apis_as_nmt_translate_ct2_does(model_dir, tmp_path):
     """Issue 45, part 6 (first piece): nmt serve --ct2 DIR decodes with CTranslate2 behind the same routes: nmt's
-    API (with scores and documents) and LibreTranslate's, as nmt translate --ct2 does; a glossary or markup, which
-    need the PyTorch model, is a 400 that says so."""
+    API (with scores, documents and markup) and LibreTranslate's, as nmt translate --ct2 does; a glossary, which
+    needs nmt's constrained search, is a 400 that says so."""
     pytest.importorskip("ctranslate2")
     from nmt.cli import main
 
@@ -275,16 +275,16 @@ def test_serve_ct2_answers_both_apis_as_nmt_translate_ct2_does(model_dir, tmp_pa
         plain = server.call("POST", "/translate", {"sentences": lines})
         scored = server.call("POST", "/translate", {"sentences": lines, "scores": True})
         lt = server.call("POST", "/translate", {"q": lines, "source": "en", "target": "xx"})
-        refused = [server.call("POST", "/translate", {"sentences": lines, "glossary": [["dog", "x"]]}),
-                   server.call("POST", "/translate", {"sentences": ["the <b>dog</b> ."], "format": "html"})]
+        refused = server.call("POST", "/translate", {"sentences": lines, "glossary": [["dog", "x"]]})
+        marked = server.call("POST", "/translate", {"sentences": ["the <b>dog</b> sleeps ."], "format": "html"})
     expected = nmt_translate(model_dir, lines, "--ct2", str(tmp_path / "ct2"), "--beam", "2")
+    assert marked == (200, {"translations": nmt_translate(model_dir, ["the <b>dog</b> sleeps ."], "--format", "html",
+                                                          "--beam", "2"), "batch": marked[1]["batch"]})
     assert plain[0] == 200 and plain[1]["translations"] == expected
     assert [t["text"] for t in scored[1]["translations"]] == expected and all(
         0 < t["confidence"] <= 1 for t in scored[1]["translations"])
     assert lt == (200, {"translatedText": expected})
-    assert [s for s, _ in refused] == [400, 400]
-    assert "CTranslate2, which takes no glossary" in refused[0][1]["error"]
-    assert "needs the PyTorch model" in refused[1][1]["error"], refused[1]
+    assert refused[0] == 400 and "CTranslate2, which takes no glossary" in refused[1]["error"]
 
 
 def test_pages_of_other_sites_and_rebound_host_names_are_refused(model_dir):
