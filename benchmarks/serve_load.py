@@ -12,7 +12,14 @@ normal clients' p50/p99 latency there over the quiet server's. In every mode one
 every HEALTH_EVERY seconds while the normal clients run: its max and p99 latency show whether anything blocks
 the server's event loop (target: under 100 ms).
 
+With `--ct2 DIR` (an export: `nmt export MODEL_DIR --to ctranslate2 DIR --quantization int8`) the same clients
+and requests also go to `nmt serve --ct2 DIR` and, in this process, straight to CTranslate2: each client tokenises
+its request with the model's tokenizer, calls `ctranslate2.Translator.translate_batch` on one shared translator
+(the export's compute type, the server's threads, the same beam and length limit) and detokenises, as a deployer's
+own server around raw CTranslate2 would; it prints `nmt serve --ct2` over raw CTranslate2 (floor: 0.9x).
+
     python benchmarks/serve_load.py runs/default/model --clients 16 --requests 20 --hostile 16
+    python benchmarks/serve_load.py runs/default/model --ct2 runs/ct2-int8 --hostile 0
 """
 
 from __future__ import annotations
@@ -35,9 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # loopback only
 
 
-def start_server(model_dir: str, flags: list[str]) -> tuple[subprocess.Popen, int]:
+def start_server(model: list[str], flags: list[str]) -> tuple[subprocess.Popen, int]:
+    """`nmt serve` of `model` (a model directory, or --ct2 DIR) on a free loopback port."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "nmt.cli", "serve", model_dir, "--host", HOST, "--port", "0", *flags],
+    proc = subprocess.Popen([sys.executable, "-m", "nmt.cli", "serve", *model, "--host", HOST, "--port", "0", *flags],
                             stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if f"listening on http://{HOST}:" not in line:
@@ -160,10 +168,11 @@ def health_client(port: int, stop: threading.Event, latencies: list[float]) -> N
         time.sleep(HEALTH_EVERY)
 
 
-def run_mode(args, batching: bool, work: list[list[list[str]]], hostiles: int = 0, pool: list[str] = ()) -> dict:
+def run_mode(args, batching: bool, work: list[list[list[str]]], hostiles: int = 0, pool: list[str] = (),
+             model: list[str] | None = None) -> dict:
     flags = ["--max-queue", str(max(64, args.clients * 2)), "--max-wait-ms", str(args.max_wait_ms),
              "--threads", str(args.threads), "--request-timeout", str(REQUEST_TIMEOUT)]
-    proc, port = start_server(args.model_dir, flags + ([] if batching else ["--no-batching"]))
+    proc, port = start_server(model or [args.model_dir], flags + ([] if batching else ["--no-batching"]))
     context = multiprocessing.get_context("spawn")
     stop, results = context.Event(), context.Queue()
     swarm = context.Process(target=hostile_swarm, args=(port, hostiles, stop, results, list(pool))) if hostiles else None
@@ -206,6 +215,50 @@ def run_mode(args, batching: bool, work: list[list[list[str]]], hostiles: int = 
     return figures
 
 
+def raw_ct2(args, work: list[list[list[str]]]) -> dict:
+    """The clients calling CTranslate2 in this process, no server: tokenise, translate_batch, detokenise."""
+    import ctranslate2
+
+    from nmt.decoding import SearchConfig
+    from nmt.tokenizer import PairTokenizer
+
+    tok = PairTokenizer.load(args.ct2)
+    search = SearchConfig(beam_size=args.beam)
+    translator = ctranslate2.Translator(args.ct2, device="cpu", compute_type="default", inter_threads=1,
+                                        intra_threads=args.threads)
+
+    def translate(sentences: list[str]) -> list[str]:
+        ids = tok.encode_src(sentences)
+        limit = int(search.max_len_a + search.max_len_b * max(map(len, ids)))  # nmt's limit counts the </s>
+        results = translator.translate_batch([[tok.src.id_to_token(i) for i in s] for s in ids],
+                                             beam_size=search.beam_size, length_penalty=search.alpha,
+                                             max_decoding_length=min(limit, search.max_new_tokens) - 1)
+        return tok.decode_tgt([[tok.tgt.token_to_id(t) for t in r.hypotheses[0]] for r in results])
+
+    translate(work[0][0])  # warm-up
+    latencies: list[float] = []
+
+    def one_client(requests: list[list[str]]) -> None:
+        for sentences in requests:
+            start = time.perf_counter()
+            translate(sentences)
+            latencies.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=one_client, args=(reqs,)) for reqs in work]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    latencies.sort()
+    sentences = sum(len(r) for reqs in work for r in reqs)
+    return {"requests/s": len(latencies) / wall, "sentences/s": sentences / wall,
+            "p50 ms": 1000 * latencies[len(latencies) // 2],
+            "p99 ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+            "mean ms": 1000 * statistics.fmean(latencies), "errors": 0}
+
+
 def sentences_from(path: str | None) -> list[str]:
     if path:
         return [s for s in Path(path).read_text(encoding="utf-8").splitlines() if s.strip()]
@@ -226,6 +279,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="the server's torch threads (0: torch's default)")
     p.add_argument("--hostile", type=int, default=10, choices=range(0, 65), metavar="[0-64]",
                    help="hostile clients beside the normal ones in the third mode (0: no third mode)")
+    p.add_argument("--ct2", metavar="DIR", help="also nmt serve --ct2 DIR and raw CTranslate2 on this export of the "
+                   "model (nmt export MODEL_DIR --to ctranslate2 DIR --quantization int8)")
     args = p.parse_args()
     pool = sentences_from(args.input)
     n = args.sentences
@@ -236,11 +291,21 @@ def main() -> None:
     rows = {"batching on": run_mode(args, True, work), "batching off": run_mode(args, False, work)}
     if args.hostile:
         rows["hostile"] = run_mode(args, True, work, args.hostile, pool)
+    engines = {}
+    if args.ct2:
+        engines = {"nmt serve --ct2": run_mode(args, True, work, model=["--ct2", args.ct2]),
+                   "raw CTranslate2": raw_ct2(args, work)}
     keys = [k for k in next(iter(rows.values())) if k not in ("hostile", "dropped", "decoded for others", "health")]
-    print(f"{'':14}" + "".join(f"{k:>20}" for k in keys))
-    for name, figures in rows.items():
-        print(f"{name:14}" + "".join(f"{figures[k]:>20.1f}" if isinstance(figures[k], float) else f"{figures[k]:>20}"
-                                     for k in keys))
+    print(f"{'':16}" + "".join(f"{k:>20}" for k in keys))
+    for name, figures in {**rows, **engines}.items():
+        print(f"{name:16}" + "".join(f"{figures.get(k, '-'):>20.1f}" if isinstance(figures.get(k), float)
+                                     else f"{figures.get(k, '-'):>20}" for k in keys))
+    if engines:
+        served, raw = engines["nmt serve --ct2"], engines["raw CTranslate2"]
+        print(f"nmt serve --ct2 / raw CTranslate2: {served['sentences/s'] / raw['sentences/s']:.2f}x sentences/s "
+              f"(floor 0.9x), p50 {served['p50 ms'] / raw['p50 ms']:.2f}x, p99 {served['p99 ms'] / raw['p99 ms']:.2f}x; "
+              f"nmt serve --ct2 / nmt serve (PyTorch, batching on): "
+              f"{served['sentences/s'] / rows['batching on']['sentences/s']:.2f}x sentences/s")
     for name, figures in rows.items():
         h = figures["health"]
         print(f"GET /health beside the clients, {name}: max {h['max ms']:.1f} ms, p99 {h['p99 ms']:.1f} ms over "

@@ -231,13 +231,15 @@ def test_recipe_with_the_baseline(corpus_dir, tmp_path):
 def test_serve_load(corpus_dir, tmp_path):
     pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra")
     from nmt import train
+    from nmt.cli import main
     from nmt.compat import reset_accelerate_state
     from tests.conftest import tiny_config
 
     model_dir = train(tiny_config(corpus_dir, tmp_path, max_steps=6, eval_every=6, save_every=6)).model_dir
     reset_accelerate_state()
+    assert main(["export", str(model_dir), "--to", "ctranslate2", str(tmp_path / "ct2"), "--quantization", "int8"]) == 0
     out = run("serve_load.py", str(model_dir), "--clients", "4", "--requests", "3", "--beam", "1", "--threads", "1",
-              "--max-wait-ms", "20", "--hostile", "6")
+              "--max-wait-ms", "20", "--hostile", "6", "--ct2", str(tmp_path / "ct2"))
     rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("batching o")
             and "/" not in line}
     assert set(rows) == {"on", "off"}, out
@@ -248,6 +250,11 @@ def test_serve_load(corpus_dir, tmp_path):
     assert hostile.split()[6] == "0", out  # the normal clients beside hostile ones: no errors
     assert "slow body: cut off" in out and "slow headers: cut off" in out, out  # after --request-timeout
     assert "over the cost limit: 413" in out and "normal clients, quiet -> with hostile clients: p50" in out, out
+    engines = {line[:16].strip(): line[16:].split() for line in out.splitlines()
+               if line.startswith(("nmt serve --ct2 ", "raw CTranslate2 ")) and ":" not in line}
+    assert set(engines) == {"nmt serve --ct2", "raw CTranslate2"}, out
+    assert engines["nmt serve --ct2"][5] == engines["raw CTranslate2"][5] == "0", out  # no errors
+    assert "nmt serve --ct2 / raw CTranslate2: " in out and "(floor 0.9x)" in out, out
 
 
 def test_multilingual_against_one_model_per_direction(corpus_dir, tmp_path):
