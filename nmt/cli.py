@@ -105,7 +105,8 @@ def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
                    "tokenizer); optional with --ct2")
     p.add_argument("--revision", help=REVISION_HELP)
     p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export "
-                   "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2)")
+                   "MODEL_DIR --to ctranslate2 DIR (needs pip install ctranslate2); MODEL_DIR beside it translates "
+                   "the sentences that hold a --glossary term")
     _add_decoding_args(p)
     p.add_argument("--tgt-lang", help="a multilingual model's target language (one of its languages.json's)")
     p.add_argument("--src-lang", help="an imported M2M100/NLLB model's source language, a code or auto (each "
@@ -277,7 +278,7 @@ def _add_serve_parser(sub) -> None:
     p.add_argument("--revision", help=REVISION_HELP)
     p.add_argument("--ct2", metavar="DIR", help="decode with CTranslate2 using a model made by nmt export MODEL_DIR "
                    "--to ctranslate2 DIR (plain text, n-best, scores, documents, markup and LibreTranslate's "
-                   "routes; a glossary needs the PyTorch model)")
+                   "routes); with MODEL_DIR too, sentences holding a glossary term are translated by that model")
     _add_device_args(p)
     ServeConfig.add_flags(p)
     p.set_defaults(fn=cmd_serve)
@@ -453,7 +454,11 @@ def _translator(args: argparse.Namespace):
     from nmt.translate import Translator
 
     if args.ct2:
-        return _ct2_translator(args)
+        translator = _ct2_translator(args)
+        if args.model_dir and getattr(args, "glossary", None):  # the sentences with a term: the PyTorch model's
+            translator.with_pytorch(Translator.from_pretrained(args.model_dir[0], device=args.device,
+                                                               dtype=args.dtype or "fp32"))
+        return translator
     if not args.model_dir:
         raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")
     dirs = args.model_dir
@@ -811,9 +816,14 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         from nmt.checkpoint import read_languages
         from nmt.tools.info import translates
 
-        if args.model_dir:
-            raise NmtError("give MODEL_DIR or --ct2 DIR, not both: the server decodes with one model")
-        serve(_ct2_translator(args), cfg, {"translates": translates(read_languages(args.ct2), {})})
+        translator = _ct2_translator(args)
+        if args.model_dir:  # what CTranslate2 cannot (a glossary) is translated by the model it was exported from
+            resolve_models(args)
+            translator.with_pytorch(Translator.from_pretrained(args.model_dir, device=args.device,
+                                                               dtype=args.dtype or "fp32"))
+            serve(translator, cfg, describe(args.model_dir))
+            return 0
+        serve(translator, cfg, {"translates": translates(read_languages(args.ct2), {})})
         return 0
     if not args.model_dir:
         raise NmtError("give a model directory (MODEL_DIR) or an exported CTranslate2 model (--ct2 DIR)")

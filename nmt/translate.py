@@ -145,6 +145,7 @@ class Translator:
         self.languages = languages  # the model directory's languages.json (nmt.checkpoint), None where it has none
         self._cut_said = False  # whether a source cut before tokenising has been reported (`_cut_long`)
         self._aliases_said: set[str] = set()  # the language aliases already reported (`target_language`)
+        self.pytorch: Translator | None = None  # beside a CTranslate2 export: its PyTorch model, for glossaries
 
     @property
     def target_languages(self) -> list[str]:
@@ -265,6 +266,17 @@ class Translator:
         tokenizer.check_fits(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size, directory)
         return cls(model, tokenizer, device, search_defaults(directory), read_languages(directory))
 
+    def with_pytorch(self, pytorch: Translator) -> Translator:
+        """This CTranslate2 translator with `pytorch` (the model it was exported from, `from_pretrained`) to translate
+        what CTranslate2 cannot: a call with a glossary. NmtError where their tokenizers differ."""
+        if self.backend == "torch" or pytorch.backend != "torch":
+            raise NmtError("with_pytorch pairs a CTranslate2 export with a PyTorch model")
+        if not pytorch.tokenizer.same_as(self.tokenizer):
+            raise NmtError("the CTranslate2 export and the model directory have different tokenizers: give the model "
+                           "the export was made from (nmt export MODEL_DIR --to ctranslate2 DIR)")
+        self.pytorch = pytorch
+        return self
+
     def attention(self, text: str, layer: int = -1, beam_size: int = 4, tgt_lang: str | None = None,
                   src_lang: str | None = None, **search_kwargs) -> tuple[list[str], list[str], torch.Tensor]:
         """Translate one sentence and return its cross-attention alignment.
@@ -329,7 +341,23 @@ class Translator:
         `with_scores` what stays doubtful says why (`Scored.doubt`).
         `src_lang`: an imported M2M100/NLLB model's source language, a code or "auto" (each sentence's told;
         `source_starts`); None: the one it was imported with. Other models read their languages untold.
+        A CTranslate2 translator given its PyTorch model (`with_pytorch`) has that model translate the sentences
+        that hold a glossary term (constrained search is nmt's own), CTranslate2 the others.
         """
+        if glossary is not None and self.pytorch is not None:
+            kwargs = dict(beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs,
+                          sampling=sampling, tgt_lang=tgt_lang, with_scores=with_scores, format=format,
+                          cancelled=cancelled, guard=guard, src_lang=src_lang, **search_kwargs)
+            glossary = glossary if isinstance(glossary, Glossary) else Glossary.from_pairs(glossary)
+            texts = list(texts)
+            held = [i for i, t in enumerate(texts) if format != "text" or glossary.targets_in(t)]
+            rest = sorted(set(range(len(texts))) - set(held))
+            out: list = [None] * len(texts)
+            for rows, translator, extra in ((held, self.pytorch, {"glossary": glossary}), (rest, self, {})):
+                for i, done in zip(rows, translator.translate([texts[i] for i in rows], **kwargs, **extra)
+                                   if rows else []):
+                    out[i] = done
+            return out
         if markup.check_format(format) != "text":
             return self._marked(texts, format, dict(
                 beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
@@ -352,8 +380,9 @@ class Translator:
         terms = None
         if glossary is not None:
             if sampling is not None or self.backend != "torch":
-                raise NmtError("a glossary needs nmt's own beam search: leave out sampling (--sampling) and "
-                               "CTranslate2 (--ct2)")
+                raise NmtError("a glossary needs nmt's own beam search: leave out sampling (--sampling), and with "
+                               "CTranslate2 (--ct2 DIR) give the PyTorch model too (MODEL_DIR), which translates "
+                               "with a glossary")
             terms = self._terms(glossary, texts, pieces, owner, limit)
             room = search_kwargs["max_new_tokens"] - 1  # </s> ends every translation
             for j, wanted in enumerate(terms):

@@ -145,6 +145,30 @@ def test_markup_through_the_export_places_tags_as_the_pytorch_model_does(trained
     assert caplog.text.count("gives the attention of one head") == 1
 
 
+def test_with_the_model_beside_the_export_sentences_holding_a_glossary_term_go_to_pytorch(trained, exported, tmp_path,
+                                                                                          capsys):
+    """nmt translate MODEL_DIR --ct2 DIR --glossary G: the sentences that hold a term are translated by the PyTorch
+    model's constrained search, the others by CTranslate2; without MODEL_DIR the glossary is refused saying so."""
+    texts = _test_sentences()[:12]
+    glossary = [["famous", "Lirosox"]]
+    held = [i for i, t in enumerate(texts) if "famous" in t]
+    assert 0 < len(held) < len(texts)
+    pytorch = Translator.from_pretrained(trained).translate(texts, glossary=glossary)
+    ct2 = Translator.from_ctranslate2(exported).translate(texts)
+    expected = [pytorch[i] if i in held else ct2[i] for i in range(len(texts))]
+    assert all("Lirosox" in expected[i] for i in held)
+    assert Translator.from_ctranslate2(exported).with_pytorch(Translator.from_pretrained(trained)).translate(
+        texts, glossary=glossary) == expected
+    (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts))
+    (tmp_path / "g.tsv").write_text("famous\tLirosox\n")
+    flags = ["--ct2", str(exported), "--glossary", str(tmp_path / "g.tsv"), "--input", str(tmp_path / "in.txt")]
+    capsys.readouterr()
+    assert main(["translate", str(trained), *flags]) == 0
+    assert capsys.readouterr().out.splitlines() == expected
+    assert main(["translate", *flags]) == 2
+    assert "give the PyTorch model too (MODEL_DIR)" in capsys.readouterr().err
+
+
 def test_int8_export_is_smaller_and_scores_close_to_float32(trained, exported, tmp_path):
     ct2 = pytest.importorskip("ctranslate2")
     out = tmp_path / "int8"

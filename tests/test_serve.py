@@ -265,12 +265,15 @@ def test_hostile_libretranslate_fields_get_400_json(model_dir):
 def test_serve_ct2_answers_both_apis_as_nmt_translate_ct2_does(model_dir, tmp_path):
     """Issue 45, part 6 (first piece): nmt serve --ct2 DIR decodes with CTranslate2 behind the same routes: nmt's
     API (with scores, documents and markup) and LibreTranslate's, as nmt translate --ct2 does; a glossary, which
-    needs nmt's constrained search, is a 400 that says so."""
+    needs nmt's constrained search, is a 400 that says so, or with MODEL_DIR beside --ct2 translated by that model
+    for the sentences that hold a term."""
     pytest.importorskip("ctranslate2")
     from nmt.cli import main
 
     assert main(["export", str(model_dir), "--to", "ctranslate2", str(tmp_path / "ct2")]) == 0
     lines = ["the dog sleeps .", "the cat eats a fish ."]
+    glossary = tmp_path / "g.tsv"
+    glossary.write_text("dog\tHundx\n", encoding="utf-8")
     with serving(None, "--ct2", str(tmp_path / "ct2"), "--beam", "2") as server:
         plain = server.call("POST", "/translate", {"sentences": lines})
         scored = server.call("POST", "/translate", {"sentences": lines, "scores": True})
@@ -285,6 +288,10 @@ def test_serve_ct2_answers_both_apis_as_nmt_translate_ct2_does(model_dir, tmp_pa
         0 < t["confidence"] <= 1 for t in scored[1]["translations"])
     assert lt == (200, {"translatedText": expected})
     assert refused[0] == 400 and "CTranslate2, which takes no glossary" in refused[1]["error"]
+    with serving(model_dir, "--ct2", str(tmp_path / "ct2"), "--beam", "2") as server:  # the model beside the export
+        status, body = server.call("POST", "/translate", {"sentences": lines, "glossary": [["dog", "Hundx"]]})
+    assert status == 200 and body["translations"] == [nmt_translate(model_dir, lines[:1], "--beam", "2", "--glossary",
+                                                                    str(glossary))[0], expected[1]]
 
 
 def test_pages_of_other_sites_and_rebound_host_names_are_refused(model_dir):

@@ -388,8 +388,9 @@ class Api:
         check_normalised(sentences, self.cfg.max_chars)
         if "glossary" in options:  # a term the model cannot write, or a backend without constraints: the client's
             try:
-                if self.translator.backend != "torch":
-                    raise NmtError("this server decodes with CTranslate2, which takes no glossary")
+                if self.translator.backend != "torch" and self.translator.pytorch is None:
+                    raise NmtError("this server decodes with CTranslate2, which takes no glossary: start it with the "
+                                   "PyTorch model too (nmt serve MODEL_DIR --ct2 DIR), which translates with one")
                 self.translator.term_ids([target for _, target in options["glossary"].pairs])
             except NmtError as e:
                 raise BadRequest(400, str(e)) from None
