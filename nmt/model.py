@@ -55,13 +55,20 @@ class Seq2SeqTransformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Fresh weights: every matrix and embedding drawn from N(0, std) (`ModelConfig.fresh_std`: 0.02 as
+        transformers' Marian and BERT, from d_model 128 on), biases 0, LayerNorms 1 and 0, the padding row 0; std 0:
+        Xavier-uniform matrices and N(0, d_model^-1/2) embeddings."""
+        std = self.cfg.fresh_std() or None
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name:
-                nn.init.xavier_uniform_(p)
+                if std is None:
+                    nn.init.xavier_uniform_(p)
+                else:
+                    nn.init.normal_(p, std=std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
         for emb in {self.src_embed, self.tgt_embed}:
-            nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)
+            nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5 if std is None else std)
             with torch.no_grad():
                 emb.weight[self.cfg.pad_id].zero_()
 

@@ -255,6 +255,26 @@ def test_model_without_sizes_is_named():
     assert Seq2SeqTransformer(ModelConfig(src_vocab_size=10, tgt_vocab_size=10, size="tiny")).cfg.d_model == 32
 
 
+def test_fresh_weights_are_drawn_as_the_config_says():
+    """Every matrix and embedding from N(0, 0.02) from d_model 128 on (issue 48's screens); Xavier-uniform matrices
+    and N(0, d^-1/2) embeddings below it and with init_std 0; init_std as given otherwise."""
+    from nmt import ModelConfig
+
+    def stds(**kw) -> tuple[float, float]:
+        torch.manual_seed(0)
+        model = Seq2SeqTransformer(ModelConfig(src_vocab_size=2000, tgt_vocab_size=2000, **kw))
+        matrices = [p for n, p in model.named_parameters() if p.dim() > 1 and "embed" not in n]
+        return (torch.cat([m.flatten() for m in matrices]).std().item(),
+                model.tgt_embed.weight[1:].std().item())
+
+    assert stds(size="d128") == pytest.approx((0.02, 0.02), rel=0.05)
+    assert stds(size="small", init_std=0.05) == pytest.approx((0.05, 0.05), rel=0.05)
+    for kw in ({"size": "tiny"}, {"size": "d128", "init_std": 0.0}):
+        matrix, embedding = stds(**kw)
+        d = 32 if kw["size"] == "tiny" else 128
+        assert embedding == pytest.approx(d ** -0.5, rel=0.05) and matrix > 0.05  # Xavier: sqrt(2 / (in + out))
+
+
 def test_a_training_micro_step_and_a_cached_decode_step_never_wait_for_the_device():
     """Forward + backward of the objective on a padded batch, and one cached decoder step, read nothing from the
     device (on a GPU each read stalls the host until the device's queue drains): the masks come from the ids on

@@ -87,7 +87,7 @@ def test_every_printed_value_is_the_resolved_one_and_given_values_print_nothing(
 
 def test_the_quickstart_config_prints_only_what_it_leaves_open():
     """configs/default.yaml gives the lr, warmup and cadence: the plan names none of them; a default nmt changed
-    on measurement (punctuation as its own pre-token) is printed with its reason (issue 48)."""
+    on measurement (punctuation as its own pre-token, the initialisation) is printed with its reason (issue 48)."""
     from pathlib import Path
 
     default = load_config(Path(__file__).parent.parent / "configs" / "default.yaml")
@@ -95,11 +95,13 @@ def test_the_quickstart_config_prints_only_what_it_leaves_open():
     assert list(plan.chosen) == ["average_last", "keep_last"] == open_keys(default)
     assert (out.optim.lr, out.optim.warmup_steps, out.eval_every) == (0.002, 200, 250)
     assert [line.split(":")[0] for line in plan.lines()[1:]] == ["  average_last 0", "  keep_last 2",
-                                                                  "  tokenizer.split_punctuation true"]
-    assert "measured +1.6 test BLEU" in plan.lines()[-1]
+                                                                  "  tokenizer.split_punctuation true",
+                                                                  "  model.init_std 0.02"]
+    assert "measured +1.6 test BLEU" in plan.lines()[-2] and "measured +1.9 test BLEU" in plan.lines()[-1]
     import dataclasses
 
-    without = dataclasses.replace(default, tokenizer=TokenizerConfig(split_punctuation=False))
+    without = dataclasses.replace(default, tokenizer=TokenizerConfig(split_punctuation=False),
+                                  model=dataclasses.replace(default.model, init_std=0.0))
     assert not resolve(without, Facts(20_000, 200_000, 40))[1].defaults  # a setting given is not printed
 
 
