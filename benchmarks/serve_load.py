@@ -13,10 +13,12 @@ every HEALTH_EVERY seconds while the normal clients run: its max and p99 latency
 the server's event loop (target: under 100 ms).
 
 With `--ct2 DIR` (an export: `nmt export MODEL_DIR --to ctranslate2 DIR --quantization int8`) the same clients
-and requests also go to `nmt serve --ct2 DIR` and, in this process, straight to CTranslate2: each client tokenises
-its request with the model's tokenizer, calls `ctranslate2.Translator.translate_batch` on one shared translator
-(the export's compute type, the server's threads, the same beam and length limit) and detokenises, as a deployer's
-own server around raw CTranslate2 would; it prints `nmt serve --ct2` over raw CTranslate2 (floor: 0.9x).
+and requests also go to `nmt serve --ct2 DIR` and, in this process, straight to CTranslate2 on one translator (the
+export's compute type, the server's threads, the same beam and length limit), tokenised and detokenised with the
+model's tokenizer: "raw CT2, per request" has each client call `translate_batch` on its own request, as a
+deployer's own server around raw CTranslate2 without batching would; "raw CT2, batched" translates every request's
+sentences in one thread in batches of as many sentences as the server's batches held on average (the same
+batches, no HTTP, no queue), and `nmt serve --ct2` over it is the server's cost (floor: 0.9x).
 
     python benchmarks/serve_load.py runs/default/model --clients 16 --requests 20 --hostile 16
     python benchmarks/serve_load.py runs/default/model --ct2 runs/ct2-int8 --hostile 0
@@ -215,8 +217,9 @@ def run_mode(args, batching: bool, work: list[list[list[str]]], hostiles: int = 
     return figures
 
 
-def raw_ct2(args, work: list[list[list[str]]]) -> dict:
-    """The clients calling CTranslate2 in this process, no server: tokenise, translate_batch, detokenise."""
+def raw_ct2(args, work: list[list[list[str]]], batch: int = 0) -> dict:
+    """CTranslate2 in this process, no server: tokenise, translate_batch, detokenise. batch 0: the clients each call
+    it on their own requests; else one thread translates every request's sentences `batch` at a time."""
     import ctranslate2
 
     from nmt.decoding import SearchConfig
@@ -237,6 +240,19 @@ def raw_ct2(args, work: list[list[list[str]]]) -> dict:
 
     translate(work[0][0])  # warm-up
     latencies: list[float] = []
+    if batch:
+        sentences = [s for reqs in work for r in reqs for s in r]
+        start = time.perf_counter()
+        for i in range(0, len(sentences), batch):
+            begun = time.perf_counter()
+            translate(sentences[i:i + batch])
+            latencies.append(time.perf_counter() - begun)
+        wall = time.perf_counter() - start
+        latencies.sort()
+        return {"requests/s": sum(len(reqs) for reqs in work) / wall, "sentences/s": len(sentences) / wall,
+                "p50 ms": 1000 * latencies[len(latencies) // 2],
+                "p99 ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+                "mean ms": 1000 * statistics.fmean(latencies), "errors": 0}
 
     def one_client(requests: list[list[str]]) -> None:
         for sentences in requests:
@@ -293,17 +309,21 @@ def main() -> None:
         rows["hostile"] = run_mode(args, True, work, args.hostile, pool)
     engines = {}
     if args.ct2:
-        engines = {"nmt serve --ct2": run_mode(args, True, work, model=["--ct2", args.ct2]),
-                   "raw CTranslate2": raw_ct2(args, work)}
+        served = run_mode(args, True, work, model=["--ct2", args.ct2])
+        per_batch = max(1, round(served["requests/batch"] * n))  # the server's mean batch, in sentences
+        engines = {"nmt serve --ct2": served, "raw CT2, per request": raw_ct2(args, work),
+                   "raw CT2, batched": raw_ct2(args, work, per_batch)}
     keys = [k for k in next(iter(rows.values())) if k not in ("hostile", "dropped", "decoded for others", "health")]
-    print(f"{'':16}" + "".join(f"{k:>20}" for k in keys))
+    print(f"{'':20}" + "".join(f"{k:>20}" for k in keys))
     for name, figures in {**rows, **engines}.items():
-        print(f"{name:16}" + "".join(f"{figures.get(k, '-'):>20.1f}" if isinstance(figures.get(k), float)
+        print(f"{name:20}" + "".join(f"{figures.get(k, '-'):>20.1f}" if isinstance(figures.get(k), float)
                                      else f"{figures.get(k, '-'):>20}" for k in keys))
     if engines:
-        served, raw = engines["nmt serve --ct2"], engines["raw CTranslate2"]
-        print(f"nmt serve --ct2 / raw CTranslate2: {served['sentences/s'] / raw['sentences/s']:.2f}x sentences/s "
-              f"(floor 0.9x), p50 {served['p50 ms'] / raw['p50 ms']:.2f}x, p99 {served['p99 ms'] / raw['p99 ms']:.2f}x; "
+        raw, alone = engines["raw CT2, batched"], engines["raw CT2, per request"]
+        print(f"nmt serve --ct2 / raw CTranslate2 on batches of {per_batch} sentences (the server's mean): "
+              f"{served['sentences/s'] / raw['sentences/s']:.2f}x sentences/s (floor 0.9x); / raw CTranslate2 "
+              f"called per request: {served['sentences/s'] / alone['sentences/s']:.2f}x sentences/s, p50 "
+              f"{served['p50 ms'] / alone['p50 ms']:.2f}x, p99 {served['p99 ms'] / alone['p99 ms']:.2f}x; "
               f"nmt serve --ct2 / nmt serve (PyTorch, batching on): "
               f"{served['sentences/s'] / rows['batching on']['sentences/s']:.2f}x sentences/s")
     for name, figures in rows.items():

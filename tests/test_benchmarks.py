@@ -250,11 +250,11 @@ def test_serve_load(corpus_dir, tmp_path):
     assert hostile.split()[6] == "0", out  # the normal clients beside hostile ones: no errors
     assert "slow body: cut off" in out and "slow headers: cut off" in out, out  # after --request-timeout
     assert "over the cost limit: 413" in out and "normal clients, quiet -> with hostile clients: p50" in out, out
-    engines = {line[:16].strip(): line[16:].split() for line in out.splitlines()
-               if line.startswith(("nmt serve --ct2 ", "raw CTranslate2 ")) and ":" not in line}
-    assert set(engines) == {"nmt serve --ct2", "raw CTranslate2"}, out
-    assert engines["nmt serve --ct2"][5] == engines["raw CTranslate2"][5] == "0", out  # no errors
-    assert "nmt serve --ct2 / raw CTranslate2: " in out and "(floor 0.9x)" in out, out
+    engines = {line[:20].strip(): line[20:].split() for line in out.splitlines()
+               if line.startswith(("nmt serve --ct2 ", "raw CT2")) and ":" not in line}
+    assert set(engines) == {"nmt serve --ct2", "raw CT2, per request", "raw CT2, batched"}, out
+    assert {e[5] for e in engines.values()} == {"0"}, out  # no errors
+    assert "nmt serve --ct2 / raw CTranslate2 on batches of " in out and "(floor 0.9x)" in out, out
 
 
 def test_multilingual_against_one_model_per_direction(corpus_dir, tmp_path):
