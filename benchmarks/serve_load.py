@@ -76,22 +76,33 @@ def client(port: int, requests: list[list[str]], beam: int, latencies: list[floa
             errors.append(status)
 
 
-def load(port: int, work: list[list[list[str]]], beam: int) -> dict:
-    """All clients at once; the figures of one mode."""
-    latencies: list[float] = []
-    errors: list[int] = []
-    threads = [threading.Thread(target=client, args=(port, reqs, beam, latencies, errors)) for reqs in work]
+def all_at_once(one_client, work: list[list[list[str]]]) -> float:
+    """One thread per client, each running `one_client` on its requests, all started together; the seconds until
+    the last ends."""
+    threads = [threading.Thread(target=one_client, args=(reqs,)) for reqs in work]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - start
-    latencies.sort()
+    return time.perf_counter() - start
+
+
+def figures(latencies: list[float], wall: float, work: list[list[list[str]]], errors: int = 0) -> dict:
+    """requests/s and sentences/s of `work` done in `wall` seconds, and the p50/p99/mean of `latencies`."""
+    latencies = sorted(latencies)
     quantile = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
     sentences = sum(len(r) for reqs in work for r in reqs)
-    return {"requests/s": len(latencies) / wall, "sentences/s": sentences / wall, "p50 ms": 1000 * quantile(0.5),
-            "p99 ms": 1000 * quantile(0.99), "mean ms": 1000 * statistics.fmean(latencies), "errors": len(errors)}
+    return {"requests/s": sum(map(len, work)) / wall, "sentences/s": sentences / wall, "p50 ms": 1000 * quantile(0.5),
+            "p99 ms": 1000 * quantile(0.99), "mean ms": 1000 * statistics.fmean(latencies), "errors": errors}
+
+
+def load(port: int, work: list[list[list[str]]], beam: int) -> dict:
+    """All clients at once; the figures of one mode."""
+    latencies: list[float] = []
+    errors: list[int] = []
+    wall = all_at_once(lambda reqs: client(port, reqs, beam, latencies, errors), work)
+    return figures(latencies, wall, work, len(errors))
 
 
 HOSTILE_KINDS = ("slow body", "slow headers", "leaves mid-body", "costly request, leaves at once", "oversized body",
@@ -240,39 +251,18 @@ def raw_ct2(args, work: list[list[list[str]]], batch: int = 0) -> dict:
 
     translate(work[0][0])  # warm-up
     latencies: list[float] = []
-    if batch:
-        sentences = [s for reqs in work for r in reqs for s in r]
-        start = time.perf_counter()
-        for i in range(0, len(sentences), batch):
-            begun = time.perf_counter()
-            translate(sentences[i:i + batch])
-            latencies.append(time.perf_counter() - begun)
-        wall = time.perf_counter() - start
-        latencies.sort()
-        return {"requests/s": sum(len(reqs) for reqs in work) / wall, "sentences/s": len(sentences) / wall,
-                "p50 ms": 1000 * latencies[len(latencies) // 2],
-                "p99 ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-                "mean ms": 1000 * statistics.fmean(latencies), "errors": 0}
-
-    def one_client(requests: list[list[str]]) -> None:
+    def timed(requests: list[list[str]]) -> None:
         for sentences in requests:
             start = time.perf_counter()
             translate(sentences)
             latencies.append(time.perf_counter() - start)
 
-    threads = [threading.Thread(target=one_client, args=(reqs,)) for reqs in work]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    latencies.sort()
-    sentences = sum(len(r) for reqs in work for r in reqs)
-    return {"requests/s": len(latencies) / wall, "sentences/s": sentences / wall,
-            "p50 ms": 1000 * latencies[len(latencies) // 2],
-            "p99 ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-            "mean ms": 1000 * statistics.fmean(latencies), "errors": 0}
+    if batch:  # one thread, the same sentences `batch` at a time (latencies: per batch)
+        flat = [s for reqs in work for r in reqs for s in r]
+        start = time.perf_counter()
+        timed([flat[i:i + batch] for i in range(0, len(flat), batch)])
+        return figures(latencies, time.perf_counter() - start, work)
+    return figures(latencies, all_at_once(timed, work), work)
 
 
 def sentences_from(path: str | None) -> list[str]:
