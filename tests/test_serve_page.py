@@ -236,3 +236,30 @@ def test_the_page_translates_as_you_type_what_translate_answers(chromium, model_
             assert png.startswith(b"\x89PNG") and len(png) > 10_000
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_the_page_marks_what_the_guard_left_doubtful(chromium, tmp_path):
+    """Against `nmt serve --guard` on a random model that loops: the page shows each translation's doubt as
+    POST /translate answers it (issue 45, part 3), and none beside the translations that passed."""
+    from helpers import model_dir as random_model
+
+    from nmt.synthetic import generate_pairs
+
+    sources = [a for a, _ in generate_pairs(96, seed=5)][88:]  # this random model loops on one past the fallback
+    with serving(random_model(tmp_path / "model", seed=2), "--guard") as server:
+        status, answer = server.call("POST", "/translate", {"sentences": sources, "scores": True})
+        doubts = [t["doubt"] for t in answer["translations"]]
+        assert status == 200 and "loop" in doubts and "" in doubts  # some left doubtful, some passed
+        browser = Browser(chromium, tmp_path / "profile")
+        try:
+            browser.open(f"http://127.0.0.1:{server.port}/")
+            browser.wait_for("['ready', 'done'].includes(document.body.dataset.state)")
+            browser.js("document.getElementById('source').focus()")
+            browser.paste("\n".join(sources))
+            assert settled(browser, {"sentences": sources}) == "done"
+            assert browser.js("[...document.querySelectorAll('#output li')].map(li => "
+                              "(li.querySelector('.doubt') || {}).textContent || '')") == doubts
+            assert [text for text, _ in shown(browser)] == [t["text"] for t in answer["translations"]]
+        finally:
+            browser.close()
