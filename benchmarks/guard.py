@@ -77,6 +77,7 @@ def direction(model: Path, data: Path, src: str, tgt: str, beam: int, out: Path)
                 f"{len(flagged) - doubtful} mended, {doubtful} left doubtful")
     if flagged:  # the fallbacks side by side on the flagged sentences (Python API: Guard's settings)
         base = [plain[i][0] for i in flagged]
+        first = corpus_scores(base, [refs[i] for i in flagged])
         for name, fallback in (("wider beam + no 3-gram twice (default)", Guard()),
                                ("wider beam alone", Guard(no_repeat_ngram_size=0)),
                                ("no 3-gram twice alone", Guard(beam_factor=1))):
@@ -84,7 +85,6 @@ def direction(model: Path, data: Path, src: str, tgt: str, beam: int, out: Path)
                                          with_scores=True, guard=fallback)
             mended = sum(not f.doubt for f in found)
             scores = corpus_scores([f.text for f in found], [refs[i] for i in flagged])
-            first = corpus_scores(base, [refs[i] for i in flagged])
             rows.append(f"  fallback {name:<40} mends {mended:4d} of {len(flagged)}; flagged sentences' BLEU "
                         f"{first['bleu']:.2f} -> {scores['bleu']:.2f}, chrF {first['chrf']:.2f} -> {scores['chrf']:.2f}")
     return rows

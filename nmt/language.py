@@ -24,9 +24,8 @@ nb:nob ne:npi nl:nld nn:nno no:nob ny:nya oc:oci om:gaz or:ory pa:pan pl:pol ps:
 rw:kin sa:san sc:srd sd:snd sg:sag si:sin sk:slk sl:slv sm:smo sn:sna so:som sq:als sr:srp ss:ssw st:sot su:sun sv:swe
 sw:swh ta:tam te:tel tg:tgk th:tha ti:tir tk:tuk tl:tgl tn:tsn tr:tur ts:tso tt:tat tw:twi ug:uig uk:ukr ur:urd uz:uzn
 vi:vie wo:wol xh:xho yi:ydd yo:yor zh:zho zu:zul""".split())
-ISO639_1 = {}  # NLLB's ISO 639-3 code -> ISO 639-1, the identifier's (the first where two share one: nb)
-for _iso1, _iso3 in ISO639_3.items():
-    ISO639_1.setdefault(_iso3, _iso1)
+# NLLB's ISO 639-3 code -> ISO 639-1, the identifier's (the first where two share one: nob is nb, not no)
+ISO639_1 = {iso3: iso1 for iso1, iso3 in reversed(ISO639_3.items())}
 MIN_LETTERS = 3  # fewer letters than this tell no language (a name, "ok", "12:30")
 MIN_CONFIDENCE = 0.2  # a best guess below this is no answer: the text is too short or mixed to tell
 
