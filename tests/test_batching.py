@@ -332,3 +332,56 @@ def test_pad_rounds_up_to_the_multiple():
     assert pad([[1, 2, 3], [4]], pad_id=0, multiple_of=4).tolist() == [[1, 2, 3, 0], [4, 0, 0, 0]]
     assert pad([[1, 2, 3, 4]], pad_id=0, multiple_of=4).shape == (1, 4)
     assert pad([[5], [6, 7]]).tolist() == [[5, 0], [6, 7]]
+
+
+@pytest.mark.parametrize("accum", [1, 3])
+def test_the_prefetcher_hands_windows_in_order_and_the_position_a_resume_continues_from(accum):
+    """Windows are fetched on a thread ahead of the steps; each comes with the sampler's position after it, and a
+    fresh loader started from that position hands the windows that followed it, across an epoch's end."""
+    from torch.utils.data import DataLoader
+
+    from nmt.training.loop import Prefetcher
+
+    lengths = list(np.random.default_rng(2).integers(1, 12, size=60))
+    pairs = [{"src_ids": list(range(4, 4 + n)), "tgt_ids": list(range(5, 5 + n))} for n in lengths]
+
+    def feed(position=None):
+        sampler = TokenBatchSampler(lengths, 40, accum_steps=accum, seed=1)
+        if position:
+            sampler.load_state_dict(position)
+        return Prefetcher(DataLoader(pairs, batch_sampler=sampler, collate_fn=Collator()), sampler, accum), sampler
+
+    prefetcher, sampler = feed()
+    steps = 3 * sampler.steps_per_epoch()  # three epochs
+    windows = [prefetcher.next() for _ in range(steps)]
+    prefetcher.close()
+    assert [position for _, position in windows][sampler.steps_per_epoch() - 1: sampler.steps_per_epoch() + 1] == [
+        {"epoch": 0, "step_in_epoch": sampler.steps_per_epoch()}, {"epoch": 1, "step_in_epoch": 1}]
+    assert all(len(window) == accum for window, _ in windows)
+    for k in (0, sampler.steps_per_epoch() - 1, sampler.steps_per_epoch() + 2):
+        resumed, _ = feed(windows[k][1])
+        for window, position in windows[k + 1:]:
+            again, where = resumed.next()
+            assert where == position
+            assert all(torch.equal(a[key], b[key]) for a, b in zip(window, again) for key in a)
+        resumed.close()
+
+
+def test_the_prefetchers_errors_reach_the_loop_and_closing_a_full_one_returns():
+    from nmt.training.loop import Prefetcher
+
+    class Broken:
+        def __iter__(self):
+            yield {"src_ids": torch.ones(1, 1)}
+            raise NmtError("data/train.en: line 3 is not UTF-8")
+
+    sampler = TokenBatchSampler([1, 2], 10)
+    broken = Prefetcher(Broken(), sampler, 1)
+    broken.next()
+    with pytest.raises(NmtError, match="not UTF-8"):
+        broken.next()
+    broken.close()
+    endless = Prefetcher([{"src_ids": torch.ones(1, 1)}], sampler, 1, depth=1)  # the thread waits on a full queue
+    endless.next()
+    endless.close()
+    assert not endless.thread.is_alive()

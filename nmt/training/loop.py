@@ -1,7 +1,8 @@
 """The training loop: steps until done, and the one optimizer step it takes.
 
 - `Loop`: steps with accumulation windows, stop signals, a time budget and early stopping, and when to log,
-  validate and checkpoint (`StopSignals` around it, `step_limit` for where it ends).
+  validate and checkpoint (`StopSignals` around it, `step_limit` for where it ends). `Prefetcher` fetches and
+  collates the next windows on a background thread while a step computes.
 - One optimizer step (`train_step`), shared by training and `nmt check`'s timed probe, and the optimizer and
   schedule it steps. It runs on an `Accelerator`, or on `OneDevice`: the same calls without Accelerate, for the
   probe; the mixed precision a run trains in (`run_precision`).
@@ -17,8 +18,10 @@ import functools
 import logging
 import math
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,6 +88,7 @@ class Loop:
         self.meter, self.rate = Meter(), TokenRate()
         self.stopped_by: str | None = None
         self.session = Session()  # this process's steps, for re-timing the plan
+        self.start = sampler.state_dict()  # where this session's data starts (its prefetcher fetches ahead of it)
 
     @property
     def expected(self) -> int:
@@ -94,10 +98,12 @@ class Loop:
 
     def __call__(self, signals: StopSignals) -> str | None:
         """Returns why it stopped early ("SIGTERM", "SIGINT", "time", "patience"), or None (a step limit)."""
-        batches, state = micro_batches(self.loader), self.run.state
+        state = self.run.state
         bar = Progress(self.run.accelerator, self.expected, state.step, self.budget_left_minutes(),
                        self.run.cfg.log_every)
         self.run.stop_requested = lambda: signals.received is not None
+        batches = Prefetcher(self.loader, self.sampler, self.run.cfg.accum_steps,
+                             pin=self.run.accelerator.device.type == "cuda")
         try:
             if self.run.cfg.init_from and state.step == 0 and not state.start:  # once: a resume has it in its state
                 self.validate_start(signals)
@@ -107,11 +113,19 @@ class Loop:
                 if self.session.due(state.step, self.run):
                     self.retime(bar)
         finally:
+            batches.close()
             self.run.stop_requested = lambda: False
             bar.close()
         self.run.stop_reason = self.reason()
-        self.run.epochs = self.sampler.epoch + self.sampler.step_in_epoch / self.sampler.steps_per_epoch()
+        epoch, step_in_epoch = self.consumed
+        self.run.epochs = epoch + step_in_epoch / self.sampler.steps_per_epoch(epoch)
         return self.stopped_by
+
+    @property
+    def consumed(self) -> tuple[int, int]:
+        """(epoch, step in it) of the data the steps so far consumed (the sampler itself has fetched further)."""
+        position = self.run.state.sampler or self.start
+        return int(position["epoch"]), int(position["step_in_epoch"])
 
     def validate_start(self, signals: StopSignals) -> None:
         """Fine-tuning: the starting model validated and kept as the first best before step 1 (timed like any
@@ -162,23 +176,24 @@ class Loop:
             print(retime_line(run.plan, planned_s), file=sys.stderr, flush=True)
             save_plan(run.plan, run.out)
 
-    def one_step(self, batches, signals: StopSignals, bar: Progress) -> None:
-        run, state, cfg = self.run, self.run.state, self.run.cfg
+    def one_step(self, batches: Prefetcher, signals: StopSignals, bar: Progress) -> None:
+        run, state = self.run, self.run.state
         step_start = time.perf_counter()
-        window = [to_device(next(batches), run.accelerator.device) for _ in range(cfg.accum_steps)]
+        fetched, position = batches.next()
+        window = [to_device(batch, run.accelerator.device) for batch in fetched]
         out_of_time = self.out_of_time()
         stop = bool(signals.received) or out_of_time
         stats = train_step(run.accelerator, run.objective, self.optim, window, stop=stop)  # as nmt check times it
         state.step += 1
         state.tokens_seen += stats.tokens
-        state.sampler = self.sampler.state_dict()
+        state.sampler = position  # what this step consumed: a resume fetches the next window
         state.elapsed_s = run.elapsed()
         self.session.stepped(time.perf_counter() - step_start)
         note_finite(run, stats.finite)
         note_out_of_memory(run, stats.out_of_memory)
         if not stats.out_of_memory:
             self.meter.add(stats)
-        bar.update(state.step, {"epoch": self.sampler.epoch, "loss": f"{stats.loss:.3f}", "lr": f"{self.lr:.2e}",
+        bar.update(state.step, {"epoch": self.consumed[0], "loss": f"{stats.loss:.3f}", "lr": f"{self.lr:.2e}",
                                 "tok/s": self.rate.update(stats.tokens, time.perf_counter() - step_start)})
         if stats.stop:  # any process was signalled or is out of time: all stop after this same step
             self.stopped_by = signals.received or ("time" if out_of_time else "SIGTERM")
@@ -192,7 +207,7 @@ class Loop:
         run, state, cfg = self.run, self.run.state, self.run.cfg
         last = state.step == self.total or self.stopped_by == "time"
         if state.step % cfg.log_every == 0 or last:
-            log_metrics(run, {**self.meter.flush(), "lr": self.lr, "epoch": self.sampler.epoch,
+            log_metrics(run, {**self.meter.flush(), "lr": self.lr, "epoch": self.consumed[0],
                               "skipped_steps": state.skipped_steps, "oom_steps": state.oom_steps})
         if (state.step % cfg.eval_every == 0 or last) and self.stopped_by in (None, "time"):
             started, decodes = time.perf_counter(), bleu_due(cfg, state.step) or last  # the last one always scores
@@ -233,6 +248,56 @@ def micro_batches(loader):
     """Endless micro-batches; each pass over the loader finishes an epoch (the sampler advances it)."""
     while True:
         yield from loader
+
+
+class Prefetcher:
+    """The training windows (`accum_steps` collated micro-batches each), fetched and collated on a background thread
+    up to `depth` windows ahead of the step that uses them, so that reading and padding a batch overlaps the step
+    before it; with `pin`, into page-locked memory, from which `to_device`'s copy to a GPU does not block.
+
+    Each window comes with the sampler's position after it (`next`): the checkpoint records the data the steps
+    consumed, not what the thread has fetched, so a resumed run starts at the next window and equals an
+    uninterrupted one. Nothing here draws from torch's or Python's global random state (BPE-dropout segments with
+    its own seeded generator, reading the epoch of the batch it fetches), so fetching on another thread changes no
+    number. An error while fetching is raised by `next`, in the loop's thread."""
+
+    def __init__(self, loader, sampler, accum_steps: int, pin: bool = False, depth: int = 2):
+        self.loader, self.sampler, self.accum_steps, self.pin = loader, sampler, accum_steps, pin
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._fill, name="nmt-prefetch", daemon=True)
+        self.thread.start()
+
+    def _fill(self) -> None:
+        try:
+            batches = micro_batches(self.loader)
+            while not self.stopping.is_set():
+                window = [next(batches) for _ in range(self.accum_steps)]
+                if self.pin:
+                    window = [{k: v.pin_memory() for k, v in batch.items()} for batch in window]
+                self._put((window, self.sampler.state_dict(), None))
+        except BaseException as error:  # noqa: BLE001 - raised again in the loop's thread by `next`
+            self._put((None, None, error))
+
+    def _put(self, item) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def next(self) -> tuple[list[dict], dict]:
+        """The next window and the sampler's position after it."""
+        window, position, error = self.queue.get()
+        if error is not None:
+            raise error
+        return window, position
+
+    def close(self) -> None:
+        """Stops the thread (a window it is fetching is dropped)."""
+        self.stopping.set()
+        self.thread.join()
 
 
 def to_device(batch: dict, device) -> dict:
