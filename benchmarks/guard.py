@@ -3,9 +3,13 @@
 
     python benchmarks/guard.py --data ../shared/data/tatoeba-en-de --model runs/guard/both/model
     python benchmarks/guard.py --data ../shared/data/tatoeba-en-de --minutes 8 --output runs/guard
+    python benchmarks/guard.py --data ../shared/data/tatoeba-en-de --also data/bible-en-fr --also-tgt fr --minutes 10
 
 With --model, that model directory (one that translates src->tgt and tgt->src) is used; without, it is trained
 first for --minutes with docs/multilingual.md's config (benchmarks/multilingual.py: the corpus read both ways).
+With --also, a second corpus pairs --src with a third language (Bible en-fr: `benchmarks/bible_corpus.py`): the model
+learns the four directions, and the two between the languages it never saw together (de->fr, fr->de: zero-shot,
+where a many-language model answers in the wrong language most often) are measured too, without references.
 Per direction and per setting it prints: the translations off target (told by nmt.guard's check, among the model's
 languages) and looping (nmt.guard.loops), corpus BLEU/chrF, and BLEU/chrF of the sentences the guard did not flag
 (untouched: the same with and without it), how many it flagged, mended and left doubtful, and the seconds each
@@ -46,12 +50,15 @@ def translate(model: Path, src: Path, tgt_lang: str, beam: int, out: Path, guard
     return [line.split("\t") for line in out.read_text(encoding="utf-8").split("\n")[:-1]], seconds
 
 
-def direction(model: Path, data: Path, src: str, tgt: str, beam: int, out: Path) -> list[str]:
-    """The table rows of one direction, and the fallbacks compared on its flagged sentences."""
+def direction(model: Path, data: Path, src: str, tgt: str, beam: int, out: Path, refs: bool = True) -> list[str]:
+    """The table rows of one direction, and the fallbacks compared on its flagged sentences; without `refs` (a
+    zero-shot direction: data's test.<src> asked in `tgt`), the rates only."""
     from nmt.translate import Translator
 
     sources = (data / f"test.{src}").read_text(encoding="utf-8").splitlines()
-    refs = (data / f"test.{tgt}").read_text(encoding="utf-8").splitlines()
+    refs = (data / f"test.{tgt}").read_text(encoding="utf-8").splitlines() if refs else None
+    scores = (lambda texts, rows: corpus_scores(texts, [refs[i] for i in rows])) if refs else \
+        (lambda texts, rows: {"bleu": float("nan"), "chrf": float("nan")})
     plain, t_plain = translate(model, data / f"test.{src}", tgt, beam, out / f"plain.{src}-{tgt}", guard=False)
     guarded, t_guard = translate(model, data / f"test.{src}", tgt, beam, out / f"guard.{src}-{tgt}", guard=True)
     translator = Translator.from_pretrained(model)
@@ -66,9 +73,9 @@ def direction(model: Path, data: Path, src: str, tgt: str, beam: int, out: Path)
         texts = [row[0] for row in outs]
         off = sum(Guard(loops=False).doubt(t, s, target, among) != "" for t, s in zip(texts, sources))
         looped = sum(loops(t, s) for t, s in zip(texts, sources))
-        every = corpus_scores(texts, refs)
+        every = scores(texts, range(len(texts)))
         kept = (f"{'-':>10} {'-':>10}" if not untouched else "{bleu:10.2f} {chrf:10.2f}".format(
-            **corpus_scores([texts[i] for i in untouched], [refs[i] for i in untouched])))  # none: all flagged
+            **scores([texts[i] for i in untouched], untouched)))  # none: all flagged
         rows.append(f"{src}-{tgt} {name:<8} {off / len(texts):9.2%} {looped / len(texts):9.2%} "
                     f"{every['bleu']:7.2f} {every['chrf']:7.2f} {kept} {seconds:8.1f}")
     doubtful = sum(1 for row in guarded if row[3])
@@ -77,16 +84,16 @@ def direction(model: Path, data: Path, src: str, tgt: str, beam: int, out: Path)
                 f"{len(flagged) - doubtful} mended, {doubtful} left doubtful")
     if flagged:  # the fallbacks side by side on the flagged sentences (Python API: Guard's settings)
         base = [plain[i][0] for i in flagged]
-        first = corpus_scores(base, [refs[i] for i in flagged])
+        first = scores(base, flagged)
         for name, fallback in (("wider beam + no 3-gram twice (default)", Guard()),
                                ("wider beam alone", Guard(no_repeat_ngram_size=0)),
                                ("no 3-gram twice alone", Guard(beam_factor=1))):
             found = translator.translate([sources[i] for i in flagged], beam_size=beam, tgt_lang=tgt,
                                          with_scores=True, guard=fallback)
             mended = sum(not f.doubt for f in found)
-            scores = corpus_scores([f.text for f in found], [refs[i] for i in flagged])
+            then = scores([f.text for f in found], flagged)
             rows.append(f"  fallback {name:<40} mends {mended:4d} of {len(flagged)}; flagged sentences' BLEU "
-                        f"{first['bleu']:.2f} -> {scores['bleu']:.2f}, chrF {first['chrf']:.2f} -> {scores['chrf']:.2f}")
+                        f"{first['bleu']:.2f} -> {then['bleu']:.2f}, chrF {first['chrf']:.2f} -> {then['chrf']:.2f}")
     return rows
 
 
@@ -95,6 +102,8 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="folder with train/valid/test.<src>/<tgt>")
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
+    parser.add_argument("--also", help="a second corpus folder pairing --src with --also-tgt (train/valid/test)")
+    parser.add_argument("--also-tgt", default="fr", help="the second corpus's other language")
     parser.add_argument("--model", help="a model directory translating both ways (default: train one)")
     parser.add_argument("--minutes", type=float, default=8.0, help="without --model: the training budget")
     parser.add_argument("--beam", type=int, default=4)
@@ -105,7 +114,8 @@ def main() -> None:
     model = Path(args.model) if args.model else None
     if model is None:
         config = out / "both.yaml"
-        config.write_text(multilingual_config(data, args.src, args.tgt))
+        config.write_text(multilingual_config(data, args.src, args.tgt, *(
+            [(Path(args.also).resolve(), args.src, args.also_tgt)] if args.also else [])))
         run_user_command(["nmt", "train", "--config", str(config), "--max_minutes", f"{args.minutes:g}",
                           "--output_dir", str(out / "both")])
         model = out / "both" / "model"
@@ -113,6 +123,12 @@ def main() -> None:
             f"{'chrF':>10} {'seconds':>8}"]
     for src, tgt in ((args.src, args.tgt), (args.tgt, args.src)):
         rows += direction(model, data, src, tgt, args.beam, out)
+    if args.also:
+        also, third = Path(args.also).resolve(), args.also_tgt
+        for src, tgt in ((args.src, third), (third, args.src)):
+            rows += direction(model, also, src, tgt, args.beam, out)
+        rows += direction(model, data, args.tgt, third, args.beam, out, refs=False)  # zero-shot: never seen together
+        rows += direction(model, also, third, args.tgt, args.beam, out, refs=False)
     print("\n".join(["", *rows]))
 
 

@@ -20,10 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from quality import run_user_command, user_command  # noqa: E402
 
 
-def multilingual_config(data: Path, src: str, tgt: str) -> str:
-    """docs/multilingual.md's config for the corpus read both ways: one model, two directions."""
-    both = lambda split: (f"    - {{path: {data}/{split}, src_lang: {src}, tgt_lang: {tgt}}}\n"
-                          f"    - {{path: {data}/{split}, src_lang: {tgt}, tgt_lang: {src}}}\n")
+def multilingual_config(data: Path, src: str, tgt: str, *more: tuple[Path, str, str]) -> str:
+    """docs/multilingual.md's config for the corpus read both ways: one model, two directions (and two more for
+    each further (folder, src, tgt) corpus)."""
+    both = lambda split: "".join(f"    - {{path: {d}/{split}, src_lang: {a}, tgt_lang: {b}}}\n"
+                                 f"    - {{path: {d}/{split}, src_lang: {b}, tgt_lang: {a}}}\n"
+                                 for d, a, b in ((data, src, tgt), *more))
     return f"data:\n  train:\n{both('train')}  valid:\n{both('valid')}  test:\n{both('test')}"
 
 
