@@ -37,6 +37,7 @@ class Guard:
     loops: bool = True  # check for loops
     beam_factor: int = 2  # the fallback's beam: this many times the call's own, all of its hypotheses read
     no_repeat_ngram_size: int = 3  # the fallback of a loop never says an n-gram of this many tokens twice (0: off)
+    pivot: bool = True  # a translation still off target goes through a pivot language, where the model has one
 
     def doubt(self, translation: str, source: str, target: str | None, among: list[str]) -> str:
         """Why `translation` of `source` is doubtful ("off-target: en", "loop"), or "" when it passes; `target` and
@@ -81,6 +82,20 @@ def loops(translation: str, source: str) -> bool:
     glued = [c for c in translation if not c.isspace()]
     times = most_repeats(glued, spans=4)
     return times >= 6 and times > most_repeats([c for c in source if not c.isspace()], spans=4)
+
+
+def language_of(text: str, among: list[str]) -> str | None:
+    """The language of `text` among the codes of `among` where the identifier is sure of it (as `off_target`
+    tells); None when the text is too short or mixed to tell."""
+    from nmt.language import TooShort, detect
+
+    if sum(c.isalpha() for c in text) < MIN_LETTERS or not among:
+        return None
+    try:
+        language, p = detect(text, among=sorted(set(among)), top=1)[0]
+    except TooShort:
+        return None
+    return language if p >= OFF_TARGET_CONFIDENCE else None
 
 
 def off_target(translation: str, target: str, among: list[str]) -> str | None:

@@ -52,8 +52,9 @@ from nmt.decoding import (
     search_encoded,
 )
 from nmt.errors import NmtError
-from nmt.guard import Guard
+from nmt.guard import Guard, language_of
 from nmt.kernels import use_cpu_kernels
+from nmt.language import base
 from nmt.loading import open_model
 from nmt.model import Seq2SeqTransformer
 from nmt.textfiles import without_bom
@@ -436,9 +437,49 @@ class Translator:
                                if not guard.doubt(c.text, texts[i], target, among)), None)
                 if mended is not None:
                     outputs[i], doubts[i] = mended, ""
+        if guard.pivot and target is not None and not kwargs.get("glossary"):
+            self._pivoted(texts, outputs, doubts, guard, kwargs, target, among)
         if with_scores:
             return [replace(out, doubt=d) for out, d in zip(outputs, doubts)]
         return [out.text for out in outputs]
+
+    def _pivoted(self, texts: list[str], outputs: list, doubts: list[str], guard: Guard, kwargs: dict, target: str,
+                 among: list[str]) -> None:
+        """The translations still off target, through a pivot language where the model has one (`pivot_languages`):
+        the source into the pivot, that into the target, each with the call's own search; one that then passes both
+        checks takes the place of the first (its score that of the second leg). Changes `outputs` and `doubts`."""
+        by_pivot: dict[str, list[int]] = {}
+        pairs = (self.languages or {}).get("pairs") or []
+        sources = sorted({*among, *(p[: -len(t) - 1] for p in pairs for t in among if p.endswith(f"-{t}"))})
+        for i, doubt in enumerate(doubts):
+            if doubt.startswith("off-target"):
+                pivots = self.pivot_languages(target, language_of(texts[i], sources))
+                if pivots:
+                    by_pivot.setdefault(pivots[0], []).append(i)
+        imported = bool(self.source_languages)  # an M2M100/NLLB import is told the pivot's language for the 2nd leg
+        for pivot, rows in by_pivot.items():
+            legs = self.translate([texts[i] for i in rows], **{**kwargs, "tgt_lang": pivot, "with_scores": False})
+            seconds = self.translate(legs, **{**kwargs, "src_lang": pivot if imported else None})
+            for i, leg, found in zip(rows, legs, seconds):
+                if leg.strip() and not guard.doubt(found.text, texts[i], target, among):
+                    outputs[i], doubts[i] = found, ""
+
+    def pivot_languages(self, tgt_lang: str | None, source_language: str | None = None) -> list[str]:
+        """The languages a translation into `tgt_lang` may go through when the direct one fails, English first: for
+        a model nmt trained on several pairs, each target language it was trained to translate into `tgt_lang` and,
+        where the source's language is known, from that language (languages.json's pairs); for an imported
+        M2M100/NLLB model (trained on every direction), its English. Empty where there is none (one pair, or the
+        source already in the only one)."""
+        target = self.target_language(tgt_lang) if tgt_lang is not None else None
+        if target is None or not self.target_languages:
+            return []
+        if self.source_languages:
+            return [c for c in self.target_languages if base(c) == "en" != base(target)
+                    and (source_language is None or base(source_language) != "en")]
+        pairs = set((self.languages or {}).get("pairs") or [])
+        found = [p for p in self.target_languages if p not in (target, source_language) and f"{p}-{target}" in pairs
+                 and (source_language is None or f"{source_language}-{p}" in pairs)]
+        return sorted(found, key=lambda p: (base(p) != "en", p))
 
     def guard_languages(self, tgt_lang: str | None) -> tuple[str | None, list[str]]:
         """(the target's code, the model's languages) for the guard's check, as the model names them (an imported

@@ -79,6 +79,64 @@ def test_the_guard_decodes_flagged_sentences_again_and_leaves_the_others_as_they
     assert [(r[0], r[3]) for r in rows] == [(g.text, g.doubt) for g in guarded]
 
 
+def test_a_translation_still_in_the_wrong_language_goes_through_a_pivot_the_model_was_trained_for(tmp_path,
+                                                                                                monkeypatch):
+    """A model trained on en<->de and en<->fr asked for de->fr (zero-shot): what the wider beam leaves off target is
+    translated de->en, then en->fr, and that replaces it where it passes; without a pivot it stays doubtful. The
+    language identifier is replaced by one that calls every direct translation English (a random model writes no
+    language), so the test follows the searches made."""
+    pytest.importorskip("py3langid")
+    import json
+
+    from helpers import tiny_model
+
+    import nmt.guard
+    from nmt.checkpoint import LANGUAGES_FILE, languages_record
+    from nmt.config import TokenizerConfig, lang_tag
+    from nmt.tokenizer import PairTokenizer, train_tokenizer
+
+    german = ["Die Kinder haben den ganzen Nachmittag im Garten gespielt.",
+              "Ich habe gestern einen langen Brief an meine Schwester geschrieben.",
+              "Der Zug nach Berlin fährt heute viel später als sonst."]
+    targets, directory = ["de", "en", "fr"], tmp_path / "model"
+    texts = german + [t for pair in generate_pairs(100, seed=7) for t in pair]
+    tok = train_tokenizer(texts, TokenizerConfig(vocab_size=120, min_frequency=1,
+                                                 reserved=[lang_tag(t) for t in targets]))
+    tiny_model(seed=3, vocab=tok.get_vocab_size()).save_pretrained(directory)
+    PairTokenizer(tok).save(directory)
+    (directory / LANGUAGES_FILE).write_text(json.dumps(languages_record(
+        ["en-de", "de-en", "en-fr", "fr-en"], targets, [lang_tag(t) for t in targets])))
+    translator = Translator.from_pretrained(directory)
+    assert translator.pivot_languages("fr", "de") == ["en"]
+    assert translator.pivot_languages("fr", "en") == []  # en->fr was trained: nothing goes between
+    assert translator.pivot_languages("de") == ["en"]  # the source's language unknown: any trained into de
+
+    searches, direct = [], set()
+    translate = translator.translate
+
+    def spy(texts, **kwargs):
+        found = translate(texts, **kwargs)
+        searches.append((list(texts), kwargs.get("tgt_lang"), found))
+        if kwargs.get("tgt_lang") == "fr" and set(texts) <= set(german):  # the sources searched into French
+            direct.update(c.text for f in found for c in (f if isinstance(f, list) else [f]))
+        return found
+
+    monkeypatch.setattr(translator, "translate", spy)
+    monkeypatch.setattr(nmt.guard, "off_target", lambda text, target, among: "en" if text in direct else None)
+    stuck = translate(german, tgt_lang="fr", with_scores=True, guard=Guard(loops=False, pivot=False))
+    assert [s.doubt for s in stuck] == ["off-target: en"] * 3  # the wider beam mends none of them
+    searches.clear()
+    guarded = translate(german, tgt_lang="fr", with_scores=True, guard=Guard(loops=False))
+    (legs, into_en, _), (second, into_fr, through) = searches[-2:]
+    assert (legs, into_en, into_fr) == (german, "en", "fr") and second == searches[-2][2]
+    assert [g.text for g in guarded] == [t.text for t in through]
+    assert all(g.doubt == "" and g.text not in direct for g in guarded)
+    from nmt.tools.serve import decoding_costs
+
+    plain = decoding_costs(translator, [5], {"beam_size": 4, "tgt_lang": "fr"})[0]
+    assert decoding_costs(translator, [5], {"beam_size": 4, "tgt_lang": "fr", "guard": True})[0] == 5 * plain  # 1+2+2
+
+
 def test_the_guard_needs_one_beam_searched_translation_per_sentence(tmp_path):
     translator = Translator.from_pretrained(model_dir(tmp_path / "model"))
     from nmt.decoding import SamplingConfig

@@ -228,9 +228,12 @@ def decoding_costs(translator, tokens: list[int], options: dict, terms: list[int
     nmt.decoding.length_limits bound them: min(a + b * source length, max_new_tokens), truncated sources), times
     1 + the glossary terms it holds (`terms`): the constrained search weighs each term's next token for every
     beam at every step; with a guard, times 1 + its beam factor (every sentence may be searched for again with
-    the wider beam)."""
+    the wider beam), + 2 where the model has a pivot language for the target (two more searches at the call's beam)."""
     limit = translator.model.cfg.max_positions
-    again = 1 + Guard().beam_factor if options.get("guard") else 1
+    again = 1
+    if options.get("guard"):
+        pivots = translator.pivot_languages(options.get("tgt_lang")) if translator.target_languages else []
+        again += Guard().beam_factor + (2 if pivots else 0)
     search = SearchConfig(**{k: v for k, v in {**translator.search_defaults, **options}.items()
                              if k in SEARCH_RANGES and k != "max_new_tokens"})
     most = min(options.get("max_new_tokens", limit), limit - 1)
