@@ -14,7 +14,8 @@ Per direction and per setting it prints: the translations off target (told by nm
 languages) and looping (nmt.guard.loops), corpus BLEU/chrF, and BLEU/chrF of the sentences the guard did not flag
 (untouched: the same with and without it), how many it flagged, mended and left doubtful, and the seconds each
 command took. Then, through the Python API, the fallbacks side by side on the flagged sentences: the default (a
-twice wider beam read best first, no 3-gram twice for a loop), the wider beam alone, and no-repeat alone.
+twice wider beam read best first, no 3-gram twice for a loop, then a pivot language for what is still in the wrong
+language), the same without the pivot, the wider beam alone, and no-repeat alone.
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ def direction(model: Path, data: Path, src: str, tgt: str, beam: int, out: Path,
     if flagged:  # the fallbacks side by side on the flagged sentences (Python API: Guard's settings)
         base = [plain[i][0] for i in flagged]
         first = scores(base, flagged)
-        for name, fallback in (("wider beam + no 3-gram twice (default)", Guard()),
-                               ("wider beam alone", Guard(no_repeat_ngram_size=0)),
-                               ("no 3-gram twice alone", Guard(beam_factor=1))):
+        for name, fallback in (("default (+ pivot for the wrong language)", Guard()),
+                               ("wider beam + no 3-gram twice, no pivot", Guard(pivot=False)),
+                               ("wider beam alone", Guard(no_repeat_ngram_size=0, pivot=False)),
+                               ("no 3-gram twice alone", Guard(beam_factor=1, pivot=False))):
             found = translator.translate([sources[i] for i in flagged], beam_size=beam, tgt_lang=tgt,
                                          with_scores=True, guard=fallback)
             mended = sum(not f.doubt for f in found)
