@@ -303,8 +303,13 @@ def _forced(model, cfg: SearchConfig) -> int | None:
 
 
 def _never(pad: int, bos: int, eos: int, device) -> torch.Tensor:
-    """The ids search never emits: <pad> and the decoder start, unless that is </s> (M2M100's)."""
-    return torch.tensor(sorted({pad, bos} - {eos}), device=device)
+    """The ids search never emits: <pad> and the decoder start, unless that is </s> (M2M100's). Made on the device
+    (no copy from host memory, which would make the host wait for a GPU's queue)."""
+    ids = sorted({pad, bos} - {eos})
+    never = torch.empty(len(ids), dtype=torch.long, device=device)
+    for i, token in enumerate(ids):
+        never[i] = token  # a fill on the device
+    return never
 
 
 def _constrain(lp: torch.Tensor, at_limit: torch.Tensor, never: torch.Tensor, eos: int,

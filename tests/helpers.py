@@ -219,3 +219,42 @@ def in_fresh_interpreter(module: str, function: str) -> None:
     proc = subprocess.run([sys.executable, "-c", f"import {module}; {module}.{function}()"], cwd=tests,
                           env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+class OffHost(torch.overrides.TorchFunctionMode):
+    """Runs code on a device that is not the host, as a GPU would run it, and records what would stall or break
+    there: `reads` (a value read on the host: `HostSyncs.READS`, each answered with `value` in the tensor's shape, or
+    True for a truth value, so that the code goes on without values: on `meta` nothing has one), `copies` (a
+    tensor built or copied from host memory onto the device: `torch.tensor(..., device=D)`, `.to(D)` of a host
+    tensor; a blocking copy unless it is page-locked and non_blocking) and `mixes` (an op given tensors of two
+    devices, beyond the 0-dim host scalars every device accepts; a GPU raises on them, `meta` not always)."""
+
+    def __init__(self, device: str = "meta", value: int = 0):
+        super().__init__()
+        self.device, self.value = torch.device(device), value
+        self.reads: list[str] = []
+        self.copies: list[str] = []
+        self.mixes: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if name in HostSyncs.READS and tensors and tensors[0].device == self.device:
+            self.reads.append(name)
+            return self._answer(name, tensors[0])
+        devices = {t.device for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
+        if len(devices) > 1:
+            self.mixes.append(f"{name}: {sorted(map(str, devices))}")
+        target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
+        if target is not None and torch.device(target).type == self.device.type and (
+                name in ("tensor", "as_tensor") or (name == "to" and tensors and tensors[0].device.type == "cpu")):
+            self.copies.append(name)
+        return func(*args, **kwargs)
+
+    def _answer(self, name: str, tensor: torch.Tensor):
+        if name == "__bool__" or tensor.dtype == torch.bool:
+            filled = torch.ones(tensor.shape, dtype=torch.bool)
+        else:
+            filled = torch.full(tensor.shape, self.value, dtype=tensor.dtype)
+        return filled.tolist() if name == "tolist" else getattr(filled, name)() if name != "numpy" else filled.numpy()

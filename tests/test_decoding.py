@@ -298,22 +298,20 @@ def test_search_encoded_stops_between_batches_when_asked():
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_a_search_reads_the_device_once_a_step(beam):
-    """Beam search and greedy read the device once per step (which rows go on), once for the length limit and at
-    the end only: the finished hypotheses stay on the device until then."""
-    from helpers import HostSyncs
+def test_a_search_reads_the_device_once_a_step_and_copies_nothing_from_the_host(beam):
+    """Beam search and greedy, run as a GPU runs them (on `meta`: shapes without values, `helpers.OffHost`), read
+    the device once for the length limit, once per step (which rows go on) and at the end only (the finished
+    hypotheses stay on the device until then); they copy nothing from host memory and mix no devices."""
+    from helpers import OffHost
 
-    model = tiny_model(seed=3, vocab=30, layers=2)
-    src_ids = src_batch(torch.Generator().manual_seed(3), [6, 2, 9, 4], 30)
-    cfg = SearchConfig(beam_size=beam, max_new_tokens=7, nbest=min(beam, 2))
-    with HostSyncs() as syncs:
-        found = beam_search(model, src_ids, cfg)
-    steps = max(len(h.tokens) for hyps in found for h in hyps)
-    per_step = syncs.calls.count("tolist")
-    assert len(found) == 4 and steps >= 2
-    assert set(syncs.calls) <= {"__int__", "tolist"} and syncs.calls.count("__int__") == 1
+    meta = torch.device("meta")
+    model = tiny_model(seed=3, vocab=30, layers=2).to(meta)
+    src_ids = src_batch(torch.Generator().manual_seed(3), [6, 2, 9, 4], 30).to(meta)
+    with OffHost(value=5) as off, torch.inference_mode():  # the length limit read as 5: five steps, every row going
+        beam_search(model, src_ids, SearchConfig(beam_size=beam, max_new_tokens=7, nbest=min(beam, 2)))
     ends = 5 if beam > 1 else 3  # the finished hypotheses' parts (beam) or tokens, lengths, logprobs (greedy)
-    assert per_step - ends <= steps
+    assert off.reads == ["__int__"] + ["tolist"] * (5 + ends)
+    assert (off.copies, off.mixes) == ([], [])
 
 
 @pytest.mark.slow

@@ -563,6 +563,33 @@ def test_an_optimizer_step_reads_the_device_once_whatever_its_micro_batches():
     assert stats.finite and stats.tokens == sum(int(b["labels"].ne(0).sum()) for b in window)
 
 
+def test_an_optimizer_step_off_the_host_reads_once_copies_nothing_from_it_and_mixes_no_devices():
+    """The same step as a GPU runs it (the plain objective, AdamW where the device has no fused kernel), on `meta`:
+    shapes without values, so a read of a value, a copy from host memory (which makes a GPU's host wait) or a
+    tensor of another device shows itself (`helpers.OffHost`). The one read is the step's figures."""
+    from helpers import OffHost, src_batch, tgt_in_batch, tiny_model
+
+    from nmt.config import TrainConfig
+    from nmt.model import Seq2SeqLoss
+    from nmt.training.loop import OneDevice, make_optim, train_step
+
+    gen, meta = torch.Generator().manual_seed(0), torch.device("meta")
+    objective = Seq2SeqLoss(tiny_model(vocab=30, dropout=0.1).train().to(meta), 0.1)
+    cfg = TrainConfig()
+    cfg.optim.lr, cfg.optim.warmup_steps = 1e-3, 10
+    optim = make_optim(objective, cfg)
+    window = []
+    for lengths in ([5, 3], [7, 2, 4]):
+        tgt = tgt_in_batch(gen, lengths, 30)
+        batch = {"src_ids": src_batch(gen, lengths, 30), "tgt_in_ids": tgt,
+                 "labels": torch.cat([tgt[:, 1:], torch.zeros_like(tgt[:, :1])], 1)}
+        window.append({k: v.to(meta) for k, v in batch.items()})
+    for stop in (False, True):
+        with OffHost() as off:
+            train_step(OneDevice(meta, accum_steps=2), objective, optim, window, stop=stop)
+        assert (off.reads, off.copies, off.mixes) == (["tolist"], [], [])
+
+
 # --- the run's mixed precision -----------------------------------------------------------------------------------
 
 

@@ -432,7 +432,9 @@ def train_step(accelerator, objective, optim: Optim, window: list[dict], stop: b
     local = torch.stack([b["labels"].ne(pad_id).sum() for b in window]).sum().to(device)
     n_tokens = accelerator.reduce(local, "sum")
     scale = accelerator.num_processes * len(window) / n_tokens.clamp(min=1)
-    sums = torch.tensor([0.0, 0.0, float(stop), 0.0], dtype=torch.float64, device=device)  # loss, nll, stop, OOMs
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, nll, stop, OOMs: made there, not copied there
+    if stop:
+        sums[2] = 1.0  # a fill on the device: no copy from host memory, which a GPU's host would wait for
     stats, failed = None, None
     for batch in window:
         with accelerator.accumulate(objective):
@@ -555,10 +557,22 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
     o = cfg.optim
     kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     params = [p for p in model.parameters() if p.requires_grad]
+    if all(p.device.type in fused_devices() for p in params):
+        try:
+            return torch.optim.AdamW(params, fused=True, **kwargs)
+        except (RuntimeError, TypeError):
+            pass
+    return torch.optim.AdamW(params, **kwargs)
+
+
+def fused_devices() -> tuple[str, ...]:
+    """The device types this torch has a fused AdamW kernel for (a fused optimizer on another, `meta` say, fails
+    only at its first step)."""
     try:
-        return torch.optim.AdamW(params, fused=True, **kwargs)
-    except (RuntimeError, TypeError):
-        return torch.optim.AdamW(params, **kwargs)
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:  # a torch that moved it: the two this project runs on
+        return ("cuda", "cpu")
+    return tuple(_get_fused_kernels_supported_devices())
 
 
 def schedule_of(cfg: TrainConfig):
