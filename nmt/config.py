@@ -393,6 +393,7 @@ class ModelConfig:
     share_embeddings: bool = True  # one embedding table for source, target and output (joint vocab only)
     scale_embedding: bool = True  # multiply embeddings by sqrt(d_model) before adding positions
     init_std: float | None = ranged(None, "[0, 10]")  # fresh weights ~ N(0, init_std); 0: Xavier (null: `fresh_std`)
+    checkpoint_activations: bool = False  # training keeps each layer's input only and recomputes the rest (less memory)
     positions: Literal["interleaved", "halves", "m2m100"] = "interleaved"  # sinusoids: nmt's, Marian's, M2M100's
     final_logits_bias: bool = False  # a fixed (not trained) bias added to the output logits (Marian's)
     max_positions: int = ranged(1024, "[2, 1e6]")  # longest sequence the sinusoidal table covers

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from nmt.batching import special_id
@@ -86,8 +87,15 @@ class Seq2SeqTransformer(nn.Module):
         attend = key_attend(src_ids, self.cfg.pad_id)
         x = self.embed(src_ids, self.src_embed)
         for layer in self.encoder:
-            x = layer(x, attend)
+            x = self._through(layer, x, attend)
         return self.enc_norm(x)
+
+    def _through(self, layer: nn.Module, *args):
+        """`layer(*args)`; in training with `checkpoint_activations`, keeping only its input for the backward, which
+        runs the layer again (with the same dropout) to get the rest: activation memory of one layer, not all."""
+        if self.cfg.checkpoint_activations and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def start_cache(self, memory: torch.Tensor, src_ids: torch.Tensor) -> DecoderCache:
         """A cache holding the cross-attention K/V of `memory` (B, S, D) for every decoder layer."""
@@ -108,7 +116,7 @@ class Seq2SeqTransformer(nn.Module):
             cross, attend, self_kv, group, offset = cache.cross_kv, cache.attend, cache.self_kv, cache.group, cache.length
         x = self.embed(tgt_in_ids, self.tgt_embed, offset)
         for i, layer in enumerate(self.decoder):
-            x = layer(x, cross[i], attend, None if self_kv is None else self_kv[i], group)
+            x = self._through(layer, x, cross[i], attend, None if self_kv is None else self_kv[i], group)
         return self.dec_norm(x)
 
     def decode(self, tgt_in_ids: torch.Tensor, memory: torch.Tensor, src_ids: torch.Tensor,

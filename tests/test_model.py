@@ -495,3 +495,32 @@ def test_state_dict_is_the_plain_models(tmp_path):
 def test_fsdp_keeps_the_prefix():
     objective = Seq2SeqLoss(tiny_model(seed=0, vocab=V), flat_state_dict=False)
     assert all(k.startswith("model.") for k in objective.state_dict())
+
+
+def test_checkpointed_activations_give_the_same_gradients_from_less_saved_memory():
+    """`checkpoint_activations`: training keeps each layer's input only and runs the layer again in the backward,
+    its dropout replayed, so the gradients are those without it, and the tensors saved for the backward (what
+    activation memory is) are fewer bytes; evaluation runs as before."""
+    from nmt.model import Seq2SeqLoss
+
+    gen = torch.Generator().manual_seed(4)
+    src, tgt = src_batch(gen, [9, 5, 7], 30), tgt_in_batch(gen, [8, 6, 3], 30)
+    labels = torch.cat([tgt[:, 1:], torch.zeros_like(tgt[:, :1])], 1)
+    grads, saved = [], []
+    for checkpointed in (False, True):
+        model = tiny_model(seed=1, vocab=30, layers=2, dropout=0.1, checkpoint_activations=checkpointed).train()
+        saved.append(0)
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved[-1] += t.numel() * t.element_size()
+            return t
+
+        torch.manual_seed(0)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = Seq2SeqLoss(model, 0.1)(src, tgt, labels).loss
+        loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
+    assert saved[1] < 0.6 * saved[0]
+    model.eval()
+    assert torch.equal(model(src, tgt), tiny_model(seed=1, vocab=30, layers=2, dropout=0.1).eval()(src, tgt))
