@@ -5,6 +5,7 @@ hardware; fp32 otherwise (the plan and `nmt check` time steps in the precision t
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -293,7 +294,7 @@ def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog, monkeyp
     err = capsys.readouterr().err
     bar = [s for s in re.split(r"[\r\n]", err) if s.startswith("train:")][-1]  # the line as it was left
     m = re.search(r"\| (\d+)/(\d+) \[[\d:]+<([\d:]+),\s+[\d.]+(?:step/s|s/step), epoch=(\d+), loss=([\d.]+), "
-                  r"lr=([\d.e+-]+), tok/s=(\d+)\]$", bar)
+                  r"lr=([\d.e+-]+), tok/s=(\d+), mem=[\d.]+G\]$", bar)
     assert m, bar
     assert (m[1], m[2], m[3]) == ("4", "4", "00:00") and float(m[5]) > 0 and float(m[6]) > 0 and int(m[7]) > 0
     valid = [line for line in err.splitlines() if line.startswith("valid @")]
@@ -302,19 +303,32 @@ def test_progress_line_and_one_line_validation(tiny_cfg, capsys, caplog, monkeyp
         assert re.fullmatch(r"valid @ step \d: valid_nll [\d.]+ valid_ppl [\d.]+ bleu [\d.]+ chrf [\d.]+( \(best\))?", line)
 
 
-def test_progress_off_a_terminal_is_plain_lines_every_log_every(tiny_cfg, capsys):
+def test_progress_off_a_terminal_is_plain_lines_every_log_every(tiny_cfg, capsys, monkeypatch):
     """stderr is not a terminal (captured here, as under SLURM or nohup): one plain line every log_every steps,
-    no carriage returns or bar redraws."""
+    no carriage returns or bar redraws; each with the process's peak memory, as metrics.jsonl's rows have it.
+    The CUDA allocator is set to grow its segments unless the user's PYTORCH_ALLOC_CONF says otherwise."""
+    import json
     import re
 
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     tiny_cfg.max_steps, tiny_cfg.log_every = 6, 2
     train(tiny_cfg)
     err = capsys.readouterr().err
     assert "\r" not in err
     lines = [line for line in err.splitlines() if line.startswith("train:")]
     assert [line.split()[2] for line in lines] == ["2/6", "4/6", "6/6"]
-    assert re.fullmatch(r"train: step 6/6 \(100%\) \[[\d:]+<00:00\] epoch=\d+ loss=[\d.]+ lr=[\d.e+-]+ tok/s=\d+",
-                        lines[-1]), lines[-1]
+    assert re.fullmatch(r"train: step 6/6 \(100%\) \[[\d:]+<00:00\] epoch=\d+ loss=[\d.]+ lr=[\d.e+-]+ tok/s=\d+ "
+                        r"mem=[\d.]+G", lines[-1]), lines[-1]
+    rows = [json.loads(line) for line in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    peaks = [row["peak_memory_gib"] for row in rows if "loss" in row]
+    assert len(peaks) == 3 and 0 < peaks[0] <= peaks[1] <= peaks[2]  # a peak: it never falls
+    assert os.environ["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "backend:cudaMallocAsync")
+    from nmt.training.run import expandable_segments
+
+    expandable_segments()
+    assert os.environ["PYTORCH_ALLOC_CONF"] == "backend:cudaMallocAsync"  # the user's setting wins
 
 
 def test_progress_total_comes_from_the_time_budget(tiny_cfg, capsys):

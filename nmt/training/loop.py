@@ -194,7 +194,8 @@ class Loop:
         if not stats.out_of_memory:
             self.meter.add(stats)
         bar.update(state.step, {"epoch": self.consumed[0], "loss": f"{stats.loss:.3f}", "lr": f"{self.lr:.2e}",
-                                "tok/s": self.rate.update(stats.tokens, time.perf_counter() - step_start)})
+                                "tok/s": self.rate.update(stats.tokens, time.perf_counter() - step_start),
+                                "mem": f"{peak_memory_gib(run.accelerator.device):.2f}G"})
         if stats.stop:  # any process was signalled or is out of time: all stop after this same step
             self.stopped_by = signals.received or ("time" if out_of_time else "SIGTERM")
 
@@ -208,6 +209,7 @@ class Loop:
         last = state.step == self.total or self.stopped_by == "time"
         if state.step % cfg.log_every == 0 or last:
             log_metrics(run, {**self.meter.flush(), "lr": self.lr, "epoch": self.consumed[0],
+                              "peak_memory_gib": round(peak_memory_gib(run.accelerator.device), 3),
                               "skipped_steps": state.skipped_steps, "oom_steps": state.oom_steps})
         if (state.step % cfg.eval_every == 0 or last) and self.stopped_by in (None, "time"):
             started, decodes = time.perf_counter(), bleu_due(cfg, state.step) or last  # the last one always scores
@@ -298,6 +300,17 @@ class Prefetcher:
         """Stops the thread (a window it is fetching is dropped)."""
         self.stopping.set()
         self.thread.join()
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """The most memory this process has held so far, GiB: on a GPU its tensors (torch's allocator), elsewhere the
+    process's peak resident size (a CPU run's tensors and all the rest)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 def to_device(batch: dict, device) -> dict:

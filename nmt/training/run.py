@@ -25,6 +25,7 @@ import functools
 import gc
 import inspect
 import json
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -114,8 +115,18 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
             reset_accelerate_state()
 
 
+def expandable_segments() -> None:
+    """torch's CUDA allocator grows its segments in place rather than caching blocks of the sizes first asked for:
+    training's batches change shape every step, which fragments such a cache until a step runs out of memory with
+    gigabytes reserved but free. On unless PYTORCH_ALLOC_CONF (or the older PYTORCH_CUDA_ALLOC_CONF) says otherwise;
+    it takes effect where this process has not used CUDA yet (an `nmt train`, a launched rank)."""
+    if "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+
+
 def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     started = time.monotonic()  # the time budget counts from here: data preparation and planning spend it too
+    expandable_segments()
     bound_onednn_primitive_caches()  # before the first bf16 matmul (nmt.compat)
     check_run(cfg)  # every range and path key, before any work
     check_trackers(cfg.log_with)
