@@ -92,6 +92,27 @@ with torch.inference_mode():
         if i % 100 == 0:
             print(i, rss(), round(time.perf_counter() - start, 1), flush=True)
 """
+LOSS_PEAK = """
+import sys, torch
+from nmt.kernels import _SmoothedCrossEntropy
+from nmt.model import label_smoothed_nll
+kind, dtype, n, v = sys.argv[1], getattr(torch, sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+status = lambda key: next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key)) / 2**20
+torch.manual_seed(0)
+logits = torch.randn(n, v, dtype=dtype).requires_grad_()  # what the output projection hands the loss
+labels = torch.randint(4, v, (n,))
+labels[: n // 20] = 0  # 5% padding
+if kind == "fused":
+    loss = lambda: _SmoothedCrossEntropy.apply(logits, labels, 0, 0.1)[0]
+else:
+    loss = lambda: label_smoothed_nll(logits[None], labels[None], 0, 0.1)[0]
+loss().backward()  # once, so that the gradient's buffer and the allocator's first growth are counted alike
+logits.grad = None
+base = status("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) starts again from here
+loss().backward()
+print(status("VmHWM") - base, logits.numel() * logits.element_size() / 2**30)
+"""
 PROGRESS = re.compile(r"step (\d+)/\d+.*?epoch=(\d+)")
 
 
@@ -192,6 +213,19 @@ def serve(batches: int) -> None:
         print(f"{capacity:>5} primitives a cache: RSS MiB every 100 batches {shown}; {samples[-1][2]:.0f} s", flush=True)
 
 
+def loss_peak(n: int, v: int) -> None:
+    """The loss's own peak memory over its logits (N, V): forward and backward of the plain loss (log-softmax,
+    nll, smoothing through autograd) and of nmt.kernels' fused one, with fp32 and bf16 logits, each in a fresh
+    process: the most resident memory above what the logits and their gradient already hold."""
+    print(f"loss forward + backward over logits ({n:,}, {v:,}), label smoothing 0.1, peak GiB above the logits "
+          "(their gradient included):")
+    for dtype in ("float32", "bfloat16"):
+        found = {kind: fresh_process(LOSS_PEAK, kind, dtype, n, v)[0] for kind in ("plain", "fused")}
+        size = found["plain"][1]
+        print(f"  {dtype:<8} logits {size:.2f} GiB: plain {found['plain'][0]:.2f}, fused {found['fused'][0]:.2f} "
+              f"(x{found['fused'][0] / found['plain'][0]:.2f})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, help="folder with train/valid/test.{src,tgt}")
@@ -201,12 +235,16 @@ def main() -> None:
     parser.add_argument("--precision", nargs="+", default=["no", "bf16"], choices=["no", "bf16"],
                         help="accelerate's mixed precision of each run (no = fp32)")
     parser.add_argument("--every", type=float, default=2.0, help="seconds between two samples")
+    parser.add_argument("--loss", type=int, nargs=2, metavar=("N", "V"), help="the loss's peak memory, plain and "
+                        "fused, over logits of N target positions and V subwords (e.g. 8192 32000)")
     parser.add_argument("--heap", type=int, metavar="STEPS", help="measure the training step alone with and without "
                         "training's memory settings, for STEPS steps (no --data needed)")
     parser.add_argument("--serve", type=int, metavar="BATCHES", help="measure beam-4 decoding of BATCHES batches of "
                         "random shapes with the primitive caches bounded and not (no --data needed)")
     parser.add_argument("extra", nargs="*", help="after --: settings added to the command")
     args = parser.parse_args()
+    if args.loss:
+        return loss_peak(*args.loss)
     if args.heap:
         return heap(args.heap, args.precision)
     if args.serve:

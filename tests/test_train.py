@@ -578,18 +578,21 @@ def test_an_optimizer_step_reads_the_device_once_whatever_its_micro_batches():
 
 
 def test_an_optimizer_step_off_the_host_reads_once_copies_nothing_from_it_and_mixes_no_devices():
-    """The same step as a GPU runs it (the plain objective, AdamW where the device has no fused kernel), on `meta`:
+    """The same step as a GPU runs it (the objective as training builds it, AdamW unfused where the device has no
+    fused kernel), on `meta`:
     shapes without values, so a read of a value, a copy from host memory (which makes a GPU's host wait) or a
     tensor of another device shows itself (`helpers.OffHost`). The one read is the step's figures."""
     from helpers import OffHost, src_batch, tgt_in_batch, tiny_model
 
     from nmt.config import TrainConfig
-    from nmt.model import Seq2SeqLoss
+    from nmt.kernels import FusedSeq2SeqLoss
     from nmt.training.loop import OneDevice, make_optim, train_step
+    from nmt.training.run import make_objective
 
     gen, meta = torch.Generator().manual_seed(0), torch.device("meta")
-    objective = Seq2SeqLoss(tiny_model(vocab=30, dropout=0.1).train().to(meta), 0.1)
     cfg = TrainConfig()
+    objective = make_objective(tiny_model(vocab=30, dropout=0.1).train().to(meta), cfg, meta)
+    assert type(objective) is FusedSeq2SeqLoss
     cfg.optim.lr, cfg.optim.warmup_steps = 1e-3, 10
     optim = make_optim(objective, cfg)
     window = []

@@ -443,15 +443,16 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
 def make_objective(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
                    flat_state_dict: bool = True, compile_now: bool = True) -> Seq2SeqLoss:
     """The training objective of `model`: `Seq2SeqLoss`, compiled whole (`fullgraph`) when `cfg.compile` says so
-    (here, or by the caller once DDP wraps it: `compile_now` False), else on a CPU through the fused
-    cross-entropy of `nmt.kernels` (docs/results.md: its measured worth).
+    (here, or by the caller once DDP wraps it: `compile_now` False), else through the fused cross-entropy of
+    `nmt.kernels` on every device (docs/results.md: faster on a CPU, and a third of the plain loss's peak memory
+    over fp32 logits, two thirds over bf16 ones: `benchmarks/memory.py --loss`).
     (A CPU variant that projected and scored only the real target positions was measured on Tatoeba's bucketed
     batches, 2.8% padding: +4% in fp32, -3% in bf16, within the runs' spread; it is gone.)"""
     objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=flat_state_dict)
     if cfg.compile:
         if compile_now:  # in place: the module keeps its type, state_dict keys and save/load
             objective.compile(fullgraph=True)
-    elif device.type == "cpu":
+    else:
         use_fused_loss(objective)
     return objective
 
