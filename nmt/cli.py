@@ -517,7 +517,7 @@ def _translate_stream(translator, seen: _Seen, args: argparse.Namespace) -> None
     source = open(args.input, "rb") if args.input else getattr(sys.stdin, "buffer", sys.stdin)
     interactive = not _is_regular_file(source)  # a terminal or a pipe (or FIFO): answer line by line
     try:
-        if args.input and args.output and not interactive and not args.paragraphs and not (
+        if args.input and args.output and not interactive and not (
                 os.path.exists(args.output) and not os.path.isfile(args.output)):
             return _translate_file(translator, source, seen, args)
         with atomic_file(args.output) if args.output else nullcontext(sys.stdout) as sink:
@@ -534,8 +534,9 @@ def _translate_file(translator, source, seen: _Seen, args: argparse.Namespace) -
     """--input FILE --output FILE: the output written --chunk-size lines at a time through a partial file and a
     record of how far it got (`nmt.textfiles.ResumableOutput`), so that a killed run loses at most the chunk in
     flight and the same command run again continues where it stopped; the input (its sha256), the model's files
-    and every flag are the fingerprint that must match. On a terminal, stderr shows the lines done, lines a
-    second and the time left."""
+    and every flag are the fingerprint that must match. With --paragraphs an output line is a paragraph's (or a
+    blank line's), and a resumed run skips the paragraphs already written. On a terminal, stderr shows the lines
+    done, lines a second and the time left."""
     import time
 
     from nmt.textfiles import ResumableOutput, count_lines, file_digest
@@ -549,7 +550,7 @@ def _translate_file(translator, source, seen: _Seen, args: argparse.Namespace) -
     done, said = out.start()
     if said:
         print(f"nmt translate: {said}", file=sys.stderr, flush=True)
-    total = count_lines(Path(args.input))
+    total = _paragraph_count(Path(args.input)) if args.paragraphs else count_lines(Path(args.input))
     show = sys.stderr.isatty()
     start, lines = time.perf_counter(), done
 
@@ -559,9 +560,13 @@ def _translate_file(translator, source, seen: _Seen, args: argparse.Namespace) -
             if n > done:
                 yield line
 
+    if args.paragraphs:
+        translations = _paragraph_translations(translator, source, False, seen, args, _translate_kwargs(args), done)
+    else:
+        translations = translator.translate_stream(remaining(), chunk_size=args.chunk_size, failed=seen.failed,
+                                                   first_line=done + 1, **_translate_kwargs(args))
     try:
-        for line in translator.translate_stream(remaining(), chunk_size=args.chunk_size, failed=seen.failed,
-                                                first_line=done + 1, **_translate_kwargs(args)):
+        for line in translations:
             out.write(line + "\n")
             lines += 1
             if (lines - done) % args.chunk_size == 0 or lines == total:
@@ -608,12 +613,26 @@ def _translations(translator, source, interactive: bool, seen: _Seen, args: argp
     return translator.translate_stream(lines(), chunk_size=args.chunk_size, failed=seen.failed, **kwargs)
 
 
+def _paragraph_count(path: Path) -> int:
+    """The output lines --paragraphs writes for the file at `path`: one a paragraph, one a blank line."""
+    count, inside = 0, False
+    with open(path, "rb") as f:
+        for line in f:
+            filled = bool(line.decode("utf-8", "replace").strip())  # blank as `nmt.sentences.paragraphs` tells it
+            count += not (filled and inside)
+            inside = filled
+    return count
+
+
 def _paragraph_translations(translator, source, interactive: bool, seen: _Seen, args: argparse.Namespace,
-                            kwargs: dict):
+                            kwargs: dict, skip: int = 0):
     """--paragraphs: each paragraph of the input (a run of non-blank lines) becomes one output line, its sentences
     (`nmt.sentences`) translated in batches of about 2,000 (a terminal or pipe: each paragraph as it is complete)
-    and joined by a space; each blank line stays a blank line. A sentence that cannot be translated is reported by
-    its paragraph's first line, and its translation left out."""
+    and joined by a space; each blank line stays a blank line; the first `skip` of those (a resumed run's) are
+    read and not translated. A sentence that cannot be translated is reported by its paragraph's first line, and
+    its translation left out."""
+    import itertools
+
     from nmt.sentences import paragraphs
 
     if args.nbest > 1 or args.scores:
@@ -643,7 +662,7 @@ def _paragraph_translations(translator, source, interactive: bool, seen: _Seen, 
             index += len(found)
 
     pending, size = [], 0
-    for item in paragraphs(lines()):
+    for item in itertools.islice(paragraphs(lines()), skip, None):
         pending.append(item)
         size += len(item[1] or [])
         if size >= 2000 or (interactive and item[1] is not None):

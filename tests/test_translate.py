@@ -263,10 +263,12 @@ def test_a_markup_line_of_megabytes_is_cut_before_it_is_parsed(short, monkeypatc
     assert caplog.text.count("before tokenising") == 1
 
 
-def test_a_big_file_killed_midway_continues_where_it_stopped_to_the_same_bytes(translator, tmp_path):
+@pytest.mark.parametrize("paragraphs", [False, True])
+def test_a_big_file_killed_midway_continues_where_it_stopped_to_the_same_bytes(translator, tmp_path, paragraphs):
     """Issue 45, part 5: nmt translate --input F --output O killed with SIGKILL at a random point keeps what it had
     written (at most the chunk in flight is lost), and the same command run again continues there and ends with
-    the bytes an uninterrupted run writes; a changed input starts over and says so."""
+    the bytes an uninterrupted run writes; a changed input starts over and says so. With --paragraphs alike (an
+    output line a paragraph or a blank line)."""
     import random
     import signal
     import time
@@ -274,18 +276,23 @@ def test_a_big_file_killed_midway_continues_where_it_stopped_to_the_same_bytes(t
     translator.model.save_pretrained(tmp_path / "m")
     translator.tokenizer.save(tmp_path / "m")
     lines = [src for src, _ in generate_pairs(1200, seed=7)]
+    if paragraphs:  # paragraphs of 1 to 3 lines, a blank line after each
+        lines = [line + ("\n" if i % 5 in (0, 2) else "") for i, line in enumerate(lines)]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
 
     def nmt_translate(output: str, **kw) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "nmt.cli", "translate", str(tmp_path / "m"), "--input",
                                  str(tmp_path / "in.txt"), "--output", str(tmp_path / output), "--chunk-size", "40",
-                                 "--beam", "2"], env=env, stderr=subprocess.PIPE, text=True, **kw)
+                                 "--beam", "2", *(["--paragraphs"] if paragraphs else [])],
+                                env=env, stderr=subprocess.PIPE, text=True, **kw)
 
     whole = nmt_translate("whole.txt")
     assert whole.wait(timeout=300) == 0, whole.stderr.read()
+    written = (tmp_path / "whole.txt").read_text(encoding="utf-8").count("\n")
+    assert written == (481 + 480 if paragraphs else 1200)  # paragraphs: 481 of them, 480 blank lines
     record = tmp_path / ".out.txt.nmt-resume.json"
-    stop_after = random.randrange(40, 1160, 40)  # lines committed before the kill
+    stop_after = random.randrange(40, written - 40, 40)  # lines committed before the kill
     run = nmt_translate("out.txt")
     while not (record.is_file() and json.loads(record.read_text() or "{}").get("lines", 0) >= stop_after):
         assert run.poll() is None, f"ended before line {stop_after}: {run.stderr.read()}"
@@ -306,7 +313,8 @@ def test_a_big_file_killed_midway_continues_where_it_stopped_to_the_same_bytes(t
         time.sleep(0.005)
     os.kill(run.pid, signal.SIGKILL)
     run.wait(timeout=60)
-    (tmp_path / "in.txt").write_text("\n".join(lines[::-1]) + "\n", encoding="utf-8")
+    apart = "\n\n" if paragraphs else "\n"  # the input's lines, or its paragraphs, in reverse order
+    (tmp_path / "in.txt").write_text(apart.join("\n".join(lines).split(apart)[::-1]) + "\n", encoding="utf-8")
     changed = nmt_translate("new.txt")
     assert changed.wait(timeout=300) == 0 and "starting" in changed.stderr.read()
     assert (tmp_path / "new.txt").read_text().splitlines() == (tmp_path / "whole.txt").read_text().splitlines()[::-1]
@@ -314,12 +322,12 @@ def test_a_big_file_killed_midway_continues_where_it_stopped_to_the_same_bytes(t
 
     screen, terminal = pty.openpty()
     shown = subprocess.run([sys.executable, "-m", "nmt.cli", "translate", str(tmp_path / "m"), "--input",
-                            str(tmp_path / "in.txt"), "--output", str(tmp_path / "seen.txt"), "--chunk-size", "400"],
-                           env=env, stderr=terminal, timeout=300)
+                            str(tmp_path / "in.txt"), "--output", str(tmp_path / "seen.txt"), "--chunk-size", "400",
+                            *(["--paragraphs"] if paragraphs else [])], env=env, stderr=terminal, timeout=300)
     os.close(terminal)
     progress = os.read(screen, 1 << 16).decode()
     os.close(screen)
-    assert shown.returncode == 0 and "1,200/1,200 lines" in progress and "min left" in progress, progress
+    assert shown.returncode == 0 and f"{written:,}/{written:,} lines" in progress and "min left" in progress, progress
 
 
 def test_decoding_goes_to_the_gpu_when_there_is_one_in_the_precision_asked(translator, monkeypatch):
