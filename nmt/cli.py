@@ -627,7 +627,7 @@ def _paragraph_count(path: Path) -> int:
 def _paragraph_translations(translator, source, interactive: bool, seen: _Seen, args: argparse.Namespace,
                             kwargs: dict, skip: int = 0):
     """--paragraphs: each paragraph of the input (a run of non-blank lines) becomes one output line, its sentences
-    (`nmt.sentences`) translated in batches of about 2,000 (a terminal or pipe: each paragraph as it is complete)
+    (`nmt.sentences`) translated in batches of about --chunk-size (a terminal or pipe: each paragraph as it is complete)
     and joined by a space; each blank line stays a blank line; the first `skip` of those (a resumed run's) are
     read and not translated. A sentence that cannot be translated is reported by its paragraph's first line, and
     its translation left out."""
@@ -665,7 +665,7 @@ def _paragraph_translations(translator, source, interactive: bool, seen: _Seen, 
     for item in itertools.islice(paragraphs(lines()), skip, None):
         pending.append(item)
         size += len(item[1] or [])
-        if size >= 2000 or (interactive and item[1] is not None):
+        if size >= args.chunk_size or (interactive and item[1] is not None):
             yield from flush(pending)
             pending, size = [], 0
     yield from flush(pending)
