@@ -73,6 +73,16 @@ def forget_parent_compile_threads() -> None:
         AsyncCompile.pool.cache_clear()
 
 
+def fused_devices() -> tuple[str, ...]:
+    """The device types this torch has a fused AdamW kernel for (a fused optimizer on another, `meta` say, fails
+    only at its first step)."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:  # a torch that moved it: the two this project runs on
+        return ("cuda", "cpu")
+    return tuple(_get_fused_kernels_supported_devices())
+
+
 def mkldnn_bf16_supported() -> bool:
     """Whether this CPU has oneDNN bf16 matmul kernels (AVX512-BF16 or AMX). torch 2.13.0: only the private
     op `torch.ops.mkldnn._is_mkldnn_bf16_supported` answers it."""

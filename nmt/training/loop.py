@@ -30,7 +30,7 @@ import torch
 from accelerate.logging import get_logger
 
 from nmt import checkpoint as ckpt
-from nmt.compat import mkldnn_bf16_supported, release_free_memory
+from nmt.compat import fused_devices, mkldnn_bf16_supported, release_free_memory
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
 from nmt.plan import TRAIN_SHARE, Measured, precision_for, retime, retime_line
@@ -577,15 +577,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
             pass
     return torch.optim.AdamW(params, **kwargs)
 
-
-def fused_devices() -> tuple[str, ...]:
-    """The device types this torch has a fused AdamW kernel for (a fused optimizer on another, `meta` say, fails
-    only at its first step)."""
-    try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-    except ImportError:  # a torch that moved it: the two this project runs on
-        return ("cuda", "cpu")
-    return tuple(_get_fused_kernels_supported_devices())
 
 
 def schedule_of(cfg: TrainConfig):
