@@ -258,3 +258,49 @@ class OffHost(torch.overrides.TorchFunctionMode):
         else:
             filled = torch.full(tensor.shape, self.value, dtype=tensor.dtype)
         return filled.tolist() if name == "tolist" else getattr(filled, name)() if name != "numpy" else filled.numpy()
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """`sig` to process `pid` and every process under it, the deepest first. A launcher's process group is not
+    enough: torchrun starts each rank in a session of its own, and a rank outlives a launcher killed alone."""
+    import os
+
+    import psutil
+
+    try:
+        tree = psutil.Process(pid).children(recursive=True)[::-1] + [psutil.Process(pid)]
+    except psutil.NoSuchProcess:
+        return
+    for process in tree:
+        try:
+            os.kill(process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def run_launcher(cmd: list, cwd, env: dict, timeout: float):
+    """`cmd` (a launcher: `accelerate launch`, torchrun) run to its end, as `subprocess.run(capture_output=True,
+    text=True)` does. Still running after `timeout` s: every Python process under it prints its threads' stacks
+    (faulthandler on SIGABRT), and the test fails with them. No process is left behind either way."""
+    import signal
+    import subprocess
+
+    env = {**env, "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env) as proc:
+        hung = False
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            hung = True
+            signal_tree(proc.pid, signal.SIGABRT)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                signal_tree(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+        finally:
+            signal_tree(proc.pid, signal.SIGKILL)  # a rank that outlived its launcher
+    if hung:
+        pytest.fail(f"{' '.join(map(str, cmd[:4]))} ... still ran after {timeout} s; its processes were at:\n"
+                    f"{err[-12000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from nmt.compat import reset_accelerate_state
 from nmt.launch import launch
 from tests.conftest import multilingual_config, tiny_config
+from tests.helpers import run_launcher
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).parent.parent
@@ -133,10 +134,13 @@ def test_every_pair_once_and_same_validation(corpus_dir, tmp_path, multilingual)
 
 
 def accelerate_launch(*args, cwd) -> subprocess.CompletedProcess:
+    """`accelerate launch` of run.py on the 2-process profile; a collective that waits a minute fails the run, a
+    launch that hangs fails the test with its processes' stacks (`run_launcher`)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), str(ROOT / "run.py"), *map(str, args)]
+           str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), str(ROOT / "run.py"), *map(str, args),
+           "--dist_timeout_minutes", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    return run_launcher(cmd, cwd, env, timeout=200)  # ~10 s each; two and a hung one's stacks fit pytest's 600 s
 
 
 def test_accelerate_launch_two_processes_train_resume_translate(corpus_dir, tmp_path):

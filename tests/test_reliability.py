@@ -21,6 +21,7 @@ from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 from nmt.loading import open_model
 from tests.conftest import ShortOfMemory
+from tests.helpers import signal_tree
 
 ROOT = Path(__file__).parent.parent
 
@@ -37,10 +38,10 @@ def train_args(corpus_dir: Path, tmp: Path, run: str, steps: int) -> list[str]:
             "--average_last", "0"]  # nothing left to the budget plan: runs of other lengths train alike
 
 
-def start(cmd: list, tmp: Path, launcher: bool = False) -> subprocess.Popen:
+def start(cmd: list, tmp: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, *map(str, cmd)], cwd=tmp, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=launcher)
+                            stderr=subprocess.PIPE, text=True)
 
 
 def nmt_cmd(*args) -> list:
@@ -80,11 +81,11 @@ def assert_same_params(a: Path, b: Path) -> None:
 def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(corpus_dir, tmp_path, processes):
     steps = 10
     cmd = nmt_cmd if processes == 1 else launch_cmd
-    whole = start(cmd(*train_args(corpus_dir, tmp_path, "whole", steps)), tmp_path, launcher=True)
-    killed = start(cmd(*train_args(corpus_dir, tmp_path, "killed", steps)), tmp_path, launcher=True)
+    whole = start(cmd(*train_args(corpus_dir, tmp_path, "whole", steps)), tmp_path)
+    killed = start(cmd(*train_args(corpus_dir, tmp_path, "killed", steps)), tmp_path)
     kill_at = random.Random().randint(3, 8)
     wait_for_step(tmp_path / "killed", kill_at, killed)
-    os.killpg(killed.pid, signal.SIGKILL)  # the launcher and every worker, no chance to clean up
+    signal_tree(killed.pid, signal.SIGKILL)  # every rank and the launcher, no chance to clean up
     killed.wait()
     assert whole.wait(timeout=300) == 0, whole.stderr.read()[-2000:]
     survivor = list_checkpoints(tmp_path / "killed")[-1]
@@ -260,8 +261,8 @@ def test_a_pickle_in_a_checkpoint_is_never_unpickled_and_an_old_layout_is_refuse
 @pytest.mark.multiprocess
 def test_sigterm_on_two_processes_saves_one_checkpoint_and_resumes_bit_exactly(corpus_dir, tmp_path):
     steps = 20
-    whole = start(launch_cmd(*train_args(corpus_dir, tmp_path, "whole", steps)), tmp_path, launcher=True)
-    run = start(launch_cmd(*train_args(corpus_dir, tmp_path, "run", 500)), tmp_path, launcher=True)
+    whole = start(launch_cmd(*train_args(corpus_dir, tmp_path, "whole", steps)), tmp_path)
+    run = start(launch_cmd(*train_args(corpus_dir, tmp_path, "run", 500)), tmp_path)
     import psutil  # accelerate's own dependency
 
     wait_for_step(tmp_path / "run", 3, run)
