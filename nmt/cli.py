@@ -95,6 +95,9 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="an accelerate config file (accelerate_configs/*.yaml) to read num_processes from")
     p.add_argument("--probe-steps", type=Number(int, "[0, 1e6]"), default=3,
                    help="timed training steps after one warm-up (0: no timing)")
+    p.add_argument("--gpu-memory", type=Number(float, "(0, 1e5]"), metavar="GIB",
+                   help="the memory of the GPU to train on, GiB (24, 40, 80, ...): the memory estimate is made for a "
+                   "GPU, and what to change is named when it does not fit (default: the GPU here, if any)")
 
 
 def _add_decoding(sub, name: str, help_: str) -> argparse.ArgumentParser:
@@ -419,7 +422,7 @@ def _preflight(cfg, args: argparse.Namespace) -> int:
     n, source = launch_processes(args.num_processes, args.profile)
     print(f"nmt check: {args.config or 'default config'} for {n} process{'es' if n > 1 else ''} (from {source})",
           flush=True)
-    report = preflight(cfg, n, args.probe_steps)
+    report = preflight(cfg, n, args.probe_steps, gpu_memory=args.gpu_memory and int(args.gpu_memory * 2**30))
     print("\n".join(report.lines()))
     return 1 if report.problems else 0
 

@@ -265,3 +265,12 @@ def uvicorn_protocol_with_header_deadline(seconds: float) -> type:
                 self.transport.close()
 
     return HeaderDeadlineProtocol
+
+
+def graphs_compiled() -> int:
+    """Graphs torch.compile has compiled in this process so far, recompilations included (torch 2.13: dynamo's
+    counters["stats"]["unique_graphs"]; there is no public count)."""
+    from torch._dynamo.utils import counters
+
+    with private("torch", "torch._dynamo.utils.counters", "2.13"):
+        return int(counters["stats"]["unique_graphs"])

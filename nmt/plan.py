@@ -67,7 +67,15 @@ DEFAULT_EPOCHS = 10  # without a time budget or a step limit
 # short budget more, smaller updates learn more (Tatoeba in 25 minutes: 2,048 over 4,096 at ~2,400 steps; on one
 # CPU core, 1,024 over 2,048 at ~2,600: validation BLEU 45.5 against 44.1, docs/results.md)
 TARGET_STEPS = 6000
-BATCHES = (4096, 2048, 1024)
+BATCHES = (4096, 2048, 1024)  # a CPU's rungs
+# an accelerator's: a GPU computes a 1,024-token batch of a small model in about the time it takes to launch its
+# kernels, so its rate per token rises with the batch up to tens of thousands of tokens (fairseq's 4,096 a GPU with
+# update_freq 8, Ott et al. 2018's 25k-token batches, Marian's workspace-filling ones); each rung is timed, and one
+# that does not fit the device's memory is left out
+GPU_BATCHES = (65536, 32768, 16384, 8192, 4096)
+# short of TARGET_STEPS, a batch is halved while that buys at least this many times the updates: a CPU's step time
+# is proportional to its tokens (2x a halving), a GPU's below its saturating batch is not
+HALVING_GAIN = 1.5
 FILL = 0.95  # share of max_tokens a batch fills (length buckets pad ~4%)
 TRAIN_SHARE = 0.9  # of the time left, until a validation is timed; the rest goes to validation and checkpoints
 VALID_SHARE = 0.15  # at most this share of the time left goes to validations, once one is timed
@@ -279,12 +287,19 @@ def expected_steps(facts: Facts, limits: Limits, step_s: float | None, max_token
     return max(1, min(bounds)) if bounds else None
 
 
-Speed = Callable[[Dims], float]  # a shape -> seconds per cost token of training it (one process)
+# (a shape, tokens a micro-batch) -> seconds per cost token of training it so (one process); None: a batch that size
+# does not fit the device's memory
+Speed = Callable[[Dims, int], float | None]
+
+
+def batches_for(device: str | None) -> tuple[int, ...]:
+    """The batch sizes (tokens a micro-batch) the plan chooses from on `device`, largest first."""
+    return BATCHES if device is None or device.split(":")[0] == "cpu" else GPU_BATCHES
 
 
 def resolve(cfg: TrainConfig, facts: Facts, *, speed: Speed | None = None, processes: int = 1,
             minutes_left: float | None = None, previous: Plan | None = None,
-            inherited: dict[str, str] | None = None) -> tuple[TrainConfig, Plan]:
+            inherited: dict[str, str] | None = None, batches: tuple[int, ...] = BATCHES) -> tuple[TrainConfig, Plan]:
     """`cfg` with every open field chosen, and the plan that says what was chosen and why.
 
     Args:
@@ -295,24 +310,29 @@ def resolve(cfg: TrainConfig, facts: Facts, *, speed: Speed | None = None, proce
         processes: the launch's process count (batches are per process).
         minutes_left: the time budget left for training (default cfg.max_minutes).
         previous: the plan of the run being resumed: its choices are kept, nothing is timed again.
+        batches: the batch sizes to choose from (`batches_for` the device), largest first.
     """
     if previous is not None:
-        return _kept(cfg, facts, previous, speed, processes, minutes_left, inherited or {})
+        return _kept(cfg, facts, previous, speed, processes, minutes_left, inherited or {}, batches)
     choose = _Chooser(cfg, Plan(minutes=cfg.max_minutes, init_from=cfg.init_from), open_keys(cfg))
     limits = _limits(choose, minutes_left, speed, processes)
     choose("tokenizer.vocab_size", facts.vocab_size or vocab_size_for(facts.train_pairs),
            f"for {facts.train_pairs:,} training pairs")
     if cfg.init_from is None and cfg.tokenizer.split_punctuation is True:  # a tokenizer trained here, the default
         choose.plan.defaults["tokenizer.split_punctuation"] = [True, MEASURED_DEFAULTS["tokenizer.split_punctuation"]]
-    dims, timed = _shape(choose, facts, limits, speed)
+    dims, timed = _shape(choose, facts, limits, speed, batches)
     if cfg.init_from is None and cfg.model.init_std is None and choose.cfg.model.fresh_std():  # fresh weights
         choose.plan.defaults["model.init_std"] = [choose.cfg.model.fresh_std(), MEASURED_DEFAULTS["model.init_std"]]
-    choose.plan.seconds_per_token = timed[1] if timed else None
+    choose.plan.seconds_per_token = timed.per_token if timed else None
 
     def seconds(tokens: int) -> float | None:
-        return step_seconds(timed[1], timed[0], dims, tokens, limits) if timed else None
+        """Seconds of an optimizer step of `dims` in batches of `tokens` (None: not timed, or does not fit)."""
+        if not timed:
+            return None
+        per_token = timed.per_token if tokens == timed.tokens else speed(dims, tokens)
+        return None if per_token is None else step_seconds(per_token, timed.dims, dims, tokens, limits)
 
-    _batch_size(choose, facts, limits, seconds)
+    _batch_size(choose, facts, limits, seconds, batches)
     tokens = choose.cfg.max_tokens
     steps = expected_steps(facts, limits, seconds(tokens), tokens)
     epochs = steps / steps_per_epoch(facts, tokens, limits) if steps else 0.0
@@ -357,7 +377,7 @@ def _note_given(choose: _Chooser, steps: int, timed: bool, inherited: dict[str, 
 
 
 def _kept(cfg: TrainConfig, facts: Facts, previous: Plan, speed: Speed | None, processes: int,
-          minutes_left: float | None, inherited: dict[str, str]) -> tuple[TrainConfig, Plan]:
+          minutes_left: float | None, inherited: dict[str, str], batches: tuple[int, ...]) -> tuple[TrainConfig, Plan]:
     """A resumed run's resolution: the choices of its plan, for the keys still open."""
     keys = open_keys(cfg)
     kept = {k: previous.chosen[k] for k in keys if k in previous.chosen}
@@ -365,7 +385,8 @@ def _kept(cfg: TrainConfig, facts: Facts, previous: Plan, speed: Speed | None, p
     named = "model.size" in kept  # the shape's fields come with its name
     if any(k not in kept and not (named and k.removeprefix("model.") in DIM_KEYS) for k in keys):
         # a key the run's plan did not choose then: chosen now, the kept ones as given
-        cfg, fresh = resolve(put(cfg, kept), facts, speed=speed, processes=processes, minutes_left=minutes_left)
+        cfg, fresh = resolve(put(cfg, kept), facts, speed=speed, processes=processes, minutes_left=minutes_left,
+                             batches=batches)
         plan.chosen, plan.reasons = {**kept, **fresh.chosen}, {**plan.reasons, **fresh.reasons}
     return _finish(cfg, plan, inherited), plan
 
@@ -385,12 +406,14 @@ def _limits(choose: _Chooser, minutes_left: float | None, speed: Speed | None, p
     return limits
 
 
-def _shape(choose: _Chooser, facts: Facts, limits: Limits, speed: Speed | None) -> tuple[Dims, tuple[Dims, float] | None]:
-    """The model's shape (given, or the widest allowed that sees MIN_EPOCHS in the budget), and its timing (the
-    shape, seconds per token) when a time budget needs one."""
+def _shape(choose: _Chooser, facts: Facts, limits: Limits, speed: Speed | None,
+           batches: tuple[int, ...]) -> tuple[Dims, Timed | None]:
+    """The model's shape (given, or the widest allowed that sees MIN_EPOCHS in the budget), and its timing when a
+    time budget needs one."""
     keys, timed = choose.keys, None
+    sizes = batches if "max_tokens" in keys else (choose.cfg.max_tokens,)  # a batch size given is the one timed
     if any(getattr(choose.cfg.model, k) is None for k in DIM_KEYS):
-        model, why, timed = _choose_model(facts, limits, speed)
+        model, why, timed = _choose_model(facts, limits, speed, sizes)
         shape = (f"d_model {model.d_model}, {model.n_heads} heads, {model.n_encoder_layers}+{model.n_decoder_layers} "
                  f"layers, d_ff {model.d_ff}")
         if all(f"model.{k}" in keys for k in DIM_KEYS):  # a named size: the config says which, the line its shape
@@ -402,23 +425,59 @@ def _shape(choose: _Chooser, facts: Facts, limits: Limits, speed: Speed | None) 
     name = choose.cfg.model.size if choose.cfg.model.size != "auto" else "given"
     dims = Dims(name, *(get(choose.cfg, f"model.{k}") for k in DIM_KEYS))
     if speed is not None and limits.minutes is not None and (timed is None or timed[0][1:] != dims[1:]):
-        timed = (dims, speed(dims))  # the shape that trains: small models run below their FLOP share
+        timed = _fitting(speed, dims, sizes)  # the shape that trains: small models run below their FLOP share
     return dims, timed
 
 
-def _batch_size(choose: _Chooser, facts: Facts, limits: Limits, seconds: Callable[[int], float | None]) -> None:
-    """The largest of BATCHES that still allows TARGET_STEPS updates in the budget, else the smallest; never below
-    the costliest pair. Without a time budget the largest."""
+class Timed(NamedTuple):
+    """A timing: the shape, the tokens a micro-batch, seconds per cost token."""
+
+    dims: Dims
+    tokens: int
+    per_token: float
+
+
+def _fitting(speed: Speed, dims: Dims, sizes: tuple[int, ...]) -> Timed:
+    """`dims` timed at the largest of `sizes` whose batch fits the device's memory."""
+    for tokens in sizes:
+        per_token = speed(dims, tokens)
+        if per_token is not None:
+            return Timed(dims, tokens, per_token)
+    from nmt.errors import NmtError
+
+    raise NmtError(f"a training step of model {dims.name} (d_model {dims.d_model}) runs out of memory in batches of "
+                   f"{sizes[-1]:,} tokens; give a smaller max_tokens (and raise accum_steps to keep the batch), "
+                   "model.checkpoint_activations: true, or a smaller model.size")
+
+
+def _batch_size(choose: _Chooser, facts: Facts, limits: Limits, seconds: Callable[[int], float | None],
+                batches: tuple[int, ...]) -> None:
+    """The largest of `batches` that fits the device's memory and still allows TARGET_STEPS updates in the budget;
+    short of them, halved while halving buys at least HALVING_GAIN times the updates (a compute-bound device: a CPU
+    doubles them; a launch-bound GPU adds few and keeps the larger batch); never below the costliest pair. Without a
+    time budget (nothing timed) BATCHES[0]."""
     tokens, why = BATCHES[0], "no time budget"
-    if limits.minutes is not None and seconds(BATCHES[0]) is not None:
-        for tokens in BATCHES:
-            steps = expected_steps(facts, limits, seconds(tokens), tokens)
+    if limits.minutes is not None and choose.plan.seconds_per_token is not None:  # timed
+        steps, too_big = 0, []
+        for size in batches:
+            step_s = seconds(size)
+            if step_s is None:
+                too_big.append(size)
+                continue
+            more = expected_steps(facts, limits, step_s, size)
+            if steps and more < HALVING_GAIN ** math.log2(tokens / size) * steps:
+                why = (f"~{steps:,} steps with it: {size:,} tokens would give ~{more:,}, under {HALVING_GAIN:g}x the "
+                       "updates a halving (the device is not compute-bound there)")
+                break
+            tokens, steps = size, more
             if steps >= TARGET_STEPS:
                 why = f"~{steps:,} steps with it >= {TARGET_STEPS:,}: the largest batch that allows them"
                 break
         else:
-            why = f"~{steps:,} steps with it: no batch of {', '.join(f'{b:,}' for b in BATCHES)} tokens allows " \
+            why = f"~{steps:,} steps with it: no batch of {', '.join(f'{b:,}' for b in batches)} tokens allows " \
                   f"{TARGET_STEPS:,}, so the smallest (more updates)"
+        if too_big:
+            why += f"; {', '.join(f'{b:,}' for b in too_big)} did not fit the device's memory"
     if tokens < facts.longest_cost:
         tokens, why = facts.longest_cost, f"the longest training pair costs {facts.longest_cost:,} tokens"
     choose("max_tokens", tokens, why)
@@ -465,23 +524,25 @@ class _Chooser:
             self.plan.chosen[key], self.plan.reasons[key] = value, why
 
 
-def _choose_model(facts: Facts, limits: Limits, speed: Speed | None) -> tuple[Dims, str, tuple[Dims, float] | None]:
+def _choose_model(facts: Facts, limits: Limits, speed: Speed | None,
+                  sizes: tuple[int, ...]) -> tuple[Dims, str, Timed | None]:
     """The widest allowed shape that sees MIN_EPOCHS epochs in the budget (else the narrowest), why, and the
-    timing made on the way."""
+    timing made on the way: the widest shape at the largest of `sizes` that fits, whose rate per token stands for
+    every shape's (scaled by its FLOPs)."""
     shapes = allowed(facts.train_pairs)
     names = ", ".join(r.name for r in shapes)
     if speed is None or limits.minutes is None:
         return shapes[-1], f"the widest for {facts.train_pairs:,} training pairs (no time budget)", None
-    timed = (shapes[-1], speed(shapes[-1]))
-    epochs = 0.0
+    timed = _fitting(speed, shapes[-1], sizes)
+    epochs, tokens = 0.0, sizes[-1]
     for m in reversed(shapes):
-        steps = expected_steps(facts, limits, step_seconds(timed[1], timed[0], m, BATCHES[-1], limits), BATCHES[-1])
-        epochs = steps / steps_per_epoch(facts, BATCHES[-1], limits)
+        steps = expected_steps(facts, limits, step_seconds(timed.per_token, timed.dims, m, tokens, limits), tokens)
+        epochs = steps / steps_per_epoch(facts, tokens, limits)
         if epochs >= MIN_EPOCHS:
             return m, (f"the widest of {names} that sees >= {MIN_EPOCHS:g} epochs in the budget (~{epochs:.1f} by "
-                       f"timing {timed[0].name})"), timed
+                       f"timing {timed.dims.name})"), timed
     return shapes[0], (f"the narrowest of {names}: none sees {MIN_EPOCHS:g} epochs (~{epochs:.1f} for it by timing "
-                       f"{timed[0].name})"), timed
+                       f"{timed.dims.name})"), timed
 
 
 def dropout_for(train_pairs: int, epochs: float) -> tuple[float, str]:

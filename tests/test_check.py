@@ -15,7 +15,7 @@ from nmt.data import pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer, label_smoothed_nll
 from nmt.synthetic import generate_pairs
-from nmt.tools.check import activation_bytes, launch_processes, preflight
+from nmt.tools.check import activation_bytes, attention_kernel, launch_processes, memory_fixes, preflight
 from tests.conftest import tiny_config, write_pairs
 
 ROOT = Path(__file__).parent.parent
@@ -104,6 +104,8 @@ def test_parameters_and_memory(cfg, report):
     assert report.n_params == model.num_parameters()
     assert report.memory["states"] == 16 * report.n_params
     assert report.memory["total"] == report.memory["states"] + report.memory["activations"] > 0
+    line = next(x for x in report.lines() if x.startswith("model"))
+    assert f"(fp32, {report.attention} attention)" in line and "on cpu" in line
 
 
 def saved_activation_bytes(model: Seq2SeqTransformer, rows: int, length: int) -> int:
@@ -123,16 +125,54 @@ def saved_activation_bytes(model: Seq2SeqTransformer, rows: int, length: int) ->
     return sum(storages.values())
 
 
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+@pytest.mark.parametrize("attention_dropout", [0.1, 0.0], ids=["math-attention", "fused-attention"])
 @pytest.mark.parametrize("length", [10, 40])
-def test_activation_formula_matches_what_autograd_saves(length):
-    m = ModelConfig.preset("tiny", src_vocab_size=300, tgt_vocab_size=300, dropout=0.1, n_encoder_layers=2)
+def test_activation_formula_matches_what_autograd_saves(length, attention_dropout, precision):
+    """The estimate for the precision and the attention kernel in use: without dropout on the attention weights
+    the CPU's kernel keeps no H x L rows (a GPU's never does); under autocast the layers keep 16-bit tensors."""
+    m = ModelConfig.preset("tiny", src_vocab_size=300, tgt_vocab_size=300, dropout=0.1, n_encoder_layers=2,
+                           attention_dropout=attention_dropout)
+    kernel = attention_kernel(m, "cpu")
+    assert kernel == ("math" if attention_dropout else "fused") and attention_kernel(m, "cuda") == "fused"
     torch.manual_seed(0)
-    measured = saved_activation_bytes(Seq2SeqTransformer(m), 400 // length, length)
-    # the formula also counts the logits' gradient of the backward pass (V per token), not a saved tensor
-    estimate = activation_bytes(m, 400, length) - 4 * 400 * m.tgt_vocab_size
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        measured = saved_activation_bytes(Seq2SeqTransformer(m), 400 // length, length)
+    # the plain loss's peak (3 V a position) also counts the logits and their gradient, which autograd does not save
+    estimate = activation_bytes(m, 400, length, precision, kernel) - 4 * 400 * 2 * m.tgt_vocab_size
     assert estimate == pytest.approx(measured, rel=0.2)
     no_dropout = saved_activation_bytes(Seq2SeqTransformer(dataclasses.replace(m, dropout=0.0)), 400 // length, length)
-    assert activation_bytes(m, 400, length) > no_dropout  # an upper bound without dropout
+    assert activation_bytes(m, 400, length, kernel="math") > no_dropout  # an upper bound without dropout
+
+
+def test_checkpointed_layers_are_estimated_from_their_inputs():
+    m = ModelConfig.preset("tiny", src_vocab_size=300, tgt_vocab_size=300, dropout=0.1, checkpoint_activations=True)
+    torch.manual_seed(0)
+    saved = saved_activation_bytes(Seq2SeqTransformer(m), 20, 20)  # the forward keeps each layer's input
+    checkpointed = activation_bytes(m, 400, 20, checkpointed=True) - 4 * 400 * 2 * m.tgt_vocab_size
+    assert saved < checkpointed < activation_bytes(m, 400, 20) - 4 * 400 * 2 * m.tgt_vocab_size
+
+
+def test_a_gpu_too_small_for_the_estimate_gets_the_fixes_named(cfg, report, capsys):
+    """`nmt check --gpu-memory GIB`: the estimate is made for a GPU (its precision, its fused attention kernel) and,
+    where it does not fit, the problem names each fix with its own estimate: the max_tokens (and accum_steps) that
+    fit, checkpointing, FSDP over the GPUs; LoRA when fine-tuning."""
+    total = report.memory["total"]
+    assert memory_fixes(report, 2 * total) is None
+    problem = memory_fixes(report, total)
+    fit = int((0.9 * total - report.memory["states"]) / (report.memory["activations"] / cfg.max_tokens)) // 256 * 256
+    assert problem.startswith("memory: ~") and "does not fit 90% of a" in problem
+    assert f"max_tokens {fit:,} with accum_steps {-(-cfg.max_tokens // fit)}" in problem
+    assert "model.checkpoint_activations: true (~" in problem and "FSDP over 8 GPUs, accelerate_configs/fsdp.yaml" \
+        in problem and "LoRA" not in problem
+    tuned = dataclasses.replace(report, cfg=dataclasses.replace(report.cfg, init_from="runs/a/model"))
+    assert "LoRA, finetune.lora_r: 8 (~" in memory_fixes(tuned, total)
+    args = ["--data.train", f"{cfg.data.train}", "--data.valid", f"{cfg.data.valid}", "--data.cache_dir",
+            f"{cfg.data.cache_dir}", "--model.preset", "tiny", "--tokenizer.vocab_size", "300", "--max_steps", "10"]
+    assert main(["check", *args, "--probe-steps", "0", "--gpu-memory", "0.001"]) == 1
+    out = capsys.readouterr().out
+    assert "memory per process on a GPU" in out and "fused attention)" in out  # a GPU's kernel, not this CPU's
+    assert "problem   memory: ~" in out and "of a 1.02 MiB GPU" in out
 
 
 def test_tiny_validation_set_is_named(report):

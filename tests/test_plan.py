@@ -8,6 +8,7 @@ from nmt.plan import (
     BATCHES,
     FILL,
     FINETUNE_LR,
+    GPU_BATCHES,
     KEYS,
     LORA_LR,
     SIZES,
@@ -16,6 +17,7 @@ from nmt.plan import (
     Facts,
     Measured,
     Plan,
+    batches_for,
     flops_per_token,
     get,
     open_keys,
@@ -32,7 +34,7 @@ TATOEBA = Facts(train_pairs=47_842, epoch_cost=335_492, longest_cost=30)  # as p
 def speed_for(steps: int, minutes: float, model: str = "d192"):
     """The speed at which `model` takes `steps` 2,048-token steps in the training share of `minutes`."""
     per_token = 60 * minutes * TRAIN_SHARE / (steps * 2048 * FILL)
-    return lambda dims: per_token * flops_per_token(dims) / flops_per_token(rung(model))
+    return lambda dims, tokens: per_token * flops_per_token(dims) / flops_per_token(rung(model))
 
 
 def budget(minutes: float, **overrides) -> TrainConfig:
@@ -130,6 +132,59 @@ def test_the_batch_is_the_largest_that_allows_the_target_steps_else_the_smallest
     assert resolve(TrainConfig(), TATOEBA)[0].max_tokens == BATCHES[0]  # no budget: the largest
 
 
+def gpu_speed(launch_s: float, per_token_s: float, fits: int, model: str = "small"):
+    """A GPU's step-time model, as a speed probe answers it: a step of `model` takes `launch_s` (its kernels' launches)
+    plus `per_token_s` a token, other shapes by their FLOPs; a batch of more than `fits` tokens runs out of memory
+    (None). Records what it was asked to time."""
+    def speed(dims, tokens):
+        speed.asked.append((dims.name, tokens))
+        if tokens > fits:
+            return None
+        return (launch_s / (tokens * FILL) + per_token_s) * flops_per_token(dims) / flops_per_token(rung(model))
+
+    speed.asked = []
+    return speed
+
+
+WMT_SLICE = Facts(train_pairs=2_000_000, epoch_cost=60_000_000, longest_cost=200)
+
+
+def test_on_a_gpu_the_batch_is_the_largest_that_fits_and_allows_the_target_steps():
+    """On a GPU the plan climbs rungs to 64k tokens, leaves out those that run out of memory (backing off from the
+    largest), and times each rung it weighs at its own size (a launch-bound GPU's rate rises with the batch)."""
+    assert batches_for("cuda:0") == GPU_BATCHES and batches_for("cpu") == BATCHES and max(GPU_BATCHES) == 65536
+    speed = gpu_speed(launch_s=0.02, per_token_s=1e-7, fits=32768)
+    cfg, plan = resolve(budget(120), WMT_SLICE, speed=speed, batches=GPU_BATCHES)
+    assert cfg.max_tokens == 32768 and plan.steps >= TARGET_STEPS
+    assert "65,536 did not fit the device's memory" in plan.reasons["max_tokens"]
+    assert speed.asked[:2] == [("base", 65536), ("base", 32768)]  # out of memory at the top: one rung down
+    assert all(tokens >= 32768 for _, tokens in speed.asked)  # no smaller batch timed: its rate is not the run's
+    on_cpu_rungs, _ = resolve(budget(120), WMT_SLICE, speed=gpu_speed(0.02, 1e-7, fits=32768))
+    assert on_cpu_rungs.max_tokens == 4096  # the CPU's rungs would have starved it
+
+
+def test_a_short_budget_halves_a_gpus_batch_only_where_that_buys_updates():
+    """Short of TARGET_STEPS, a compute-bound device halves the batch for twice the updates (as a CPU does), a
+    launch-bound one keeps the larger batch: a halving there buys a few percent more updates of half the data."""
+    short = budget(3, model=ModelConfig(size="base"))
+    launch_bound, plan = resolve(short, WMT_SLICE, speed=gpu_speed(0.02, 1e-7, fits=65536), batches=GPU_BATCHES)
+    assert launch_bound.max_tokens == 65536 and plan.steps < TARGET_STEPS
+    assert "under 1.5x the updates a halving" in plan.reasons["max_tokens"]
+    compute_bound, plan = resolve(short, WMT_SLICE, speed=gpu_speed(0.0, 1e-6, fits=65536), batches=GPU_BATCHES)
+    assert compute_bound.max_tokens == 4096 and "so the smallest (more updates)" in plan.reasons["max_tokens"]
+
+
+def test_a_model_that_fits_no_batch_is_named_with_the_fixes():
+    from nmt.errors import NmtError
+
+    with pytest.raises(NmtError, match="runs out of memory in batches of 4,096 tokens; give a smaller max_tokens"):
+        resolve(budget(60, model=ModelConfig(size="base")), WMT_SLICE, speed=gpu_speed(0.02, 1e-7, fits=2048),
+                batches=GPU_BATCHES)
+    given, plan = resolve(budget(60, model=ModelConfig(size="base"), max_tokens=2048), WMT_SLICE,
+                          speed=gpu_speed(0.02, 1e-7, fits=2048), batches=GPU_BATCHES)
+    assert given.max_tokens == 2048 and plan.steps  # a batch size given is timed as given
+
+
 def test_corpus_size_caps_the_model_and_sets_dropout():
     tiny, _ = resolve(budget(5), Facts(600, 6_000, 20), speed=speed_for(10**6, 5))
     assert tiny.model.size == "tiny" and tiny.model.dropout == 0.0 and tiny.tokenizer.vocab_size == 1_000
@@ -185,7 +240,7 @@ def test_the_plan_round_trips_and_a_resume_keeps_its_choices_without_timing():
     saved = Plan.from_dict(plan.to_dict())
     assert saved == plan
 
-    def no_timing(dims):
+    def no_timing(dims, tokens):
         raise AssertionError("a resume timed again")
 
     again, kept = resolve(budget(25), Facts(10, 100, 5), speed=no_timing, previous=saved)  # the corpus no longer matters

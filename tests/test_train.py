@@ -427,6 +427,61 @@ def test_nmt_check_times_the_training_step(tiny_cfg, monkeypatch):
     assert probe[2] == trained[2] and probe[3] == trained[3]  # the same AdamW settings (fused where available)
 
 
+def test_the_plans_timing_leaves_out_the_steps_that_compiled(monkeypatch):
+    """Under compile, a probe step during which torch.compile compiled a graph (the first shape; the dynamic one at
+    the second) is a warm-up, not a timed step: the plan never prices a step by its compilation."""
+    from helpers import src_batch, tgt_in_batch, tiny_model
+
+    from nmt.config import TrainConfig
+    from nmt.training import loop
+    from nmt.training import run as training_run
+
+    gen = torch.Generator().manual_seed(0)
+    windows = []
+    for lengths in ([5, 3], [7, 2, 4], [3], [6, 6], [4], [2, 5]):
+        tgt = tgt_in_batch(gen, lengths, 30)
+        windows.append([{"src_ids": src_batch(gen, lengths, 30), "tgt_in_ids": tgt,
+                         "labels": torch.cat([tgt[:, 1:], torch.zeros_like(tgt[:, :1])], 1)}])
+    graphs, real = [0], loop.train_step
+
+    def compiling(accelerator, objective, optim, window, stop=False):  # steps 0 and 2 compile a graph
+        graphs[0] += window is windows[0] or window is windows[2]
+        return real(accelerator, objective, optim, window, stop)
+
+    monkeypatch.setattr(loop, "train_step", compiling)
+    monkeypatch.setattr(training_run, "graphs_compiled", lambda: graphs[0])
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: None)  # what compiles is faked above
+    cfg = TrainConfig(compile=True)
+    timed = training_run.time_steps(tiny_model(vocab=30).train(), cfg, iter(windows), 3, torch.device("cpu"))
+    position = {id(w): i for i, w in enumerate(windows)}
+    assert [position[id(w)] for _, w in timed] == [1, 3, 4]
+    cfg.compile = False  # without compile only the first step warms up
+    timed = training_run.time_steps(tiny_model(vocab=30).train(), cfg, iter(windows), 3, torch.device("cpu"))
+    assert [position[id(w)] for _, w in timed] == [1, 2, 3]
+
+
+def test_a_probe_that_runs_out_of_memory_answers_that_the_batch_does_not_fit(tiny_cfg, monkeypatch):
+    """The plan's speed probe answers None for a batch whose step runs out of memory (the plan then backs off to
+    a smaller one, test_plan), and `nmt check` names the batch and the fix."""
+    from nmt.data import prepare
+    from nmt.plan import RUNGS
+    from nmt.tools.check import preflight
+    from nmt.training import loop
+    from nmt.training import run as training_run
+
+    real = loop.train_step
+
+    def out_of_memory(accelerator, objective, optim, window, stop=False):
+        return dataclasses.replace(real(accelerator, objective, optim, window, stop), out_of_memory=1)
+
+    monkeypatch.setattr(loop, "train_step", out_of_memory)
+    corpus = prepare(tiny_cfg.data, tiny_cfg.tokenizer)
+    assert training_run.speed_probe(tiny_cfg, corpus, "cpu", "no")(RUNGS[0], 1024) is None
+    with pytest.raises(NmtError, match="ran out of memory on cpu at [0-9,]+ padded tokens a micro-batch; lower "
+                                       "max_tokens, and raise accum_steps"):
+        preflight(tiny_cfg, probe_steps=1, device="cpu")
+
+
 def plan_lines(out: str) -> dict[str, str]:
     """The printed plan's and re-timing's values by key (a later value of a key replaces the earlier one)."""
     from nmt.plan import KEYS

@@ -10,6 +10,7 @@ of the launch would.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import dataclass, field
@@ -34,12 +35,21 @@ MAX_DROPPED_SHARE = 0.5  # cleaning dropping more than this usually means misali
 MAX_UNK_RATE = 0.01  # more unknown subwords than this on validation: the vocabulary misses characters
 PERCENTILES = (50, 90, 99)
 BYTES_FP32 = 4
+# Under bf16 / fp16 autocast the tensors a layer keeps for the backward take this share of their fp32 bytes: 0.59
+# with an attention kernel that keeps no H x L rows, 0.68 with the math one, whose rows stay fp32 (fitted to what
+# autograd saves on the CPU, d128 and tiny models: tests/test_check.py)
+AUTOCAST_SHARE = {"fused": 0.59, "math": 0.68}
+# the loss's peak per target position, in 4-byte units of the vocabulary (benchmarks/memory.py --loss 8192 32000:
+# the plain loss 2.93 GiB; nmt.kernels' fused one 0.98 over fp32 logits, 1.95 over bf16 ones)
+LOSS_FLOATS = {"plain": 3.0, "fused": 1.0, "fused16": 2.0}
+USABLE = 0.9  # of a GPU's memory, what training's tensors may hold: the CUDA context and the allocator take the rest
 
 
 # --- the check --------------------------------------------------------------------------------------
 
 
-def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, device: str | None = None) -> Report:
+def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, device: str | None = None,
+              gpu_memory: int | None = None) -> Report:
     """Check `cfg` for a launch of `num_processes` processes; time `probe_steps` AdamW steps (0: no probe).
 
     Args:
@@ -47,6 +57,8 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
         num_processes: the launch's world size (processes over all nodes); batches are planned for it.
         probe_steps: timed optimizer steps of the real model on real batches, after one untimed warm-up.
         device: where to run the probe; default the first GPU, else the CPU.
+        gpu_memory: bytes of the GPU to train on: the memory estimate (for a GPU's precision and attention
+            kernel) must fit it, else the problem names the fixes. Default: the GPU here, if any.
     """
     if num_processes < 1:
         raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
@@ -58,7 +70,13 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
                                  inherited=inherited, timed=probe_steps > 0)  # the resolution training makes
     epoch = _epoch_zero(cfg, corpus, num_processes)
     model = _build(cfg.model, cfg.seed)
-    report = _report(cfg, corpus, model, epoch, num_processes, plan.steps)
+    target, estimated_in = default_device(device).type, precision
+    if gpu_memory is None and target == "cuda":
+        gpu_memory = torch.cuda.get_device_properties(default_device(device)).total_memory
+    elif gpu_memory is not None and target != "cuda":  # estimated for the GPU named, in the precision it would use
+        target, estimated_in = "cuda", run_precision(cfg, "cuda")[0]
+    report = _report(cfg, corpus, model, epoch, num_processes, plan.steps, estimated_in, target)
+    report.gpu_memory = gpu_memory
     report.plan = plan.lines()
     if probe_steps > 0:
         probe(report, model, cfg, epoch, steps=probe_steps, device=device, precision=precision)
@@ -92,13 +110,12 @@ def _epoch_zero(cfg: TrainConfig, corpus, num_processes: int) -> Epoch:
 
 
 def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, num_processes: int,
-            planned_steps: int | None) -> Report:
-    """The report's numbers before the probe and the problems."""
-    model_cfg, plan, src_len, tgt_len = cfg.model, epoch.plan, epoch.src_len, epoch.tgt_len
+            planned_steps: int | None, precision: str, device_type: str) -> Report:
+    """The report's numbers before the probe and the problems; memory as it will be on a `device_type`."""
+    plan, src_len, tgt_len = epoch.plan, epoch.src_len, epoch.tgt_len
     clean, tokenizer = corpus.stats["clean"], corpus.tokenizer
     n_params = sum(p.numel() for p in model.parameters())
-    states = 4 * BYTES_FP32 * n_params  # weights, gradients, Adam first and second moments
-    activations = activation_bytes(model_cfg, cfg.max_tokens, int(np.max(np.maximum(src_len, tgt_len))))
+    longest, kernel = int(np.max(np.maximum(src_len, tgt_len))), attention_kernel(cfg.model, device_type)
     return Report(
         num_processes=num_processes, pairs=corpus.stats["pairs"], read=clean["read"], dropped=clean["dropped"],
         carved=corpus.stats.get("carved_from_train", []), src_len=percentiles(src_len), tgt_len=percentiles(tgt_len),
@@ -109,7 +126,8 @@ def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, n
         micro_batches_per_epoch=len(plan) * cfg.accum_steps,
         total_steps=min([n for n in (cfg.max_steps, cfg.max_epochs and cfg.max_epochs * len(plan)) if n]
                         or [planned_steps or len(plan)]), n_params=n_params,
-        memory={"states": states, "activations": activations, "total": states + activations}, cfg=cfg,
+        memory=memory_estimate(cfg, n_params, longest, precision, kernel), longest=longest, attention=kernel,
+        memory_precision=precision, memory_device=device_type, cfg=cfg,
         overlap=overlap_line(corpus.stats),
         corpora=[c for c in corpus.stats.get("corpora", []) if isinstance(c, dict)],
         fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
@@ -147,21 +165,76 @@ def padding_share(plan, src_len: np.ndarray, tgt_len: np.ndarray) -> float:
     return 1 - real / max(padded, 1)
 
 
-def activation_bytes(m: ModelConfig, max_tokens: int, longest: int) -> int:
-    """Activations autograd keeps for one micro-batch of `max_tokens` padded tokens on each side, fp32.
+def attention_kernel(m: ModelConfig, device_type: str) -> str:
+    """"fused" where `scaled_dot_product_attention` keeps no H x L rows for the backward (a GPU's flash or
+    memory-efficient kernel; a CPU's without dropout on the attention weights), else "math"."""
+    return "fused" if device_type == "cuda" or m.dropout_at("attention") == 0 else "math"
 
-    4 B x max_tokens x [n_enc (10D + 3F + 3HL) + n_dec (17D + 3F + 6HL) + 2V + 6D], with L = min(longest
-    pair, max_tokens): per token, an encoder layer keeps ~10 vectors of width D, 3 of width F (FFN input,
-    activation, dropout) and 3 attention rows of H x L (scores, probabilities, dropout); a decoder layer
-    has self- and cross-attention; the loss keeps the log-probabilities and backward adds the logits'
-    gradient (2V). Fitted to tensors saved by autograd on CPU (within ~10%); with dropout 0, or fused
-    attention on a GPU (no H x L rows kept), the real figure is lower.
+
+def activation_bytes(m: ModelConfig, max_tokens: int, longest: int, precision: str = "no", kernel: str = "math",
+                     checkpointed: bool = False, loss: str = "plain") -> int:
+    """What one micro-batch of `max_tokens` padded tokens on each side holds for the backward, at its peak.
+
+    Per token, in fp32: an encoder layer keeps ~10 vectors of width D, 3 of width F (FFN input, activation,
+    dropout) and, under the math attention kernel, 3 attention rows of H x L (scores, probabilities, dropout;
+    L = min(longest pair, max_tokens)); a decoder layer 17 D, 3 F and 6 rows (self- and cross-attention); the
+    embeddings 6 D. Fitted to the tensors autograd saves on the CPU (within ~10%, tests/test_check.py); under
+    mixed `precision` the layers' share is AUTOCAST_SHARE's. With `checkpointed` layers a layer keeps its input
+    only (D), and the backward holds one decoder layer's tensors at a time. The loss (`loss`: "plain", "fused",
+    "fused16" over 16-bit logits) adds its peak, LOSS_FLOATS x V.
     """
     D, F, H, V = m.d_model, m.d_ff, m.n_heads, max(m.src_vocab_size, m.tgt_vocab_size)
     L = min(longest, max_tokens)
-    per_token = (m.n_encoder_layers * (10 * D + 3 * F + 3 * H * L)
-                 + m.n_decoder_layers * (17 * D + 3 * F + 6 * H * L) + 2 * V + 6 * D)
-    return BYTES_FP32 * max_tokens * per_token
+    rows = kernel == "math"
+    share = 1.0 if precision == "no" else AUTOCAST_SHARE[kernel]
+    encoder = (10 * D + 3 * F) * share + 3 * H * L * rows
+    decoder = (17 * D + 3 * F) * share + 6 * H * L * rows
+    if checkpointed:
+        layers = (m.n_encoder_layers + m.n_decoder_layers) * D + decoder
+    else:
+        layers = m.n_encoder_layers * encoder + m.n_decoder_layers * decoder
+    return int(BYTES_FP32 * max_tokens * (layers + 6 * D + LOSS_FLOATS[loss] * V))
+
+
+def memory_estimate(cfg: TrainConfig, n_params: int, longest: int, precision: str, kernel: str,
+                    processes: int = 1, sharded: bool = False, lora: bool = False, **changes) -> dict[str, int]:
+    """Bytes one training process holds at its peak: "states" (fp32 weights, gradients and AdamW's two moments,
+    16 B a parameter: 4 where LoRA trains adapters only, over `processes` where FSDP shards them; under mixed
+    precision autocast's 16-bit copies of the weights, 2 B more) and "activations" (`activation_bytes`), and
+    their "total". `changes`: max_tokens, checkpointed, as a fix would set them."""
+    states = (4 if lora else 16) * n_params / (processes if sharded else 1) + (0 if precision == "no" else 2 * n_params)
+    loss = "plain" if cfg.compile else "fused" if precision == "no" else "fused16"  # as make_objective builds it
+    activations = activation_bytes(cfg.model, changes.get("max_tokens", cfg.max_tokens), longest, precision, kernel,
+                                   changes.get("checkpointed", cfg.model.checkpoint_activations), loss)
+    return {"states": int(states), "activations": activations, "total": int(states) + activations}
+
+
+def memory_fixes(r: Report, device_bytes: int) -> str | None:
+    """None when the estimate fits `device_bytes`; else the problem and the fixes that fit, each with its estimate
+    (else all of them, to combine): a smaller max_tokens with the accum_steps that keep the batch, checkpointing,
+    LoRA (fine-tuning), FSDP."""
+    cfg, usable = r.cfg, USABLE * device_bytes
+    if r.memory["total"] <= usable:
+        return None
+    args = (cfg, r.n_params, r.longest, r.memory_precision, r.attention)
+    fixes = []  # (what to change, its estimate)
+    per_token = r.memory["activations"] / cfg.max_tokens
+    fit = int((usable - r.memory["states"]) / per_token) // 256 * 256
+    if r.longest <= fit:
+        fixes.append((f"max_tokens {fit:,} with accum_steps {math.ceil(cfg.max_tokens * cfg.accum_steps / fit)}"
+                      ", as many tokens a step", memory_estimate(*args, max_tokens=fit)))
+    if not cfg.model.checkpoint_activations:
+        fixes.append(("model.checkpoint_activations: true", memory_estimate(*args, checkpointed=True)))
+    if cfg.init_from and not cfg.finetune.lora_r:
+        fixes.append(("LoRA, finetune.lora_r: 8", memory_estimate(*args, lora=True)))
+    gpus = r.num_processes if r.num_processes > 1 else 8
+    fixes.append((f"FSDP over {gpus} GPUs, accelerate_configs/fsdp.yaml",
+                  memory_estimate(*args, processes=gpus, sharded=True)))
+    enough = [f"{what} (~{_gb(estimate['total'])})" for what, estimate in fixes if estimate["total"] <= usable]
+    named = "; or ".join(enough) if enough else "none of these is enough alone, combine them: " + "; ".join(
+        f"{what} (~{_gb(estimate['total'])})" for what, estimate in fixes)
+    return (f"memory: ~{_gb(r.memory['total'])} a process (max_tokens {cfg.max_tokens:,}) does not fit "
+            f"{USABLE:.0%} of a {_gb(device_bytes)} GPU; {named}")
 
 
 # --- the timed probe ----------------------------------------------------------------------------------
@@ -179,7 +252,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Ep
     plan = epoch.plan
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    chunks = (plan.micro_batches(i % len(plan)) for i in range(steps + 1))
+    chunks = (plan.micro_batches(i % len(plan)) for i in itertools.count())
     timed = training_run.time_steps(model, cfg, training_run.batches(cfg, epoch.train, chunks, device, model),
                                 steps, device, precision)
     per_token = [s / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window) for s, window in timed]
@@ -217,6 +290,8 @@ def find_problems(r: Report, cfg: TrainConfig, model_cfg: ModelConfig, longest_c
                             f"(> {MAX_UNK_RATE:.0%}); raise tokenizer.vocab_size (now {size:,}), or check that "
                             f"the validation {name} is in the training {name}'s language and script")
     problems += r.fit["problems"] if r.fit else []
+    if r.gpu_memory and (memory := memory_fixes(r, r.gpu_memory)):
+        problems.append(memory)
     if cfg.max_tokens < longest_cost:
         problems.append(f"max_tokens={cfg.max_tokens:,} is smaller than the longest training pair "
                         f"({longest_cost:,} padded tokens): such pairs get a batch of their own, over budget "
@@ -285,11 +360,16 @@ class Report:
     micro_batches_per_epoch: int  # per process: steps_per_epoch * accum_steps
     total_steps: int  # what the run will train: max_steps, or max_epochs * steps_per_epoch
     n_params: int
-    memory: dict[str, int]  # bytes per process: "states" (16 B/param), "activations" (max_tokens batch), "total"
+    memory: dict[str, int]  # bytes per process at its peak (`memory_estimate`): "states", "activations", "total"
+    longest: int = 0  # the longest training pair's padded length, source or target
+    attention: str = "math"  # the attention kernel the estimate assumes (`attention_kernel`)
+    memory_precision: str = "no"  # the mixed precision it assumes (training's, or a GPU's when one is named)
+    memory_device: str = "cpu"  # the device type it is for
+    gpu_memory: int | None = None  # bytes of the GPU the estimate must fit (None: no GPU named or here)
     seconds_per_step: float | None = None  # from the timed probe (None: not probed)
     seconds_per_epoch: float | None = None
     probe_device: str = ""
-    precision: str = "no"  # the mixed precision the probe (and training) ran in
+    precision: str = "no"  # the mixed precision training (and the probe) runs in
     probe_steps: int = 0
     measured_peak: int | None = None  # bytes, CUDA only: torch.cuda.max_memory_allocated during the probe
     overlap: str | None = None  # validation/test pairs that also occur in train (nmt.data.overlap_line)
@@ -328,9 +408,14 @@ class Report:
                 out[-1] += (f"; max_minutes {cfg.max_minutes:g} allows ~{steps:,} steps "
                             f"({steps / self.steps_per_epoch:.1f} epochs)")
         peak = f"; measured peak {_gb(self.measured_peak)}" if self.measured_peak else ""
-        out.append(f"model     {self.n_params / 1e6:.2f}M parameters; memory per process ~{_gb(self.memory['total'])} = "
-                   f"{_gb(self.memory['states'])} weights+grads+Adam (16 B/param, fp32) + {_gb(self.memory['activations'])} "
-                   f"activations of a max_tokens batch{peak}")
+        precision = self.memory_precision
+        copies = "" if precision == "no" else f" + {precision} copies"
+        kept = "layers' inputs (checkpointed)" if cfg.model.checkpoint_activations else "activations"
+        where = "a GPU" if self.memory_device == "cuda" else self.memory_device
+        out.append(f"model     {self.n_params / 1e6:.2f}M parameters; memory per process on {where} "
+                   f"~{_gb(self.memory['total'])} = {_gb(self.memory['states'])} weights+grads+Adam (fp32{copies}) + "
+                   f"{_gb(self.memory['activations'])} {kept} and loss of a max_tokens batch "
+                   f"({'fp32' if precision == 'no' else precision}, {self.attention} attention){peak}")
         if self.fit:
             out.append(_fit(self.fit))
         out += [f"problem   {p}" for p in self.problems] or ["problems  none found"]

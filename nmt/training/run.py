@@ -24,6 +24,7 @@ import datetime
 import functools
 import gc
 import inspect
+import itertools
 import json
 import os
 import time
@@ -46,6 +47,7 @@ from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE, load_model_config
 from nmt.compat import (
     accelerate_state_exists,
     bound_onednn_primitive_caches,
+    graphs_compiled,
     is_fsdp,
     reset_accelerate_state,
     set_process_group_timeout,
@@ -89,7 +91,8 @@ from nmt.translate import Translator
 from nmt.validate import check_run
 
 PROBE_STEPS = 3  # timed steps after one untimed warm-up
-PROBE_BUDGET_S = 30.0  # a probe stops early (after at least one timed step) once it has taken this long
+PROBE_BUDGET_S = 30.0  # a probe stops early once its timed steps have taken this long
+COMPILE_WARMUPS = 2  # under compile, steps that compiled are not timed: the first shape, then the dynamic one
 OVER_SEGMENTED = 1.5  # subwords per word over this multiple of the tokenizer's own corpus: a problem in nmt check
 MAX_UNK = 0.01
 
@@ -326,7 +329,8 @@ def planned(cfg: TrainConfig, corpus, *, processes: int = 1, device: str | None 
     # a resumed run's plan is kept as it was: nothing is timed again
     speed = speed_probe(cfg, corpus, device, precision) if timed and cfg.max_minutes and previous is None else None
     cfg, plan = planlib.resolve(cfg, facts(cfg, corpus, processes), speed=speed, processes=processes,
-                                minutes_left=minutes_left, previous=previous, inherited=inherited)
+                                minutes_left=minutes_left, previous=previous, inherited=inherited,
+                                batches=planlib.batches_for(str(default_device(device))))
     tok = corpus.tokenizer  # the vocabulary sizes are the tokenizer's: facts, not choices
     model = dataclasses.replace(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
                                 share_embeddings=cfg.model.share_embeddings and tok.joint)
@@ -345,24 +349,37 @@ def facts(cfg: TrainConfig, corpus, processes: int = 1) -> planlib.Facts:
 
 
 def speed_probe(cfg: TrainConfig, corpus, device: str | None, precision: str) -> planlib.Speed:
-    """Seconds per cost token (a batch's pairs x its costliest pair) of training a shape, one process in mixed
-    `precision`: the median of PROBE_STEPS timed steps on real batches of the plan's smaller batch size."""
+    """Seconds per cost token (a batch's pairs x its costliest pair) of training a shape in batches of a size, one
+    process in mixed `precision`: the median of PROBE_STEPS timed steps on real batches, each shape and size timed
+    once; None where such a step runs out of the device's memory. On a CPU every size is timed at the smallest
+    rung: its rate per token hardly moves with the batch, and each timing spends the budget."""
     device = default_device(device)
     tok, train = corpus.tokenizer, corpus.splits["train"]
     cost = column(train, "cost")
-    plan = TokenBatchSampler(cost, planlib.BATCHES[-1], seed=cfg.seed).plan(0)
 
-    def speed(dims: planlib.Dims) -> float:
+    @functools.cache
+    def timed(dims: planlib.Dims, tokens: int) -> float | None:
         model_cfg = ModelConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, dropout=0.1,
                                 **{k: getattr(dims, k) for k in planlib.DIM_KEYS},
                                 share_embeddings=cfg.model.share_embeddings and tok.joint)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(cfg.seed)
             model = use_cpu_kernels(Seq2SeqTransformer(model_cfg), fast_dropout=device.type == "cpu")  # as trained
-        chunks = ([plan.batches[i % len(plan)]] for i in range(PROBE_STEPS + 1))
-        timed = time_steps(model, cfg, batches(cfg, train, chunks, device, model), PROBE_STEPS, device,
-                           precision)
-        return float(np.median([s / w[0]["src_ids"].shape[0] / _cost(w[0]) for s, w in timed]))
+        plan = TokenBatchSampler(cost, tokens, seed=cfg.seed).plan(0)
+        chunks = ([plan.batches[i % len(plan)]] for i in itertools.count())
+        try:
+            steps = time_steps(model, cfg, batches(cfg, train, chunks, device, model), PROBE_STEPS, device,
+                               precision)
+        except OutOfMemory:
+            return None
+        finally:
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # the next, smaller probe starts from an empty cache
+        return float(np.median([s / w[0]["src_ids"].shape[0] / _cost(w[0]) for s, w in steps]))
+
+    def speed(dims: planlib.Dims, tokens: int) -> float | None:
+        return timed(dims, planlib.BATCHES[-1] if device.type == "cpu" else tokens)
 
     return speed
 
@@ -385,17 +402,19 @@ def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[
                device: torch.device, precision: str = "no", budget_s: float = PROBE_BUDGET_S) -> list[tuple[float, list]]:
     """(seconds, window) of `steps` optimizer steps taken exactly as training takes them (the batch collated,
     then `train_step`: the objective's loss, AdamW as training builds it, clipping, the schedule), after one
-    untimed warm-up step; stops early once `budget_s` has passed. The caller's random state is left as it was."""
+    untimed warm-up step; under `compile`, a step during which torch.compile compiled a graph (the first shape,
+    the first of another) is a warm-up too, up to COMPILE_WARMUPS more. Stops early once the timed steps have
+    taken `budget_s`, or `windows` ends. The caller's random state is left as it was."""
     objective = make_objective(model.to(device), cfg, device)
     # the schedule's shape does not change a step's time (and a linear one may have no horizon yet)
     steady = dataclasses.replace(cfg, optim=dataclasses.replace(
         cfg.optim, lr=cfg.optim.lr or 1e-3, warmup_steps=cfg.optim.warmup_steps or 1, schedule="inverse_sqrt"))
     optim, one = make_optim(objective, steady), OneDevice(device, cfg.accum_steps, precision)
-    timed, started = [], time.perf_counter()
+    graphs, timed = graphs_compiled() if cfg.compile else 0, []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.seed)
         batches = iter(windows)
-        for i in range(steps + 1):
+        for i in range(steps + 1 + (COMPILE_WARMUPS if cfg.compile else 0)):
             _sync(device)
             start = time.perf_counter()
             window = next(batches, None)  # collated inside the timing, as the training loop's loader does
@@ -403,15 +422,26 @@ def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[
                 break
             stats = training_loop.train_step(one, objective, optim, window)  # through the module: a test spies on it
             if stats.out_of_memory:
-                raise NmtError(f"a training step of this model ran out of memory on {device} at max_tokens "
-                               f"{cfg.max_tokens:,} (padded tokens a micro-batch); lower max_tokens, and raise "
-                               "accum_steps to keep the batch")
+                raise OutOfMemory(f"a training step of this model ran out of memory on {device} at "
+                                  f"{_tokens(window):,} padded tokens a micro-batch; lower max_tokens, and raise "
+                                  "accum_steps to keep the batch")
             _sync(device)
-            if i > 0:  # step 0 warms up allocator and kernels
-                timed.append((time.perf_counter() - start, window))
-                if len(timed) >= steps or time.perf_counter() - started > budget_s:
+            seconds = time.perf_counter() - start
+            now = graphs_compiled() if cfg.compile else 0
+            compiled, graphs = now > graphs, now
+            if i > 0 and not compiled:  # step 0 warms up allocator and kernels
+                timed.append((seconds, window))
+                if len(timed) >= steps or sum(s for s, _ in timed) > budget_s:
                     break
     return timed
+
+
+class OutOfMemory(NmtError):
+    """A timed training step ran out of the device's memory."""
+
+
+def _tokens(window: list[dict]) -> int:
+    return max(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window)
 
 
 def _sync(device: torch.device) -> None:
