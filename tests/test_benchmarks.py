@@ -280,13 +280,22 @@ def test_memory_samples_a_users_run(corpus_dir, tmp_path):
 
 
 def test_gpu_script_runs_on_a_cpu():
-    """benchmarks/gpu.py, the GPU check, runs on a CPU at small sizes: training figures with host syncs per step,
-    and nmt's beam 4 (against CTranslate2 where installed)."""
+    """benchmarks/gpu.py, the GPU check, runs on a CPU at small sizes without pytest: the real loop (nmt.train)
+    beside OneDevice steps, the fused and the plain loss, decoding; the datasheet tells H100 parts apart."""
     out = run("gpu.py", "--steps", "2", "--sentences", "16", "--no-compile")
-    train = next(line for line in out.splitlines() if line.startswith("train compile=off: "))
-    assert "target tok/s" in train and "of the GEMM ceiling" in train
-    assert "host syncs per step 1 ['tolist']" in train  # the step's figures, read once
-    assert re.search(r"decode nmt beam4: [\d,]+ tok/s; host syncs per step", out)
+    lines = out.splitlines()
+    for kind in ("fused loss", "plain loss"):
+        line = next(x for x in lines if x.startswith(f"train OneDevice, {kind}: "))
+        assert "target tok/s" in line and "of the GEMM" in line and "host syncs a step n/a on a CPU" in line
+    loop = next(x for x in lines if x.startswith("train real loop (nmt.train"))
+    assert re.search(r"real loop / OneDevice fused loss \d+\.\d\d$", loop), loop
+    assert "train DDP: one device here" in out and re.search(r"decode fp32 beam4: [\d,]+ tok/s", out)
+    probe = "import sys; sys.path.insert(0, 'benchmarks'); import gpu; assert 'pytest' not in sys.modules; " \
+            "print([gpu.datasheet(n) for n in ('NVIDIA H100 80GB HBM3', 'NVIDIA H100 PCIe', 'NVIDIA H100 NVL', " \
+            "'NVIDIA H200', 'Tesla T4')])"
+    answer = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert answer.stdout.strip() == "[('H100 SXM', 989000000000000.0), ('H100 PCIe', 756000000000000.0), " \
+        "('H100 NVL', 835000000000000.0), ('H200 SXM', 989000000000000.0), None]"
 
 
 def test_confidence(corpus_dir, tmp_path):
