@@ -9,7 +9,7 @@ in for, checked on the device itself with torch.cuda.set_sync_debug_mode.
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,19 +22,10 @@ from nmt.model import Seq2SeqLoss
 from nmt.training.loop import OneDevice, make_optim, train_step
 from tests.conftest import tiny_config
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from gpu import host_syncs  # noqa: E402  (the device check's count: torch.cuda.set_sync_debug_mode's warnings)
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
-
-
-def synchronizing_calls(step) -> list[str]:
-    """The messages of the synchronizing CUDA calls `step()` makes."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
 
 
 def windows(device: str, n: int = 3) -> list[dict]:
@@ -55,7 +46,7 @@ def test_a_training_step_synchronizes_once(precision):
     cfg.optim.lr, cfg.optim.warmup_steps = 1e-3, 10
     optim, one, window = make_optim(objective, cfg), OneDevice(torch.device("cuda"), 3, precision), windows("cuda")
     train_step(one, objective, optim, window)  # warm-up: allocator, kernels
-    assert len(synchronizing_calls(lambda: train_step(one, objective, optim, window))) == 1
+    assert host_syncs(torch.device("cuda"), lambda: train_step(one, objective, optim, window)) == 1
 
 
 def test_a_beam_search_reads_the_device_once_a_step():
@@ -64,8 +55,8 @@ def test_a_beam_search_reads_the_device_once_a_step():
     config = SearchConfig(beam_size=4, max_len_a=0.0, max_len_b=8.0, max_new_tokens=8)
     with torch.inference_mode():
         beam_search(model, src, config)
-        calls = synchronizing_calls(lambda: beam_search(model, src, config))
-    assert len(calls) <= 8 + 1  # one read a step (is every hypothesis finished?) and the results once
+        calls = host_syncs(torch.device("cuda"), lambda: beam_search(model, src, config))
+    assert calls <= 8 + 1  # one read a step (is every hypothesis finished?) and the results once
 
 
 def test_nmt_train_on_a_gpu_is_mixed_precision_with_tf32_and_pinned_prefetching(corpus_dir, tmp_path, monkeypatch):
