@@ -481,7 +481,9 @@ def make_objective(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=flat_state_dict)
     if cfg.compile:
         if compile_now:  # in place: the module keeps its type, state_dict keys and save/load
-            objective.compile(fullgraph=True)
+            # dynamic from the first call: batches change shape every step, so a first graph for one shape would be
+            # compiled only to be replaced by a dynamic one at the second (the same steady state, one compile less)
+            objective.compile(fullgraph=True, dynamic=True)
     else:
         use_fused_loss(objective)
     return objective
@@ -555,7 +557,7 @@ def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.n
     objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
     if cfg.compile:  # torch.compile(DDP(objective)), torch's way for DDP (accelerate's unwrap_model undoes both)
         wrapped = objective is not accelerator.unwrap_model(objective)  # DDP's own pre- and post-forward run eagerly
-        objective = torch.compile(objective, fullgraph=not wrapped)
+        objective = torch.compile(objective, fullgraph=not wrapped, dynamic=True)  # dynamic: see make_objective
     return objective, optim
 
 
