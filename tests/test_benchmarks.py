@@ -94,11 +94,11 @@ def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
     """README's own-corpus command as quality.py runs it, and the two HF peers trained beside it (the published
     recipe, and the Marian given nmt's own plan), one table."""
     pytest.importorskip("transformers", reason="the HF baseline needs the hf extra")
-    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.1", "--output",
+    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "--output",
               str(tmp_path / "run"), "--baseline", cwd=tmp_path, home=tmp_path)
-    assert f"$ nmt train --data.train {corpus_dir}/train" in out and "--max_minutes 0.1 --output_dir" in out
-    assert "nmt: plan: chosen for the 0.1-minute budget" in out  # the plan nmt printed
-    assert "training " in out and " of 0.1 min (" in out and "test BLEU" in out
+    assert f"$ nmt train --data.train {corpus_dir}/train" in out and "--max_minutes 0.05 --output_dir" in out
+    assert "nmt: plan: chosen for the 0.05-minute budget" in out  # the plan nmt printed
+    assert "training " in out and " of 0.05 min (" in out and "test BLEU" in out
     assert "hf baseline: step" in out and "valid nll" in out
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())["chosen"]  # what nmt chose, given to the peer
     peer = out[out.index("HF MarianMTModel (hf + plan: "):].splitlines()[0]
@@ -114,9 +114,9 @@ def test_quality_side_by_side_one_core_each(corpus_dir, tmp_path):
     pytest.importorskip("transformers", reason="the HF baseline needs the hf extra")
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPU cores")
-    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.1", "--output",
+    out = run("quality.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.05", "--output",
               str(tmp_path / "run"), "--side-by-side", "--seed", "3", cwd=tmp_path, home=tmp_path)
-    assert "--max_minutes 0.1 --output_dir" in out and out.split("$ ", 1)[1].splitlines()[0].endswith(" --seed 3")
+    assert "--max_minutes 0.05 --output_dir" in out and out.split("$ ", 1)[1].splitlines()[0].endswith(" --seed 3")
     assert "HF MarianMTModel (hf + plan: " in out and "hf recipe" not in out
     table = out[out.index("system"):].splitlines()
     assert [row[:11].strip() for row in table[1:3]] == ["nmt", "hf + plan"]
@@ -259,13 +259,13 @@ def test_serve_load(corpus_dir, tmp_path):
 
 def test_multilingual_against_one_model_per_direction(corpus_dir, tmp_path):
     """One model trained on both directions of the corpus beside one per direction at half the minutes each."""
-    out = run("multilingual.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.2", "--output",
+    out = run("multilingual.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.1", "--output",
               str(tmp_path / "runs"), cwd=tmp_path, home=tmp_path)
-    assert f"$ nmt train --config {tmp_path / 'runs' / 'both.yaml'} --max_minutes 0.2" in out
+    assert f"$ nmt train --config {tmp_path / 'runs' / 'both.yaml'} --max_minutes 0.1" in out
     assert f"$ nmt train --data.train {corpus_dir}/train" in out and "--data.src_lang xx --data.tgt_lang en" in out
     table = out[out.index("setup"):].splitlines()
     assert table[0].split()[:5] == ["setup", "en-xx", "BLEU", "en-xx", "chrF"]
-    assert table[1].startswith("one model, both (0.2 min)") and table[2].startswith("one model per direction (0.1 min")
+    assert table[1].startswith("one model, both (0.1 min)") and table[2].startswith("one model per direction (0.05 min")
     scores = [[w for w in row.split() if re.fullmatch(r"\d+\.\d\d", w)] for row in table[1:3]]
     assert [len(s) for s in scores] == [6, 6]  # BLEU and chrF of each direction, and their means
 
@@ -362,9 +362,9 @@ def test_finetune_adapts_an_opus_mt_style_hub_model_three_ways(corpus_dir, tmp_p
 def test_guard_on_a_model_of_both_directions(corpus_dir, tmp_path):
     """benchmarks/guard.py trains a two-direction model, then translates each direction with and without --guard
     (the user's commands) and compares the fallbacks on what the guard flagged."""
-    out = run("guard.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.2", "--beam", "2", "--output",
+    out = run("guard.py", "--data", str(corpus_dir), "--tgt", "xx", "--minutes", "0.1", "--beam", "2", "--output",
               str(tmp_path / "runs"), cwd=tmp_path, home=tmp_path)
-    assert f"$ nmt train --config {tmp_path / 'runs' / 'both.yaml'} --max_minutes 0.2" in out
+    assert f"$ nmt train --config {tmp_path / 'runs' / 'both.yaml'} --max_minutes 0.1" in out
     assert "--tgt-lang xx --beam 2 --scores --guard" in out and "--tgt-lang en --beam 2 --scores" in out
     table = out[out.index("setting"):].splitlines()
     assert [row.split()[:2] for row in table if row.startswith(("en-xx ", "xx-en "))] == [
