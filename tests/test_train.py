@@ -547,6 +547,7 @@ def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it
     assert again["chosen"] == plan["chosen"] and again["retimed"] == plan["retimed"]
 
 
+@pytest.mark.slow  # a real time budget spent to its end
 def test_a_budget_alone_trains_until_it_is_spent_and_says_what_the_user_has(corpus_dir, tmp_path, capsys):
     """The README's own-corpus command, a small budget: no epoch limit cuts it short (>= 90% of the minutes
     used), and the end names the minutes, why it stopped, the validation and test scores and the commands."""

@@ -263,6 +263,7 @@ def test_a_markup_line_of_megabytes_is_cut_before_it_is_parsed(short, monkeypatc
     assert caplog.text.count("before tokenising") == 1
 
 
+@pytest.mark.slow  # a whole file translated, killed and resumed in subprocesses
 @pytest.mark.parametrize("paragraphs", [False, True])
 def test_a_big_file_killed_midway_continues_where_it_stopped_to_the_same_bytes(translator, tmp_path, paragraphs):
     """Issue 45, part 5: nmt translate --input F --output O killed with SIGKILL at a random point keeps what it had
