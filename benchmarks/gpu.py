@@ -45,7 +45,7 @@ from nmt.decoding import SearchConfig, beam_search, compile_decoder  # noqa: E40
 from nmt.model import Seq2SeqLoss, Seq2SeqTransformer  # noqa: E402
 from nmt.synthetic import generate_pairs  # noqa: E402
 from nmt.training import run as training_run  # noqa: E402
-from nmt.training.loop import OneDevice, make_optim, run_precision, train_step  # noqa: E402
+from nmt.training.loop import OneDevice, make_optim, peak_memory_gib, run_precision, train_step  # noqa: E402
 
 PAD, EOS = 0, 3
 # dense bf16 tensor-core rates, FLOP/s, from NVIDIA's datasheets; the first name that torch's device name contains
@@ -112,7 +112,9 @@ def peak_reset(device: torch.device) -> None:
 
 
 def peak_gib(device: torch.device) -> str:
-    return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else "n/a on a CPU"
+    """What training's progress line shows as mem= (`peak_memory_gib`): a GPU's tensors since `peak_reset`, a CPU
+    process's resident peak since it started."""
+    return f"{peak_memory_gib(device):.2f} GiB" + ("" if device.type == "cuda" else " (the process's resident peak)")
 
 
 # --- the corpus and the real loop ----------------------------------------------------------------------------------
