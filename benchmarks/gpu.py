@@ -44,8 +44,8 @@ from nmt.config import DataConfig, ModelConfig, OptimConfig, TokenizerConfig, Tr
 from nmt.decoding import SearchConfig, beam_search, compile_decoder  # noqa: E402
 from nmt.model import Seq2SeqLoss, Seq2SeqTransformer  # noqa: E402
 from nmt.synthetic import generate_pairs  # noqa: E402
-from nmt.training import run as training_run  # noqa: E402
-from nmt.training.loop import OneDevice, make_optim, peak_memory_gib, run_precision, train_step  # noqa: E402
+from nmt.training import timing  # noqa: E402
+from nmt.training.loop import OneDevice, make_objective, make_optim, peak_memory_gib, run_precision, train_step  # noqa: E402
 
 PAD, EOS = 0, 3
 # dense bf16 tensor-core rates, FLOP/s, from NVIDIA's datasheets; the first name that torch's device name contains
@@ -186,7 +186,7 @@ def preloaded(cfg: TrainConfig, n: int, device: torch.device) -> tuple[Seq2SeqTr
     model = Seq2SeqTransformer(model_cfg)
     plan = TokenBatchSampler(column(train, "cost"), cfg.max_tokens, seed=0).plan(0)
     chunks = ([plan.batches[i % len(plan)]] for i in range(n))
-    return model, list(training_run.batches(cfg, train, chunks, device, model))
+    return model, list(timing.batches(cfg, train, chunks, device, model))
 
 
 def one_device(model: Seq2SeqTransformer, cfg: TrainConfig, windows: list, device: torch.device, steps: int,
@@ -196,7 +196,7 @@ def one_device(model: Seq2SeqTransformer, cfg: TrainConfig, windows: list, devic
     with `plain` the plain `Seq2SeqLoss`."""
     model = replace_weights(model).to(device).train()
     objective = Seq2SeqLoss(model, cfg.optim.label_smoothing) if plain else \
-        training_run.make_objective(model, cfg, device)
+        make_objective(model, cfg, device)
     optim, one = make_optim(objective, cfg), OneDevice(device, 1, precision)
     peak_reset(device)
     started = time.perf_counter()

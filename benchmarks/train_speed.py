@@ -155,12 +155,12 @@ def build_seed(dims: Dims) -> nn.Module:
 
 
 def trainers_objective(model, smoothing: float, compile: bool) -> nn.Module:
-    """The objective nmt's training builds for `model` on the CPU (nmt.training.run.make_objective), made once:
+    """The objective nmt's training builds for `model` on the CPU (nmt.training.loop.make_objective), made once:
     the fused cross-entropy of nmt.kernels, or with `compile` the plain objective compiled whole."""
     name = "compiled_objective" if compile else "objective"
     if not hasattr(model, name):
         from nmt.config import TrainConfig
-        from nmt.training.run import make_objective
+        from nmt.training.loop import make_objective
 
         cfg = TrainConfig(compile=compile)
         cfg.optim.label_smoothing = smoothing

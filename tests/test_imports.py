@@ -104,6 +104,7 @@ LAYERS = [
     {"training.state"},
     {"training.evaluation"},
     {"training.loop"},
+    {"training.timing"},  # the one timing probe and the config resolved with it (train and nmt check)
     {"training.run"},
     {"train", "tools.check"},
     {"cli"},

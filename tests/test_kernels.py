@@ -179,7 +179,7 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     assert not any(type(m) is kernels.FastDropout for m in model.modules())
 
     from nmt.model import Seq2SeqLoss
-    from nmt.training.run import make_objective
+    from nmt.training.loop import make_objective
 
     for device in ("cpu", "meta"):  # meta: a device that is not the CPU, as a GPU is
         assert type(make_objective(model, cfg, torch.device(device))) is kernels.FusedSeq2SeqLoss

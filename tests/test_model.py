@@ -315,7 +315,7 @@ def compiled_objective_case() -> None:
     from torch._dynamo.utils import counters
 
     from nmt.config import TrainConfig
-    from nmt.training.run import make_objective
+    from nmt.training.loop import make_objective
 
     gen = torch.Generator().manual_seed(0)
     shapes = [(8, 5, 6), (6, 9, 8), (1, 13, 12), (3, 17, 19), (8, 6, 5), (1, 3, 2), (5, 11, 10)]

@@ -433,8 +433,7 @@ def test_the_plans_timing_leaves_out_the_steps_that_compiled(monkeypatch):
     from helpers import src_batch, tgt_in_batch, tiny_model
 
     from nmt.config import TrainConfig
-    from nmt.training import loop
-    from nmt.training import run as training_run
+    from nmt.training import loop, timing
 
     gen = torch.Generator().manual_seed(0)
     windows = []
@@ -449,14 +448,14 @@ def test_the_plans_timing_leaves_out_the_steps_that_compiled(monkeypatch):
         return real(accelerator, objective, optim, window, stop)
 
     monkeypatch.setattr(loop, "train_step", compiling)
-    monkeypatch.setattr(training_run, "graphs_compiled", lambda: graphs[0])
+    monkeypatch.setattr(timing, "graphs_compiled", lambda: graphs[0])
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: None)  # what compiles is faked above
     cfg = TrainConfig(compile=True)
-    timed = training_run.time_steps(tiny_model(vocab=30).train(), cfg, iter(windows), 3, torch.device("cpu"))
+    timed = timing.time_steps(tiny_model(vocab=30).train(), cfg, iter(windows), 3, torch.device("cpu"))
     position = {id(w): i for i, w in enumerate(windows)}
     assert [position[id(w)] for _, w in timed] == [1, 3, 4]
     cfg.compile = False  # without compile only the first step warms up
-    timed = training_run.time_steps(tiny_model(vocab=30).train(), cfg, iter(windows), 3, torch.device("cpu"))
+    timed = timing.time_steps(tiny_model(vocab=30).train(), cfg, iter(windows), 3, torch.device("cpu"))
     assert [position[id(w)] for _, w in timed] == [1, 2, 3]
 
 
@@ -466,8 +465,7 @@ def test_a_probe_that_runs_out_of_memory_answers_that_the_batch_does_not_fit(tin
     from nmt.data import prepare
     from nmt.plan import RUNGS
     from nmt.tools.check import preflight
-    from nmt.training import loop
-    from nmt.training import run as training_run
+    from nmt.training import loop, timing
 
     real = loop.train_step
 
@@ -476,7 +474,7 @@ def test_a_probe_that_runs_out_of_memory_answers_that_the_batch_does_not_fit(tin
 
     monkeypatch.setattr(loop, "train_step", out_of_memory)
     corpus = prepare(tiny_cfg.data, tiny_cfg.tokenizer)
-    assert training_run.speed_probe(tiny_cfg, corpus, "cpu", "no")(RUNGS[0], 1024) is None
+    assert timing.speed_probe(tiny_cfg, corpus, "cpu", "no")(RUNGS[0], 1024) is None
     with pytest.raises(NmtError, match="ran out of memory on cpu at [0-9,]+ padded tokens a micro-batch; lower "
                                        "max_tokens, and raise accum_steps"):
         preflight(tiny_cfg, probe_steps=1, device="cpu")
@@ -535,12 +533,12 @@ def test_a_time_budget_plans_the_null_fields_saves_the_plan_and_resume_reuses_it
     assert plan["seconds_per_token"] > 0 and plan["retimed"]["at_step"] == 6  # re-timed on its own steps
     assert plan["retimed"]["seconds_per_step"] > 0
     reset_accelerate_state()
-    import nmt.training.run as training_run
+    import nmt.training.timing as timing
 
     def no_timing(*args, **kwargs):
         raise AssertionError("a resume timed steps again instead of reading plan.json")
 
-    monkeypatch.setattr(training_run, "speed_probe", no_timing)
+    monkeypatch.setattr(timing, "speed_probe", no_timing)
     cfg.resume, cfg.max_steps = "latest", 14
     train(cfg)  # the same run: the checkpoint's config matches the saved plan's choices
     again = json.loads((run / "plan.json").read_text())
@@ -642,8 +640,7 @@ def test_an_optimizer_step_off_the_host_reads_once_copies_nothing_from_it_and_mi
 
     from nmt.config import TrainConfig
     from nmt.kernels import FusedSeq2SeqLoss
-    from nmt.training.loop import OneDevice, make_optim, train_step
-    from nmt.training.run import make_objective
+    from nmt.training.loop import OneDevice, make_objective, make_optim, train_step
 
     gen, meta = torch.Generator().manual_seed(0), torch.device("meta")
     cfg = TrainConfig()

@@ -11,6 +11,7 @@ of the launch would.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -20,19 +21,22 @@ import numpy as np
 import torch
 
 from nmt.batching import TokenBatchSampler, bpe_dropout, deal
+from nmt.checkpoint import SUMMARY_FILE
 from nmt.config import ModelConfig, TrainConfig, read_yaml
 from nmt.data import arrow_batches, column, overlap_line, pair_lengths, prepare
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.tokenizer import unknown_rate
-from nmt.training import run as training_run
+from nmt.training import timing
 from nmt.training.loop import default_device, run_precision
-from nmt.training.run import pretrained, tokenizer_fit
+from nmt.training.run import pretrained
+from nmt.training.state import segmentation
 from nmt.validate import check_run
 
 MIN_VALID_PAIRS = 100  # fewer validation pairs make BLEU differences between checkpoints noise
 MAX_DROPPED_SHARE = 0.5  # cleaning dropping more than this usually means misaligned or mis-parsed files
 MAX_UNK_RATE = 0.01  # more unknown subwords than this on validation: the vocabulary misses characters
+OVER_SEGMENTED = 1.5  # subwords per word over this multiple of the tokenizer's own corpus (init_from)
 PERCENTILES = (50, 90, 99)
 BYTES_FP32 = 4
 # Under bf16 / fp16 autocast the tensors a layer keeps for the backward take this share of their fp32 bytes: 0.59
@@ -66,7 +70,7 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     cfg, tokenizer, inherited = pretrained(cfg)  # init_from: the model directory's tokenizer and sizes
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer, max_positions=cfg.model.max_positions)
     precision, _ = run_precision(cfg, default_device(device).type)  # what training will use
-    cfg, plan = training_run.planned(cfg, corpus, processes=num_processes, device=device, precision=precision,
+    cfg, plan = timing.planned(cfg, corpus, processes=num_processes, device=device, precision=precision,
                                  inherited=inherited, timed=probe_steps > 0)  # the resolution training makes
     epoch = _epoch_zero(cfg, corpus, num_processes)
     model = _build(cfg.model, cfg.seed)
@@ -131,6 +135,24 @@ def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, n
         overlap=overlap_line(corpus.stats),
         corpora=[c for c in corpus.stats.get("corpora", []) if isinstance(c, dict)],
         fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
+
+
+def tokenizer_fit(directory: str, train) -> dict:
+    """How model directory `directory`'s tokenizer segments `train` (an encoded split) against its own training
+    data (`segmentation` in its training.json, when recorded), and the problems that shows."""
+    path = Path(directory) / SUMMARY_FILE
+    old = json.loads(path.read_text()).get("segmentation") if path.is_file() else None
+    new, problems = segmentation(train), []
+    for side, name in (("src", "source"), ("tgt", "target")):
+        ratio = new[side]["subwords_per_word"] / old[side]["subwords_per_word"] if old else 1.0
+        if ratio > OVER_SEGMENTED:
+            problems.append(f"init_from {directory}: its tokenizer cuts the new {name} into {ratio:.1f}x as many "
+                            "subwords per word as its own training data (over-segmented: a new domain or script); "
+                            "expect slower, weaker fine-tuning, or train a model with its own tokenizer")
+        if new[side]["unk_rate"] > MAX_UNK_RATE:
+            problems.append(f"init_from {directory}: {new[side]['unk_rate']:.1%} of the new {name} subwords are "
+                            "<unk> under its tokenizer (characters it never saw)")
+    return {"dir": str(directory), "new": new, "old": old, "problems": problems}
 
 
 def _build(model_cfg: ModelConfig, seed: int) -> Seq2SeqTransformer:
@@ -253,7 +275,7 @@ def probe(report: Report, model: Seq2SeqTransformer, cfg: TrainConfig, epoch: Ep
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     chunks = (plan.micro_batches(i % len(plan)) for i in itertools.count())
-    timed = training_run.time_steps(model, cfg, training_run.batches(cfg, epoch.train, chunks, device, model),
+    timed = timing.time_steps(model, cfg, timing.batches(cfg, epoch.train, chunks, device, model),
                                 steps, device, precision)
     per_token = [s / sum(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window) for s, window in timed]
     epoch_work = sum(_padded(chunk, epoch.src_len, epoch.tgt_len) for step in range(len(plan))

@@ -33,6 +33,8 @@ from nmt import checkpoint as ckpt
 from nmt.compat import fused_devices, mkldnn_bf16_supported, release_free_memory
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
+from nmt.kernels import use_fused_loss
+from nmt.model import Seq2SeqLoss
 from nmt.plan import TRAIN_SHARE, Measured, precision_for, retime, retime_line
 from nmt.training.evaluation import bleu_due, evaluate_and_keep_best, validate_start
 from nmt.training.state import Run, log_metrics, save_checkpoint, save_plan
@@ -410,6 +412,25 @@ def note_out_of_memory(run: Run, processes: int) -> None:
 
 
 # --- one optimizer step -----------------------------------------------------------------------------------------
+
+
+def make_objective(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
+                   flat_state_dict: bool = True, compile_now: bool = True) -> Seq2SeqLoss:
+    """The training objective of `model`: `Seq2SeqLoss`, compiled whole (`fullgraph`) when `cfg.compile` says so
+    (here, or by the caller once DDP wraps it: `compile_now` False), else through the fused cross-entropy of
+    `nmt.kernels` on every device (docs/results.md: faster on a CPU, and a third of the plain loss's peak memory
+    over fp32 logits, two thirds over bf16 ones: `benchmarks/memory.py --loss`).
+    (A CPU variant that projected and scored only the real target positions was measured on Tatoeba's bucketed
+    batches, 2.8% padding: +4% in fp32, -3% in bf16, within the runs' spread; it is gone.)"""
+    objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=flat_state_dict)
+    if cfg.compile:
+        if compile_now:  # in place: the module keeps its type, state_dict keys and save/load
+            # dynamic from the first call: batches change shape every step, so a first graph for one shape would be
+            # compiled only to be replaced by a dynamic one at the second (the same steady state, one compile less)
+            objective.compile(fullgraph=True, dynamic=True)
+    else:
+        use_fused_loss(objective)
+    return objective
 
 
 @dataclass

@@ -2,10 +2,11 @@
 
 `train` checks the config, makes the Accelerator, claims the output_dir (`nmt.training.state`), takes what a
 model directory fixes (`init_from`: fine-tuning and continued training), prepares the data, resolves the config
-once (`planned`: `nmt.plan.resolve` with the one timing probe, printed and handed to the run), builds the model,
-its data loader, objective and optimizer, resumes from a checkpoint, runs the `Loop` (`nmt.training.loop`) and
-finishes: the final model directory, scored on the test set. `nmt check` calls the same functions
-(`pretrained`, `planned`, `time_steps`), so the check shows the plan that training follows.
+once (`nmt.training.timing.planned`: `nmt.plan.resolve` with the one timing probe, printed and handed to the
+run), builds the model, its data loader, objective and optimizer, resumes from a checkpoint, runs the `Loop`
+(`nmt.training.loop`) and finishes: the final model directory, scored on the test set. `nmt check` calls the same
+functions (`pretrained` here, `planned` and `time_steps` in `nmt.training.timing`), so the check shows the plan
+that training follows.
 
 A checkpoint holds the objective's weights, the optimizer's, schedule's and random states (safetensors and JSON:
 `nmt.checkpoint.write_state`, never a pickle, so not Accelerate's `save_state`) and our JSON `TrainState`. The
@@ -24,15 +25,13 @@ import datetime
 import functools
 import gc
 import inspect
-import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import accelerate.utils
-import numpy as np
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import PartialState
@@ -47,30 +46,28 @@ from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE, load_model_config
 from nmt.compat import (
     accelerate_state_exists,
     bound_onednn_primitive_caches,
-    graphs_compiled,
     is_fsdp,
     reset_accelerate_state,
     set_process_group_timeout,
 )
-from nmt.config import SIZE_FIELDS, ModelConfig, TrainConfig, from_dict, to_dict
+from nmt.config import SIZE_FIELDS, TrainConfig, from_dict, to_dict
 from nmt.data import Corpus, column, prepare, source_lengths
 from nmt.decoding import compile_decoder
 from nmt.errors import NmtError
-from nmt.kernels import use_cpu_kernels, use_fused_loss
+from nmt.kernels import use_cpu_kernels
 from nmt.launch import main_process_first
 from nmt.loading import open_model
 from nmt.metrics import corpus_scores, scores_by_pair
-from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
+from nmt.model import Seq2SeqTransformer
 from nmt.plan import Plan, open_keys
 from nmt.textfiles import atomic_file
 from nmt.tokenizer import PairTokenizer
-from nmt.training import loop as training_loop
 from nmt.training.evaluation import try_average, tune_alpha
 from nmt.training.loop import (
     Loop,
-    OneDevice,
     StopSignals,
     default_device,
+    make_objective,
     make_optim,
     run_precision,
 )
@@ -84,17 +81,11 @@ from nmt.training.state import (
     resume,
     resumed_tokenizer,
     save_plan,
-    segmentation,
     start_run,
 )
+from nmt.training.timing import planned
 from nmt.translate import Translator
 from nmt.validate import check_run
-
-PROBE_STEPS = 3  # timed steps after one untimed warm-up
-PROBE_BUDGET_S = 30.0  # a probe stops early once its timed steps have taken this long
-COMPILE_WARMUPS = 2  # under compile, steps that compiled are not timed: the first shape, then the dynamic one
-OVER_SEGMENTED = 1.5  # subwords per word over this multiple of the tokenizer's own corpus: a problem in nmt check
-MAX_UNK = 0.01
 
 
 def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult:
@@ -322,133 +313,6 @@ def resolved(accelerator, cfg: TrainConfig, corpus, inherited: dict[str, str], p
     return cfg, plan
 
 
-def planned(cfg: TrainConfig, corpus, *, processes: int = 1, device: str | None = None, precision: str = "no",
-            inherited: dict[str, str] | None = None, previous: planlib.Plan | None = None,
-            minutes_left: float | None = None, timed: bool = True) -> tuple[TrainConfig, planlib.Plan]:
-    """`cfg` resolved for `corpus` (`nmt.plan.resolve`) with the speed timed here when a time budget needs it."""
-    # a resumed run's plan is kept as it was: nothing is timed again
-    speed = speed_probe(cfg, corpus, device, precision) if timed and cfg.max_minutes and previous is None else None
-    cfg, plan = planlib.resolve(cfg, facts(cfg, corpus, processes), speed=speed, processes=processes,
-                                minutes_left=minutes_left, previous=previous, inherited=inherited,
-                                batches=planlib.batches_for(str(default_device(device))))
-    tok = corpus.tokenizer  # the vocabulary sizes are the tokenizer's: facts, not choices
-    model = dataclasses.replace(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
-                                share_embeddings=cfg.model.share_embeddings and tok.joint)
-    return dataclasses.replace(cfg, model=model), plan
-
-
-def facts(cfg: TrainConfig, corpus, processes: int = 1) -> planlib.Facts:
-    """The plan's facts of the prepared corpus; steps per epoch are the training sampler's own."""
-    cost = column(corpus.splits["train"], "cost")
-    spe = functools.cache(lambda max_tokens: TokenBatchSampler(
-        cost, max_tokens, world_size=processes, accum_steps=cfg.accum_steps, seed=cfg.seed,
-        epoch_rows=corpus.epoch_rows).steps_per_epoch(0))
-    epoch = cost if corpus.epoch_rows is None else cost[corpus.epoch_rows(0)]
-    return planlib.Facts(train_pairs=corpus.stats["sizing_pairs"], epoch_cost=int(epoch.sum(dtype=np.int64)),
-                         longest_cost=int(cost.max()), epoch_steps=spe, vocab_size=corpus.stats.get("vocab_size"))
-
-
-def speed_probe(cfg: TrainConfig, corpus, device: str | None, precision: str) -> planlib.Speed:
-    """Seconds per cost token (a batch's pairs x its costliest pair) of training a shape in batches of a size, one
-    process in mixed `precision`: the median of PROBE_STEPS timed steps on real batches, each shape and size timed
-    once; None where such a step runs out of the device's memory. On a CPU every size is timed at the smallest
-    rung: its rate per token hardly moves with the batch, and each timing spends the budget."""
-    device = default_device(device)
-    tok, train = corpus.tokenizer, corpus.splits["train"]
-    cost = column(train, "cost")
-
-    @functools.cache
-    def timed(dims: planlib.Dims, tokens: int) -> float | None:
-        model_cfg = ModelConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, dropout=0.1,
-                                **{k: getattr(dims, k) for k in planlib.DIM_KEYS},
-                                share_embeddings=cfg.model.share_embeddings and tok.joint)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(cfg.seed)
-            model = use_cpu_kernels(Seq2SeqTransformer(model_cfg), fast_dropout=device.type == "cpu")  # as trained
-        plan = TokenBatchSampler(cost, tokens, seed=cfg.seed).plan(0)
-        chunks = ([plan.batches[i % len(plan)]] for i in itertools.count())
-        try:
-            steps = time_steps(model, cfg, batches(cfg, train, chunks, device, model), PROBE_STEPS, device,
-                               precision)
-        except OutOfMemory:
-            return None
-        finally:
-            del model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()  # the next, smaller probe starts from an empty cache
-        return float(np.median([s / w[0]["src_ids"].shape[0] / _cost(w[0]) for s, w in steps]))
-
-    def speed(dims: planlib.Dims, tokens: int) -> float | None:
-        return timed(dims, planlib.BATCHES[-1] if device.type == "cpu" else tokens)
-
-    return speed
-
-
-def _cost(batch: dict) -> int:
-    """A collated batch's costliest pair: its padded source or decoder length."""
-    return max(batch["src_ids"].shape[1], batch["tgt_in_ids"].shape[1])
-
-
-def batches(cfg: TrainConfig, train, chunks: Iterable[list[np.ndarray]], device: torch.device,
-            model: torch.nn.Module) -> Iterable[list[dict]]:
-    """The collated micro-batch windows of `chunks` (index arrays into the split `train`), on `device`."""
-    columns = train.select_columns(["src_ids", "tgt_ids"])
-    collate = Collator.for_model(model, cfg.pad_to_multiple_of)
-    for window in chunks:
-        yield [{k: v.to(device) for k, v in collate.columns(columns[c.tolist()]).items()} for c in window]
-
-
-def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[dict]], steps: int,
-               device: torch.device, precision: str = "no", budget_s: float = PROBE_BUDGET_S) -> list[tuple[float, list]]:
-    """(seconds, window) of `steps` optimizer steps taken exactly as training takes them (the batch collated,
-    then `train_step`: the objective's loss, AdamW as training builds it, clipping, the schedule), after one
-    untimed warm-up step; under `compile`, a step during which torch.compile compiled a graph (the first shape,
-    the first of another) is a warm-up too, up to COMPILE_WARMUPS more. Stops early once the timed steps have
-    taken `budget_s`, or `windows` ends. The caller's random state is left as it was."""
-    objective = make_objective(model.to(device), cfg, device)
-    # the schedule's shape does not change a step's time (and a linear one may have no horizon yet)
-    steady = dataclasses.replace(cfg, optim=dataclasses.replace(
-        cfg.optim, lr=cfg.optim.lr or 1e-3, warmup_steps=cfg.optim.warmup_steps or 1, schedule="inverse_sqrt"))
-    optim, one = make_optim(objective, steady), OneDevice(device, cfg.accum_steps, precision)
-    graphs, timed = graphs_compiled() if cfg.compile else 0, []
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(cfg.seed)
-        batches = iter(windows)
-        for i in range(steps + 1 + (COMPILE_WARMUPS if cfg.compile else 0)):
-            _sync(device)
-            start = time.perf_counter()
-            window = next(batches, None)  # collated inside the timing, as the training loop's loader does
-            if window is None:
-                break
-            stats = training_loop.train_step(one, objective, optim, window)  # through the module: a test spies on it
-            if stats.out_of_memory:
-                raise OutOfMemory(f"a training step of this model ran out of memory on {device} at "
-                                  f"{_tokens(window):,} padded tokens a micro-batch; lower max_tokens, and raise "
-                                  "accum_steps to keep the batch")
-            _sync(device)
-            seconds = time.perf_counter() - start
-            now = graphs_compiled() if cfg.compile else 0
-            compiled, graphs = now > graphs, now
-            if i > 0 and not compiled:  # step 0 warms up allocator and kernels
-                timed.append((seconds, window))
-                if len(timed) >= steps or sum(s for s, _ in timed) > budget_s:
-                    break
-    return timed
-
-
-class OutOfMemory(NmtError):
-    """A timed training step ran out of the device's memory."""
-
-
-def _tokens(window: list[dict]) -> int:
-    return max(b["src_ids"].numel() + b["tgt_in_ids"].numel() for b in window)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # --- the model, its data loader, objective and optimizer ------------------------------------------------------------
 
 
@@ -468,25 +332,6 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
     if cfg.compile and hasattr(model, "start_cache"):  # the training objective is compiled in prepare_objective
         compile_decoder(model)  # validation decodes through the compiled step
     return model
-
-
-def make_objective(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
-                   flat_state_dict: bool = True, compile_now: bool = True) -> Seq2SeqLoss:
-    """The training objective of `model`: `Seq2SeqLoss`, compiled whole (`fullgraph`) when `cfg.compile` says so
-    (here, or by the caller once DDP wraps it: `compile_now` False), else through the fused cross-entropy of
-    `nmt.kernels` on every device (docs/results.md: faster on a CPU, and a third of the plain loss's peak memory
-    over fp32 logits, two thirds over bf16 ones: `benchmarks/memory.py --loss`).
-    (A CPU variant that projected and scored only the real target positions was measured on Tatoeba's bucketed
-    batches, 2.8% padding: +4% in fp32, -3% in bf16, within the runs' spread; it is gone.)"""
-    objective = Seq2SeqLoss(model, cfg.optim.label_smoothing, flat_state_dict=flat_state_dict)
-    if cfg.compile:
-        if compile_now:  # in place: the module keeps its type, state_dict keys and save/load
-            # dynamic from the first call: batches change shape every step, so a first graph for one shape would be
-            # compiled only to be replaced by a dynamic one at the second (the same steady state, one compile less)
-            objective.compile(fullgraph=True, dynamic=True)
-    else:
-        use_fused_loss(objective)
-    return objective
 
 
 def check_same_tokenizer(model, tokenizer: PairTokenizer) -> None:
@@ -633,21 +478,3 @@ def commands(cfg: TrainConfig, model_dir: Path) -> list[str]:
 
 
 # --- how well a model directory's tokenizer fits a new corpus (nmt check) -----------------------------------------
-
-
-def tokenizer_fit(directory: str, train) -> dict:
-    """How model directory `directory`'s tokenizer segments `train` (an encoded split) against its own training
-    data (`segmentation` in its training.json, when recorded), and the problems that shows."""
-    path = Path(directory) / "training.json"
-    old = json.loads(path.read_text()).get("segmentation") if path.is_file() else None
-    new, problems = segmentation(train), []
-    for side, name in (("src", "source"), ("tgt", "target")):
-        ratio = new[side]["subwords_per_word"] / old[side]["subwords_per_word"] if old else 1.0
-        if ratio > OVER_SEGMENTED:
-            problems.append(f"init_from {directory}: its tokenizer cuts the new {name} into {ratio:.1f}x as many "
-                            "subwords per word as its own training data (over-segmented: a new domain or script); "
-                            "expect slower, weaker fine-tuning, or train a model with its own tokenizer")
-        if new[side]["unk_rate"] > MAX_UNK:
-            problems.append(f"init_from {directory}: {new[side]['unk_rate']:.1%} of the new {name} subwords are "
-                            "<unk> under its tokenizer (characters it never saw)")
-    return {"dir": str(directory), "new": new, "old": old, "problems": problems}
