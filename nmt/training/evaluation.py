@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,16 +30,20 @@ log = get_logger(__name__)
 
 
 @torch.no_grad()
-def validate(run: Run, decode: bool = True) -> dict | None:
+def never() -> bool:
+    return False
+
+
+def validate(run: Run, decode: bool = True, stop: Callable[[], bool] = never) -> dict | None:
     """Validation loss/perplexity and BLEU/chrF (if `decode`) over exactly the validation set, on all processes;
-    None (on every process alike) when a stop signal arrived meanwhile: it stops between batches, not after all
-    of them."""
+    None (on every process alike) when `stop` (a stop signal arrived) answered True meanwhile: it stops between
+    batches, not after all of them."""
     run.objective.eval()
     plain = plain_copy(run) if is_fsdp(run.accelerator) else None
-    metrics = valid_loss(run, plain)
+    metrics = valid_loss(run, plain, stop)
     if metrics is None or not decode:
         return metrics
-    bleu = valid_bleu(run, plain)
+    bleu = valid_bleu(run, plain, stop)
     return None if bleu is None else {**metrics, **bleu}
 
 
@@ -50,7 +55,7 @@ def bleu_due(cfg, step: int) -> bool:
     return cfg.max_minutes is None or bool(cfg.init_from) or step > (cfg.optim.warmup_steps or 0)
 
 
-def valid_loss(run: Run, plain: torch.nn.Module | None = None) -> dict | None:
+def valid_loss(run: Run, plain: torch.nn.Module | None = None, stop: Callable[[], bool] = never) -> dict | None:
     """Summed nll of the validation set through the objective, this process's share (which may be empty: a
     validation set of fewer batches than processes). The objective runs unwrapped, in the run's mixed precision:
     DDP's forward broadcasts buffers, a collective that a process with no batch would never join; under FSDP2,
@@ -64,7 +69,7 @@ def valid_loss(run: Run, plain: torch.nn.Module | None = None) -> dict | None:
     columns = valid.select_columns(["src_ids", "tgt_ids"])
     collate = Collator.for_model(run.model)
     for batch in eval_batches(column(valid, "cost"), run.cfg.max_tokens, rank, world):
-        if run.stop_requested():
+        if stop():
             sums[2] = 1
             break
         b = {k: v.to(device) for k, v in collate.columns(columns[batch.tolist()]).items()}
@@ -78,21 +83,22 @@ def valid_loss(run: Run, plain: torch.nn.Module | None = None) -> dict | None:
     return {"valid_nll": nll, "valid_ppl": math.exp(min(nll, 50))}
 
 
-def valid_bleu(run: Run, plain: torch.nn.Module | None = None) -> dict:
+def valid_bleu(run: Run, plain: torch.nn.Module | None = None, stop: Callable[[], bool] = never) -> dict:
     """Decode this process's share of the validation sources (with its `plain` copy under FSDP2), gather all,
     score once."""
     base, accelerator = run.model if plain is None else plain, run.accelerator
     if not (hasattr(base, "encode") and hasattr(base, "decode")):
         return {}  # a user's model without encode/decode: loss only
     share = accelerator.process_index, accelerator.num_processes
-    return score_valid(run, base, SearchConfig(beam_size=run.cfg.eval_beam), share)
+    return score_valid(run, base, SearchConfig(beam_size=run.cfg.eval_beam), share, stop)
 
 
-def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) -> dict | None:
+def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int],
+                stop: Callable[[], bool] = never) -> dict | None:
     """BLEU/chrF of `base` (an unwrapped model, or None on processes that decode nothing) searching with
     `search` on the validation set, under the run's mixed precision: this process decodes share (rank, world), the
     main one scores.
-    None on every process when a stop signal cut the decoding short on any. A validation set of several
+    None on every process when `stop` cut the decoding short on any. A validation set of several
     language pairs is scored per pair (bleu_en-de, chrf_en-de, ...); bleu and chrf are then their means."""
     valid = run.corpus.splits["valid"]
     rows = valid_rows(run)
@@ -102,8 +108,8 @@ def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int]) ->
     with run.accelerator.autocast():  # in the precision the run trains in (bf16: faster, as the model is used)
         found = {} if base is None else search_encoded(base, src_ids, search, run.cfg.max_tokens, rank=rank,
                                                        world_size=world, device=run.accelerator.device,
-                                                       stop=run.stop_requested)
-    mine = [(i, hyps[0].tokens) for i, hyps in found.items()] + ([(-1, None)] if run.stop_requested() else [])
+                                                       stop=stop)
+    mine = [(i, hyps[0].tokens) for i, hyps in found.items()] + ([(-1, None)] if stop() else [])
     gathered = dict(run.accelerator.gather_for_metrics(mine, use_gather_object=True))  # index -> tokens, each once
     if -1 in gathered:
         return None
@@ -148,11 +154,12 @@ def score_line(metrics: dict) -> str:
     return f"BLEU {metrics['bleu']:.2f}" if "bleu" in metrics else f"validation loss (nll) {metrics['valid_nll']:.3f}"
 
 
-def evaluate_and_keep_best(run: Run, decode: bool = True) -> bool:
+def evaluate_and_keep_best(run: Run, decode: bool = True, stop: Callable[[], bool] = never) -> bool:
     """Validate (BLEU/chrF too if `decode`); a better score than before replaces best/. Logged, and one line on
-    the terminal. False (on every process) when a stop signal cut the validation short: nothing is scored or kept."""
+    the terminal. False (on every process) when `stop` (a stop signal) cut the validation short: nothing is scored
+    or kept."""
     state = run.state
-    metrics = validate(run, decode)
+    metrics = validate(run, decode, stop)
     if metrics is None:
         return False
     score, nll = metrics.get("bleu", -metrics["valid_nll"]), metrics["valid_nll"]
@@ -168,13 +175,13 @@ def evaluate_and_keep_best(run: Run, decode: bool = True) -> bool:
     return True
 
 
-def validate_start(run: Run) -> bool:
+def validate_start(run: Run, stop: Callable[[], bool] = never) -> bool:
     """Fine-tuning (init_from): the starting model validated before the first step, the same way every later
     validation is, and kept as the first best/ (so the final model is never worse on validation than the start);
     its scores go to `state.start`, which a resume keeps instead of validating again. False (on every process) when
-    a stop signal cut it short."""
+    `stop` (a stop signal) cut it short."""
     state = run.state
-    metrics = validate(run, decode=True)
+    metrics = validate(run, decode=True, stop=stop)
     if metrics is None:
         return False
     state.start = {k: v for k, v in metrics.items() if isinstance(v, float)}

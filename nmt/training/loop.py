@@ -80,6 +80,19 @@ class StopSignals:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
+    def arrived(self) -> bool:
+        """Whether a stop signal arrived: a validation asks between two batches."""
+        return self.received is not None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run's loop ended."""
+
+    stopped_by: str | None  # why it stopped early ("SIGTERM", "SIGINT", "time", "patience"), None at a step limit
+    reason: str  # the same in words, or the step limit reached, for the summary
+    epochs: float  # epochs of data the steps consumed
+
 
 class Loop:
     """Trains `run` until a step limit, a stop signal, the time budget or patience ends it."""
@@ -98,12 +111,11 @@ class Loop:
         planned = self.run.plan.steps if self.run.plan and self.run.plan.steps else self.run.state.step + 1
         return self.total if self.total is not None else planned
 
-    def __call__(self, signals: StopSignals) -> str | None:
-        """Returns why it stopped early ("SIGTERM", "SIGINT", "time", "patience"), or None (a step limit)."""
+    def __call__(self, signals: StopSignals) -> Outcome:
+        """Steps until the run ends; how it ended."""
         state = self.run.state
         bar = Progress(self.run.accelerator, self.expected, state.step, self.budget_left_minutes(),
                        self.run.cfg.log_every)
-        self.run.stop_requested = lambda: signals.received is not None
         batches = Prefetcher(self.loader, self.sampler, self.run.cfg.accum_steps,
                              pin=self.run.accelerator.device.type == "cuda")
         try:
@@ -116,12 +128,9 @@ class Loop:
                     self.retime(bar)
         finally:
             batches.close()
-            self.run.stop_requested = lambda: False
             bar.close()
-        self.run.stop_reason = self.reason()
         epoch, step_in_epoch = self.consumed
-        self.run.epochs = epoch + step_in_epoch / self.sampler.steps_per_epoch(epoch)
-        return self.stopped_by
+        return Outcome(self.stopped_by, self.reason(), epoch + step_in_epoch / self.sampler.steps_per_epoch(epoch))
 
     @property
     def consumed(self) -> tuple[int, int]:
@@ -133,7 +142,7 @@ class Loop:
         """Fine-tuning: the starting model validated and kept as the first best before step 1 (timed like any
         validation, for the budget); a stop signal meanwhile saves the step-0 checkpoint and ends the run."""
         started = time.perf_counter()
-        if validate_start(self.run):
+        if validate_start(self.run, signals.arrived):
             self.session.validated(time.perf_counter() - started)
         else:
             self.stopped_by = signals.received or "SIGTERM"
@@ -215,7 +224,7 @@ class Loop:
                               "skipped_steps": state.skipped_steps, "oom_steps": state.oom_steps})
         if (state.step % cfg.eval_every == 0 or last) and self.stopped_by in (None, "time"):
             started, decodes = time.perf_counter(), bleu_due(cfg, state.step) or last  # the last one always scores
-            kept = evaluate_and_keep_best(run, decodes)
+            kept = evaluate_and_keep_best(run, decodes, signals.arrived)
             if decodes:
                 self.session.validated(time.perf_counter() - started)
             if not kept:  # a signal came during validation: save now, on every process

@@ -65,6 +65,7 @@ from nmt.tokenizer import PairTokenizer
 from nmt.training.evaluation import try_average, tune_alpha
 from nmt.training.loop import (
     Loop,
+    Outcome,
     StopSignals,
     default_device,
     make_objective,
@@ -148,12 +149,12 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     if run.is_main:
         save_plan(plan, run.out)
     with StopSignals() as signals:
-        stopped_by = Loop(run, run.optim, loader, sampler)(signals)
-    if stopped_by in ("SIGTERM", "SIGINT"):
+        outcome = Loop(run, run.optim, loader, sampler)(signals)
+    if outcome.stopped_by in ("SIGTERM", "SIGINT"):
         accelerator.end_training()
-        return TrainResult(None, run.state.step, stopped_by=stopped_by,
+        return TrainResult(None, run.state.step, stopped_by=outcome.stopped_by,
                            checkpoint=ckpt.list_checkpoints(cfg.output_dir)[-1])
-    return finish(run)
+    return finish(run, outcome)
 
 
 # --- before the data: the accelerator, and what a model directory fixes (init_from) ---------------------------------
@@ -409,9 +410,9 @@ def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.n
 # --- the end of a run ---------------------------------------------------------------------------------------------
 
 
-def finish(run: Run) -> TrainResult:
+def finish(run: Run, outcome: Outcome) -> TrainResult:
     """The final model directory (the checkpoint average if asked for and no worse, else best/), scored on the
-    test set, and what the user has."""
+    test set, and what the user has (`outcome`: how the loop ended)."""
     if run.cfg.average_last > 1:
         try_average(run)
     final = publish_final(run)
@@ -421,8 +422,8 @@ def finish(run: Run) -> TrainResult:
     run.accelerator.end_training()
     summary = json.loads((final / SUMMARY_FILE).read_text())
     result = TrainResult(final, run.state.step, {**summary["metrics"], **tuned, "step": summary["step"]},
-                         minutes=minutes, max_minutes=run.cfg.max_minutes, stop_reason=run.stop_reason,
-                         epochs=run.epochs, test=test, commands=commands(run.cfg, final), start=run.state.start)
+                         minutes=minutes, max_minutes=run.cfg.max_minutes, stop_reason=outcome.reason,
+                         epochs=outcome.epochs, test=test, commands=commands(run.cfg, final), start=run.state.start)
     if run.is_main:  # what the end of the run printed, for scripts
         with atomic_file(run.out / "summary.json") as f:
             f.write(json.dumps({**dataclasses.asdict(result), "model_dir": str(final)}, indent=2, default=str))

@@ -24,7 +24,6 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,10 +89,6 @@ class Run:
     state: TrainState = field(default_factory=TrainState)
     plan: planlib.Plan | None = None  # what nmt chose for the run (nmt.plan), re-timed once under a time budget
     started: float = field(default_factory=time.monotonic)  # time.monotonic() when the run's clock started
-    stop_reason: str = ""  # why training ended, for the summary (set by the loop)
-    epochs: float = 0.0  # epochs trained when training ended (set by the loop)
-    # a stop signal arrived: validation gives up between two batches (set by the loop)
-    stop_requested: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     @property
     def cfg(self) -> TrainConfig:
