@@ -400,8 +400,8 @@ def _train_noting_what_is_compiled(cfg, out: str) -> None:
 
     prepare = training_run.prepare_objective
 
-    def noting(accelerator, cfg, model, current=None):
-        objective, optim = prepare(accelerator, cfg, model, current)
+    def noting(accelerator, cfg, model):
+        objective, optim = prepare(accelerator, cfg, model)
         inner = accelerator.unwrap_model(objective, keep_torch_compile=False)
         Path(out, f"rank{accelerator.process_index}.json").write_text(json.dumps(
             [type(objective).__name__, type(getattr(objective, "_orig_mod", None)).__name__,
@@ -509,8 +509,8 @@ def _train_fsdp2(cfg, kill_at: int | None = None) -> None:
 
     run.make_accelerator, prepare = _fsdp2(run.make_accelerator), run.prepare_objective
 
-    def prepared(accelerator, cfg, model, current=None):
-        objective, optim = prepare(accelerator, cfg, model, current)
+    def prepared(accelerator, cfg, model):
+        objective, optim = prepare(accelerator, cfg, model)
         params = list(objective.parameters())
         held = {"sharded": all(isinstance(p, DTensor) for p in params), "numel": sum(p.numel() for p in params),
                 "local": sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params)}

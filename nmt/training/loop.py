@@ -23,7 +23,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +30,7 @@ from accelerate.logging import get_logger
 
 from nmt import checkpoint as ckpt
 from nmt.compat import fused_devices, mkldnn_bf16_supported, release_free_memory
-from nmt.config import TrainConfig
+from nmt.config import OptimConfig, TrainConfig
 from nmt.errors import NmtError
 from nmt.kernels import use_fused_loss
 from nmt.model import Seq2SeqLoss
@@ -169,8 +168,8 @@ class Loop:
 
     def retime(self, bar: Progress) -> None:
         """The plan again at the speed of this run's own steps (all processes agree: the main process's figure is
-        shared), saved so that a resume continues the same plan. The run's settings follow the plan (`Run.cfg`);
-        nothing here edits a config."""
+        shared), saved so that a resume continues the same plan. The run's settings and the schedule follow the
+        plan (`Run.follow`, `Schedule.follow`); nothing here edits a config."""
         from accelerate.utils import broadcast_object_list
 
         run = self.run
@@ -180,7 +179,8 @@ class Loop:
         planned_s = None
         if run.plan.steps and run.plan.minutes:
             planned_s = 60 * run.plan.minutes * TRAIN_SHARE / run.plan.steps
-        run.plan = retime(run.plan, box[0], run.resolved)
+        run.follow(retime(run.plan, box[0], run.resolved))
+        self.optim.schedule.follow(run.cfg.optim)
         self.total, self.limit = step_limit(run, self.sampler)
         bar.total = self.expected
         if run.is_main:
@@ -576,22 +576,43 @@ def _pad_id(accelerator, objective) -> int:
 # --- the optimizer and its schedule -------------------------------------------------------------------------------
 
 
+class Schedule:
+    """The learning-rate factor per step (warmup, then `inverse_sqrt` or `linear` decay) of the schedule settings
+    in force: a re-timed plan moves them (`follow`), and a resumed run builds it from the plan it saved, so the
+    factor at each step is the one the run had."""
+
+    def __init__(self, o: OptimConfig):
+        self.follow(o)
+
+    def follow(self, o: OptimConfig) -> None:
+        """From now on, the schedule that optimizer settings `o` describe (their warmup and decay steps)."""
+        if o.schedule == "linear":
+            if o.decay_steps is None:
+                raise ValueError("optim.schedule linear needs optim.decay_steps")
+            self.factor = linear_decay(o.warmup_steps, o.decay_steps)
+        else:
+            self.factor = inverse_sqrt(o.warmup_steps)
+
+    def __call__(self, step: int) -> float:
+        return self.factor(step)
+
+
 @dataclass
 class Optim:
     """The optimizer, its schedule and the clipping threshold a step applies."""
 
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: torch.optim.lr_scheduler.LRScheduler  # steps the optimizer's rate by `schedule`
+    schedule: Schedule
     clip_norm: float | None = None
 
 
-def make_optim(model: torch.nn.Module, cfg: TrainConfig, current: Callable[[], TrainConfig] | None = None) -> Optim:
-    """AdamW with the config's warmup and schedule and clipping, as training steps it. `current`: the settings in
-    force at each step (a run's `Run.cfg`, which follows its re-timed plan); by default `cfg` throughout."""
-    optimizer = make_optimizer(model, cfg)
-    settings = current or (lambda: cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule_of(settings())(step))
-    return Optim(optimizer, scheduler, cfg.optim.clip_norm)
+def make_optim(model: torch.nn.Module, cfg: TrainConfig) -> Optim:
+    """AdamW with the config's warmup and schedule and clipping, as training steps it."""
+    optimizer, schedule = make_optimizer(model, cfg), Schedule(cfg.optim)
+    # a lambda, not the Schedule: LambdaLR would write a callable object's fields into the checkpoint
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule(step))
+    return Optim(optimizer, scheduler, schedule, cfg.optim.clip_norm)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -607,16 +628,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
             pass
     return torch.optim.AdamW(params, **kwargs)
 
-
-
-def schedule_of(cfg: TrainConfig):
-    """The config's lr factor per step; `linear` needs optim.decay_steps (the plan or the run fills it)."""
-    o = cfg.optim
-    if o.schedule == "linear":
-        if o.decay_steps is None:
-            raise ValueError("optim.schedule linear needs optim.decay_steps")
-        return linear_decay(o.warmup_steps, o.decay_steps)
-    return inverse_sqrt(o.warmup_steps)
 
 
 def inverse_sqrt(warmup: int):

@@ -28,7 +28,6 @@ import inspect
 import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import accelerate.utils
@@ -141,7 +140,7 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     model = build_model(cfg, corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, cfg, corpus, model)
     run = Run(accelerator, cfg, corpus, plan=plan, started=started)
-    run.objective, run.optim = prepare_objective(accelerator, cfg, model, current=lambda: run.cfg)
+    run.objective, run.optim = prepare_objective(accelerator, run.cfg, model)
     if found:
         run.state = resume(run, sampler, found)
         run.started = started - run.state.elapsed_s  # the budget spent before the resume counts
@@ -391,15 +390,14 @@ def make_loader(accelerator: Accelerator, cfg: TrainConfig, corpus: Corpus, mode
     return loader, sampler
 
 
-def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.nn.Module,
-                      current: Callable[[], TrainConfig] | None = None) -> tuple:
-    """The model's `Seq2SeqLoss`, its optimizer and schedule, through `Accelerator.prepare`; `current`: the run's
-    settings in force at each step (the schedule follows a re-timed plan). `compile: true` compiles the prepared
+def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> tuple:
+    """The model's `Seq2SeqLoss`, its optimizer and schedule, through `Accelerator.prepare`, for the settings
+    `cfg` (a resumed run's: with what its plan re-timed). `compile: true` compiles the prepared
     objective, DDP's wrapper included: torch then splits the graph at DDP's gradient buckets, so their all-reduce
     overlaps the backward (an objective compiled inside DDP would hand it every gradient at the very end)."""
     objective = make_objective(model, cfg, accelerator.device, flat_state_dict=not is_fsdp(accelerator),
                                compile_now=False)
-    optim = make_optim(objective, cfg, current)
+    optim = make_optim(objective, cfg)
     objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
     if cfg.compile:  # torch.compile(DDP(objective)), torch's way for DDP (accelerate's unwrap_model undoes both)
         wrapped = objective is not accelerator.unwrap_model(objective)  # DDP's own pre- and post-forward run eagerly

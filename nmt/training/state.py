@@ -90,13 +90,14 @@ class Run:
     plan: planlib.Plan | None = None  # what nmt chose for the run (nmt.plan), re-timed once under a time budget
     started: float = field(default_factory=time.monotonic)  # time.monotonic() when the run's clock started
 
-    @property
-    def cfg(self) -> TrainConfig:
-        """The settings the run trains with now: the resolved config with what its plan re-timed since."""
-        key = (id(self.plan), None if self.plan is None else id(self.plan.retimed))
-        if getattr(self, "_settings", (None,))[0] != key:
-            self._settings = key, planlib.settings(self.resolved, self.plan)
-        return self._settings[1]
+    cfg: TrainConfig = field(init=False)  # the settings it trains with now: `resolved` with what `plan` re-timed
+
+    def __post_init__(self):
+        self.follow(self.plan)
+
+    def follow(self, plan: planlib.Plan | None) -> None:
+        """From now on, `plan` (re-timed) and the settings it gives."""
+        self.plan, self.cfg = plan, planlib.settings(self.resolved, plan)
 
     def elapsed(self) -> float:
         """Seconds of the run's time budget spent (before a resume too)."""
