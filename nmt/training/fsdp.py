@@ -14,13 +14,9 @@ files (sizes and times measured at NLLB-600M's depth and half its width).
 from __future__ import annotations
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+
+# torch.distributed.checkpoint's state-dict functions are imported where they are used: half a second of modules
+# (sympy among them) that a run without FSDP2 never needs
 
 PREFIX = "model."  # the objective's name for the model: FSDP's state dicts keep it, nmt's files do not
 
@@ -50,6 +46,8 @@ def full_weights(objective: torch.nn.Module, everywhere: bool = False) -> dict[s
     """The sharded objective's full weights, named as the bare model's state_dict names them, a tied weight once:
     on the main process in CPU memory ({} on the others), or on every process on its device (`everywhere`: each
     then builds its own plain copy). Every process must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
     state = get_model_state_dict(objective, options=options)
     aliases = _aliases(objective)
@@ -60,6 +58,8 @@ def full_optimizer_state(objective: torch.nn.Module, optimizer: torch.optim.Opti
     """The optimizer's full state on the main process ({} on the others), in `Optimizer.state_dict()`'s layout:
     parameters numbered in the order of its param_groups, as one process's optimizer numbers them. Every process
     must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
     state = get_optimizer_state_dict(objective, optimizer,
                                      options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not state:
@@ -77,6 +77,8 @@ def load_full_weights(objective: torch.nn.Module, weights: dict[str, torch.Tenso
     """Full weights as `full_weights` returns them (every process holds them all) into the sharded objective:
     each process keeps its shard. Names and shapes are checked first, a misfit raised as `load_state_dict` words
     it (a RuntimeError that `nmt.compat.state_dict_mismatch` reads)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     aliases = _aliases(objective)
     own = {k.removeprefix(PREFIX): v for k, v in objective.state_dict().items() if k not in aliases}
     for kind, names in (("Missing", [k for k in own if k not in weights]),
@@ -96,6 +98,8 @@ def load_full_weights(objective: torch.nn.Module, weights: dict[str, torch.Tenso
 def load_full_optimizer_state(objective: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """An optimizer state in `Optimizer.state_dict()`'s layout (`full_optimizer_state`, or a one-process run's)
     into the sharded optimizer; every process passes it whole and keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     order = _order(objective, optimizer)
     groups = [{**group, "params": [order[i] for i in group["params"]]} for group in saved["param_groups"]]
     state = {order[i]: entry for i, entry in saved["state"].items()}
