@@ -86,7 +86,7 @@ VALIDATIONS = 16  # about this many validations per run
 AVERAGE_LAST = 3  # checkpoints averaged at the end (kept only if it validates at least as well)
 TIMED_VALID_SENTENCES = 500  # under a time budget validation BLEU decodes this many pairs
 # Fine-tuning a trained model (init_from) is planned apart: the architecture, tokenizer and dropout are the model's,
-# and a model nmt trained is fine-tuned at the peak rate it was trained with (nmt.training.run.pretrained reads it
+# and a model nmt trained is fine-tuned at the peak rate it was trained with (nmt.training.run.inherited reads it
 # from its training.json). A d128 model trained 6 minutes on Tatoeba's short half, fine-tuned 400 steps on its long
 # half (docs/configuration.md): validation BLEU 10.5 at the start; 3e-5 and 1e-4 never beat it, 3e-4 12.4, 1e-3
 # 16.7, its own 1.3e-3 20.5 with the from-scratch warmup (12%) and 17.8 with a 5% one: inverse_sqrt decays from the

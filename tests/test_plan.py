@@ -279,7 +279,7 @@ def test_retiming_with_a_timed_validation_fits_the_validations_in_their_share_of
 def test_fine_tuning_has_its_own_plan_and_the_flags_given_win():
     """init_from under a budget: the fine-tuning learning rate (LoRA's higher), the warmup and the validation
     cadence, each printed with its reason; the model directory's shape and dropout come in as `inherited` (as
-    nmt.training.run.pretrained passes them, and the lr of a model nmt trained: test_finetune); an explicit flag is
+    nmt.training.run.inherited passes them, and the lr of a model nmt trained: test_finetune); an explicit flag is
     kept and the plan says so."""
     d128 = ModelConfig(**{k: MODEL_PRESETS["d128"][k] for k in ("d_model", "n_heads", "n_encoder_layers",
                                                                 "n_decoder_layers", "d_ff")}, dropout=0.1)

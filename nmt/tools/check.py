@@ -29,7 +29,7 @@ from nmt.model import Seq2SeqTransformer
 from nmt.tokenizer import unknown_rate
 from nmt.training import timing
 from nmt.training.loop import default_device, run_precision
-from nmt.training.run import pretrained
+from nmt.training.run import inherited
 from nmt.training.state import segmentation
 from nmt.validate import check_run
 
@@ -67,11 +67,12 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     if num_processes < 1:
         raise NmtError(f"--num-processes must be at least 1, got {num_processes}")
     check_run(cfg)  # ranges and paths, as training checks them first
-    cfg, tokenizer, inherited = pretrained(cfg)  # init_from: the model directory's tokenizer and sizes
+    base = inherited(cfg)  # init_from: the model directory's tokenizer and sizes
+    cfg, tokenizer = base.cfg, base.tokenizer
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer, max_positions=cfg.model.max_positions)
     precision, _ = run_precision(cfg, default_device(device).type)  # what training will use
     cfg, plan = timing.planned(cfg, corpus, processes=num_processes, device=device, precision=precision,
-                                 inherited=inherited, timed=probe_steps > 0)  # the resolution training makes
+                                 inherited=base.reasons, timed=probe_steps > 0)  # the resolution training makes
     epoch = _epoch_zero(cfg, corpus, num_processes)
     model = _build(cfg.model, cfg.seed)
     target, estimated_in = default_device(device).type, precision

@@ -121,8 +121,7 @@ class Loop:
             if self.run.cfg.init_from and state.step == 0 and not state.start:  # once: a resume has it in its state
                 self.validate_start(signals)
             while (self.total is None or state.step < self.total) and self.stopped_by is None:
-                self.one_step(batches, signals, bar)
-                self.after_step(signals)
+                self.step(batches, signals, bar)
                 if self.session.due(state.step, self.run):
                     self.retime(bar)
         finally:
@@ -187,14 +186,29 @@ class Loop:
             print(retime_line(run.plan, planned_s), file=sys.stderr, flush=True)
             save_plan(run.plan, run.out)
 
-    def one_step(self, batches: Prefetcher, signals: StopSignals, bar: Progress) -> None:
-        run, state = self.run, self.run.state
+    @property
+    def lr(self) -> float:
+        return self.optim.scheduler.get_last_lr()[0]
+
+    def step(self, batches: Prefetcher, signals: StopSignals, bar: Progress) -> None:
+        """One step of the run, top to bottom: the next window, the optimizer step, the run's counts and progress
+        line, then what the step number makes due: a log entry, a validation (and an early stop on patience), a
+        checkpoint."""
+        run, state, cfg = self.run, self.run.state, self.run.cfg
+
+        # the next window (fetched and collated ahead on the prefetcher's thread), onto the device
         step_start = time.perf_counter()
         fetched, position = batches.next()
         window = [to_device(batch, run.accelerator.device) for batch in fetched]
+
+        # the optimizer step, as nmt check times it; a signal or the spent budget stops every process after it
         out_of_time = self.out_of_time()
-        stop = bool(signals.received) or out_of_time
-        stats = train_step(run.accelerator, run.objective, self.optim, window, stop=stop)  # as nmt check times it
+        stats = train_step(run.accelerator, run.objective, self.optim, window,
+                           stop=bool(signals.received) or out_of_time)
+        if stats.stop:  # any process was signalled or is out of time: all stop after this same step
+            self.stopped_by = signals.received or ("time" if out_of_time else "SIGTERM")
+
+        # the run's counts (what a checkpoint records) and the progress line
         state.step += 1
         state.tokens_seen += stats.tokens
         state.sampler = position  # what this step consumed: a resume fetches the next window
@@ -207,16 +221,8 @@ class Loop:
         bar.update(state.step, {"epoch": self.consumed[0], "loss": f"{stats.loss:.3f}", "lr": f"{self.lr:.2e}",
                                 "tok/s": self.rate.update(stats.tokens, time.perf_counter() - step_start),
                                 "mem": f"{peak_memory_gib(run.accelerator.device):.2f}G"})
-        if stats.stop:  # any process was signalled or is out of time: all stop after this same step
-            self.stopped_by = signals.received or ("time" if out_of_time else "SIGTERM")
 
-    @property
-    def lr(self) -> float:
-        return self.optim.scheduler.get_last_lr()[0]
-
-    def after_step(self, signals: StopSignals) -> None:
-        """Log, validate (and stop early on patience) and checkpoint, as the step number says."""
-        run, state, cfg = self.run, self.run.state, self.run.cfg
+        # log, validate and checkpoint as the step number says; the run's last step does all three
         last = state.step == self.total or self.stopped_by == "time"
         if state.step % cfg.log_every == 0 or last:
             log_metrics(run, {**self.meter.flush(), "lr": self.lr, "epoch": self.consumed[0],
@@ -456,7 +462,9 @@ class StepStats:
 
 
 def train_step(accelerator, objective, optim: Optim, window: list[dict], stop: bool = False) -> StepStats:
-    """One optimizer step of `objective` (a `Seq2SeqLoss`, prepared or not) over this process's micro-batches.
+    """One optimizer step of `objective` (a `Seq2SeqLoss`, prepared or not) over this process's micro-batches
+    `window`, read top to bottom: the step's token count, each micro-batch's forward and backward, the clipped
+    gradient and the step's figures, the update.
 
     Each micro-batch's summed loss is divided by the target tokens of the whole step on all processes;
     DDP's mean over processes and accelerate's division by accum_steps are undone by the factor, so
@@ -472,13 +480,17 @@ def train_step(accelerator, objective, optim: Optim, window: list[dict], stop: b
     warn_if_bf16_is_slow(accelerator.device.type, str(accelerator.mixed_precision),
                          getattr(accelerator, "is_main_process", True))
     pad_id, device = _pad_id(accelerator, objective), accelerator.device
+
+    # the step's real target tokens on all processes, which every micro-batch's loss is divided by
     local = torch.stack([b["labels"].ne(pad_id).sum() for b in window]).sum().to(device)
     n_tokens = accelerator.reduce(local, "sum")
     scale = accelerator.num_processes * len(window) / n_tokens.clamp(min=1)
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, nll, stop, OOMs: made there, not copied there
     if stop:
         sums[2] = 1.0  # a fill on the device: no copy from host memory, which a GPU's host would wait for
-    stats, failed = None, None
+
+    # forward and backward of each micro-batch; the last one's backward all-reduces the gradients (DDP)
+    failed = None
     for batch in window:
         with accelerator.accumulate(objective):
             if failed is None:
@@ -494,15 +506,35 @@ def train_step(accelerator, objective, optim: Optim, window: list[dict], stop: b
                     sums[3] = 1.0
             if failed is not None and accelerator.sync_gradients and accelerator.num_processes > 1:
                 _rejoin(accelerator, objective, failed, pad_id)
-            if accelerator.sync_gradients:
-                stats = _update(accelerator, objective, optim, sums, n_tokens)
-    return stats
+
+    # clip, and read the step's figures with the gradient norm: the step's one read of the device
+    grad_norm = accelerator.clip_grad_norm_(objective.parameters(), optim.clip_norm or math.inf)
+    totals = accelerator.reduce(sums, "sum")
+    norm = torch.full((), math.nan, device=totals.device) if grad_norm is None else grad_norm.detach()
+    loss, nll, stopping, ooms, tokens, norm = torch.cat(
+        [totals, n_tokens.reshape(1).double(), norm.reshape(1).double()]).tolist()
+    finite = grad_norm is None or math.isfinite(norm)  # the same on every process
+
+    # the update: none where a micro-batch ran out of memory on any process (the gradient is not the batch's)
+    if ooms:
+        if accelerator.scaler is not None:  # clipping unscaled the gradients: the scaler expects an update
+            accelerator.scaler.update(new_scale=accelerator.scaler.get_scale())  # its scale kept
+        finite = True
+    elif finite or accelerator.scaler is not None:  # fp16's scaler skips a step that is not finite itself
+        optim.optimizer.step()
+        optim.scheduler.step()
+        finite = finite and not getattr(optim.optimizer, "step_was_skipped", False)
+    optim.optimizer.zero_grad(set_to_none=True)
+    tokens = int(tokens)
+    return StepStats(loss=loss / max(tokens, 1), nll=nll / max(tokens, 1), tokens=tokens,
+                     grad_norm=None if grad_norm is None or ooms else norm, finite=finite, stop=stopping > 0,
+                     out_of_memory=int(ooms))
 
 
 def _out_of_memory(accelerator, objective, batch: dict, pad_id: int) -> None:
     """This process's micro-batch `batch` ran out of memory: said with its size, its gradient dropped and the
     device's cached blocks released. The rest of the window is skipped, and the flag in the step's sums makes
-    every process skip the update (`_update`)."""
+    every process skip the update."""
     _drop_gradients(objective)
     if (backend := getattr(torch, accelerator.device.type, None)) is not None and hasattr(backend, "empty_cache"):
         backend.empty_cache()
@@ -541,29 +573,6 @@ def _rejoin(accelerator, objective, batch: dict, pad_id: int) -> None:
                        f"and cannot rejoin them ({type(e).__name__}); lower max_tokens (the padded tokens of a "
                        "micro-batch), or raise accum_steps to keep the batch") from None
     _drop_gradients(objective)
-
-
-def _update(accelerator, objective, optim: Optim, sums: torch.Tensor, n_tokens: torch.Tensor) -> StepStats:
-    """Clip, read the step's figures (the step's one read of the device), step and zero the gradients."""
-    grad_norm = accelerator.clip_grad_norm_(objective.parameters(), optim.clip_norm or math.inf)
-    totals = accelerator.reduce(sums, "sum")
-    norm = torch.full((), math.nan, device=totals.device) if grad_norm is None else grad_norm.detach()
-    loss, nll, stop, ooms, tokens, norm = torch.cat(
-        [totals, n_tokens.reshape(1).double(), norm.reshape(1).double()]).tolist()
-    finite = grad_norm is None or math.isfinite(norm)  # the same on every process
-    if ooms:  # a micro-batch ran out of memory somewhere: no update anywhere (the gradient is not the batch's)
-        if accelerator.scaler is not None:  # clipping unscaled the gradients: the scaler expects an update
-            accelerator.scaler.update(new_scale=accelerator.scaler.get_scale())  # its scale kept
-        finite = True
-    elif finite or accelerator.scaler is not None:
-        optim.optimizer.step()
-        optim.scheduler.step()
-        finite = finite and not getattr(optim.optimizer, "step_was_skipped", False)
-    optim.optimizer.zero_grad(set_to_none=True)
-    tokens = int(tokens)
-    return StepStats(loss=loss / max(tokens, 1), nll=nll / max(tokens, 1), tokens=tokens,
-                     grad_norm=None if grad_norm is None or ooms else norm, finite=finite, stop=stop > 0,
-                     out_of_memory=int(ooms))
 
 
 def _pad_id(accelerator, objective) -> int:

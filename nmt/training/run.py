@@ -1,12 +1,12 @@
 """`train(cfg)`: a run from start to finish, and the jobs it calls, in the order it calls them.
 
-`train` checks the config, makes the Accelerator, claims the output_dir (`nmt.training.state`), takes what a
-model directory fixes (`init_from`: fine-tuning and continued training), prepares the data, resolves the config
-once (`nmt.training.timing.planned`: `nmt.plan.resolve` with the one timing probe, printed and handed to the
-run), builds the model, its data loader, objective and optimizer, resumes from a checkpoint, runs the `Loop`
-(`nmt.training.loop`) and finishes: the final model directory, scored on the test set. `nmt check` calls the same
-functions (`pretrained` here, `planned` and `time_steps` in `nmt.training.timing`), so the check shows the plan
-that training follows.
+`train` checks the config, makes the Accelerator, claims the output_dir (`nmt.training.state`), sets the run up
+(`set_up`, one `Setup` value fixed for the run: what a model directory fixes (`init_from`: fine-tuning and continued
+training), the data prepared, the config resolved once by `nmt.training.timing.planned` with the one timing probe,
+printed and shared by every process), builds the model, its data loader, objective and optimizer, resumes from a
+checkpoint, runs the `Loop` (`nmt.training.loop`), which returns how it ended, and finishes: the final model
+directory, scored on the test set. `nmt check` calls the same functions (`inherited` here, `planned` and
+`time_steps` in `nmt.training.timing`), so the check shows the plan that training follows.
 
 A checkpoint holds the objective's weights, the optimizer's, schedule's and random states (safetensors and JSON:
 `nmt.checkpoint.write_state`, never a pickle, so not Accelerate's `save_state`) and our JSON `TrainState`. The
@@ -28,6 +28,7 @@ import inspect
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import accelerate.utils
@@ -128,25 +129,17 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     accelerator = make_accelerator(cfg, precision[0])
     found = claim_output_dir(accelerator, cfg)  # the checkpoints to resume from (none: a fresh run)
     set_seed(cfg.seed)
-    previous = load_plan(Path(cfg.output_dir)) if found else None  # a resumed run keeps its plan
-    given, tokenizer, inherited = pretrained(cfg)  # init_from: the model directory's architecture and tokenizer
-    tokenizer = resumed_tokenizer(found) or tokenizer  # a resume encodes with the run's own tokenizer, never a new one
-    for_data = tokenizer_for_data(given, previous)
-    # the others wait outside any collective (no timeout) while the main process prepares
-    corpus = prepare(for_data.data, for_data.tokenizer,
-                     functools.partial(main_process_first, local=not cfg.data.shared_cache), tokenizer=tokenizer,
-                     max_positions=given.model.max_positions)
-    cfg, plan = resolved(accelerator, given, corpus, inherited, previous, started, precision)
-    model = build_model(cfg, corpus.tokenizer, model)
-    loader, sampler = make_loader(accelerator, cfg, corpus, model)
-    run = Run(accelerator, cfg, corpus, plan=plan, started=started)
+    setup = set_up(accelerator, cfg, found, started, precision)
+    model = build_model(setup.cfg, setup.corpus.tokenizer, model)
+    loader, sampler = make_loader(accelerator, setup.cfg, setup.corpus, model)
+    run = Run(accelerator, setup.cfg, setup.corpus, plan=setup.plan, started=started)
     run.objective, run.optim = prepare_objective(accelerator, run.cfg, model)
     if found:
         run.state = resume(run, sampler, found)
         run.started = started - run.state.elapsed_s  # the budget spent before the resume counts
     start_run(run)
     if run.is_main:
-        save_plan(plan, run.out)
+        save_plan(setup.plan, run.out)
     with StopSignals() as signals:
         outcome = Loop(run, run.optim, loader, sampler)(signals)
     if outcome.stopped_by in ("SIGTERM", "SIGINT"):
@@ -154,6 +147,32 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
         return TrainResult(None, run.state.step, stopped_by=outcome.stopped_by,
                            checkpoint=ckpt.list_checkpoints(cfg.output_dir)[-1])
     return finish(run, outcome)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What setting a run up fixes before its first step (`set_up`), for the whole run."""
+
+    cfg: TrainConfig  # the config resolved once (nmt.plan.resolve): the user's, with what init_from and the plan fix
+    plan: Plan  # what nmt chose and why (a re-time during the run makes a new one: Run.follow)
+    corpus: Corpus  # the prepared, encoded data, with its tokenizer
+
+
+def set_up(accelerator: Accelerator, cfg: TrainConfig, found: list, started: float,
+           precision: tuple[str, str | None]) -> Setup:
+    """The run of `cfg` set up: what a model directory fixes (`init_from`), the data prepared and encoded with the
+    run's tokenizer, the config resolved once (`resolved`). `found`: the checkpoints a resumed run continues from,
+    whose plan and tokenizer it keeps."""
+    previous = load_plan(Path(cfg.output_dir)) if found else None  # a resumed run keeps its plan
+    base = inherited(cfg)  # init_from: the model directory's architecture and tokenizer
+    tokenizer = resumed_tokenizer(found) or base.tokenizer  # a resume encodes with its own tokenizer, never a new one
+    for_data = tokenizer_for_data(base.cfg, previous)
+    # the others wait outside any collective (no timeout) while the main process prepares
+    corpus = prepare(for_data.data, for_data.tokenizer,
+                     functools.partial(main_process_first, local=not cfg.data.shared_cache), tokenizer=tokenizer,
+                     max_positions=base.cfg.model.max_positions)
+    resolved_cfg, plan = resolved(accelerator, base.cfg, corpus, base.reasons, previous, started, precision)
+    return Setup(resolved_cfg, plan, corpus)
 
 
 # --- before the data: the accelerator, and what a model directory fixes (init_from) ---------------------------------
@@ -195,7 +214,16 @@ def make_accelerator(cfg: TrainConfig, precision: str) -> Accelerator:
     return accelerator
 
 
-def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dict[str, str]]:
+@dataclass(frozen=True)
+class Inherited:
+    """What a model directory (`init_from`) fixes for a run."""
+
+    cfg: TrainConfig  # the config with the directory's model and tokenizer settings
+    tokenizer: PairTokenizer | None  # the directory's tokenizer (None without init_from)
+    reasons: dict[str, str]  # each key the config left open and the directory fixed -> why (for the plan)
+
+
+def inherited(cfg: TrainConfig) -> Inherited:
     """`cfg` with the model and tokenizer settings of `cfg.init_from`, its tokenizer (None without init_from), and
     the keys `cfg` left open that the model directory fixed, with that reason (for the plan's printout).
 
@@ -203,7 +231,7 @@ def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dic
     (or the reverse), a vocabulary size or model size the directory does not have. `model.dropout` may differ.
     """
     if not cfg.init_from:
-        return cfg, None, {}
+        return Inherited(cfg, None, {})
     from nmt.hub import is_repo_id
 
     if is_repo_id(cfg.init_from):  # a Hub id: the model directory it holds, or its import (nmt.interop)
@@ -236,7 +264,7 @@ def pretrained(cfg: TrainConfig) -> tuple[TrainConfig, PairTokenizer | None, dic
         trained_with = (trained.get("model") or {}).get("dropout") == model_cfg.dropout
         why["model.dropout"] = ("as the model was trained (its training.json)" if trained_with else
                                 f"as the model directory sets it ({directory / CONFIG_FILE})")
-    return out, tokenizer, why
+    return Inherited(out, tokenizer, why)
 
 
 def _training_config(directory: Path) -> dict:
@@ -320,7 +348,7 @@ def build_model(cfg: TrainConfig, tokenizer: PairTokenizer, model: torch.nn.Modu
     """nmt's model as `cfg.model` says, or the user's own (checked against the contract)."""
     if model is not None:
         check_same_tokenizer(model, tokenizer)
-    elif cfg.init_from:  # fine-tuning: the directory's weights (its sizes are cfg.model's, see finetune.pretrained)
+    elif cfg.init_from:  # fine-tuning: the directory's weights (its sizes are cfg.model's, see `inherited`)
         model = open_model(cfg.init_from, cfg=cfg.model).model
     else:
         model = Seq2SeqTransformer(cfg.model)
