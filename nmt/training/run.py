@@ -88,6 +88,8 @@ from nmt.training.timing import planned
 from nmt.translate import Translator
 from nmt.validate import check_run
 
+GLOO_SETTLE_S = 0.2  # close: the pause before the process group is destroyed
+
 
 def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult:
     """Train a model as `cfg` says; `model` (optional) is your own nn.Module following the contract
@@ -100,10 +102,10 @@ def train(cfg: TrainConfig, model: torch.nn.Module | None = None) -> TrainResult
     try:
         return _train(cfg, model)
     finally:
-        # The run's objects are left in reference cycles (the optimizer's schedule reads the run's config); DDP's
-        # reducer among them holds the gloo process group. Freed by a later collection, that may be the
-        # interpreter's exit, where gloo's threads can no longer take the GIL and abort the process ("terminate
-        # called without an active exception"): free them now, while the interpreter runs.
+        # A run that raised leaves its objects to its traceback and reference cycles; DDP's reducer among them
+        # holds the gloo process group. Freed by a later collection, that may be the interpreter's exit, where
+        # gloo's threads can no longer take the GIL and abort the process ("terminate called without an active
+        # exception"): free them now, while the interpreter runs (a run that ended frees them in `close`).
         gc.collect()
         release_output_dir(cfg.output_dir)
         if fresh and accelerate_state_exists() and PartialState().num_processes == 1:
@@ -143,10 +145,12 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     with StopSignals() as signals:
         outcome = Loop(run, run.optim, loader, sampler)(signals)
     if outcome.stopped_by in ("SIGTERM", "SIGINT"):
-        accelerator.end_training()
-        return TrainResult(None, run.state.step, stopped_by=outcome.stopped_by,
-                           checkpoint=ckpt.list_checkpoints(cfg.output_dir)[-1])
-    return finish(run, outcome)
+        result = TrainResult(None, run.state.step, stopped_by=outcome.stopped_by,
+                             checkpoint=ckpt.list_checkpoints(cfg.output_dir)[-1])
+    else:
+        result = finish(run, outcome)
+    close(run)
+    return result
 
 
 @dataclass(frozen=True)
@@ -445,7 +449,6 @@ def finish(run: Run, outcome: Outcome) -> TrainResult:
     tuned = tune_alpha(run, final) if run.cfg.tune_alpha else {}
     minutes = run.elapsed() / 60  # the budget's part: the test translation below is not training
     test = score_test(run, final)
-    run.accelerator.end_training()
     summary = json.loads((final / SUMMARY_FILE).read_text())
     result = TrainResult(final, run.state.step, {**summary["metrics"], **tuned, "step": summary["step"]},
                          minutes=minutes, max_minutes=run.cfg.max_minutes, stop_reason=outcome.reason,
@@ -454,6 +457,19 @@ def finish(run: Run, outcome: Outcome) -> TrainResult:
         with atomic_file(run.out / "summary.json") as f:
             f.write(json.dumps({**dataclasses.asdict(result), "model_dir": str(final)}, indent=2, default=str))
     return result
+
+
+def close(run: Run) -> None:
+    """The run's end on this process: its objective (DDP's, whose reducer holds the process group) freed, then
+    the trackers and the process group ended (`end_training`).
+    First a pause: gloo's worker threads drop the last collective's tensors after it completed, under a lock of
+    their own and needing the interpreter's lock to do so, while destroying the process group takes their lock
+    with the interpreter's held. Reached first, the destruction waited forever (a rank hung at the end of a
+    run, seen once in a few runs of test_parallel's property test); the pause lets the threads finish."""
+    time.sleep(GLOO_SETTLE_S)
+    run.objective = None
+    gc.collect()
+    run.accelerator.end_training()
 
 
 def score_test(run: Run, model_dir: Path) -> dict:
