@@ -64,6 +64,29 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def read_summary(directory: str | Path) -> dict:
+    """A model directory's training.json (`SUMMARY_FILE`: what the run was, its config, metrics, data fingerprints,
+    segmentation), {} where none was written; one that is not a JSON object is an NmtError naming it. The one
+    reader of that file."""
+    path = Path(directory) / SUMMARY_FILE
+    return read_json(path) if path.is_file() else {}
+
+
+def search_defaults(directory: Path) -> dict:
+    """{"alpha": ...} from a model directory's search.json (written when training tuned it), else {}: the one reader
+    of that file."""
+    path = Path(directory) / SEARCH_FILE
+    if not path.is_file():
+        return {}
+    try:
+        alpha = json.loads(path.read_text(encoding="utf-8"))["alpha"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
+        raise NmtError(f"{path}: not a readable search defaults file ({e}); delete it to use the defaults") from None
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise NmtError(f"{path}: alpha must be a number, got {alpha!r}")
+    return {"alpha": float(alpha)}
+
+
 def languages_record(pairs: list[str], targets: list[str], tags: list[str]) -> dict:
     """What languages.json holds: the pairs trained ("en-de"), the target languages, and their source-side tags."""
     return {"pairs": pairs, "target_languages": targets, "tags": dict(zip(targets, tags)) if tags else {}}
@@ -359,7 +382,7 @@ def check_fingerprint(directory: str | Path) -> None:
     mean other subwords) is refused. Directories without that record (not written by training) pass."""
     directory = Path(directory)
     try:
-        recorded = (read_json(directory / SUMMARY_FILE).get(FINGERPRINTS) or {}).get("tokenizer")
+        recorded = (read_summary(directory).get(FINGERPRINTS) or {}).get("tokenizer")
     except (OSError, NmtError):
         return  # no training.json, or not one training wrote: nothing recorded to compare
     found = tokenizer_sha256(directory)

@@ -13,16 +13,13 @@ a model gives a given translation.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from nmt.batching import eval_batches, special_id
 from nmt.batching import pad as pad_rows
-from nmt.checkpoint import SEARCH_FILE
 from nmt.config import check_fields, ranged
 from nmt.constraints import Terms, going_first
 from nmt.errors import NmtError
@@ -351,22 +348,6 @@ def generate(model, src_ids: torch.Tensor, beam_size: int = 1, max_new_tokens: i
     cfg = SearchConfig(beam_size=beam_size, max_new_tokens=max_new_tokens, **kwargs)
     best = [h[0].tokens for h in beam_search(model, src_ids, cfg)]
     return pad_rows(best, special_id(model, "pad_id")).to(src_ids.device)
-
-
-# --- a model directory's own search defaults -----------------------------------------------------
-
-def search_defaults(directory: Path) -> dict:
-    """{"alpha": ...} from a model directory's search.json (written when training tuned it), else {}."""
-    path = Path(directory) / SEARCH_FILE
-    if not path.is_file():
-        return {}
-    try:
-        alpha = json.loads(path.read_text(encoding="utf-8"))["alpha"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
-        raise NmtError(f"{path}: not a readable search defaults file ({e}); delete it to use the defaults") from None
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
-        raise NmtError(f"{path}: alpha must be a number, got {alpha!r}")
-    return {"alpha": float(alpha)}
 
 
 def search_encoded(model, src_ids: list[list[int]], cfg: SearchConfig, batch_tokens: int,

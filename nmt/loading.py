@@ -34,11 +34,11 @@ from nmt.checkpoint import (
     load_into,
     load_model_config,
     read_languages,
+    search_defaults,
     tokenizer_files,
     write_directory,
 )
 from nmt.config import ModelConfig
-from nmt.decoding import search_defaults
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.tokenizer import PairTokenizer

@@ -33,7 +33,14 @@ import torch
 
 from nmt import markup
 from nmt.batching import eval_batches, pad
-from nmt.checkpoint import LANGUAGES_FILE, SEARCH_FILE, check_output_dir, read_languages, write_directory
+from nmt.checkpoint import (
+    LANGUAGES_FILE,
+    SEARCH_FILE,
+    check_output_dir,
+    read_languages,
+    search_defaults,
+    write_directory,
+)
 from nmt.compat import bound_onednn_primitive_caches
 from nmt.config import ModelConfig, from_dict, to_dict
 from nmt.constraints import Glossary
@@ -48,7 +55,6 @@ from nmt.decoding import (
     beam_search,
     length_limits,
     score_encoded,
-    search_defaults,
     search_encoded,
 )
 from nmt.errors import NmtError

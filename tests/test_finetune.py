@@ -172,6 +172,11 @@ def test_mismatches_with_the_model_directory_are_named(domains, statements_model
     cfg = domain_config(domains, "b", tmp_path / "nodir", init_from=str(tmp_path / "missing"))
     with pytest.raises(NmtError, match=r"config key .init_from.: .*missing does not exist; give a model directory"):
         train(cfg)
+    damaged = shutil.copytree(statements_model, tmp_path / "damaged")  # its training.json cut short
+    (damaged / "training.json").write_text((damaged / "training.json").read_text()[:40])
+    cfg = domain_config(domains, "b", tmp_path / "fromdamaged", init_from=str(damaged))
+    with pytest.raises(NmtError, match=r"damaged/training.json: not valid JSON"):
+        train(cfg)
 
 
 def test_a_pretrained_model_with_another_tokenizer_is_refused(domains, statements_model, tmp_path):

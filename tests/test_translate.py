@@ -16,9 +16,10 @@ from helpers import one_thread  # noqa: F401  (module-wide: tiny models on share
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nmt.checkpoint import SEARCH_FILE
 from nmt.config import ModelConfig, TokenizerConfig
 from nmt.constraints import Glossary
-from nmt.decoding import SEARCH_FILE, SamplingConfig
+from nmt.decoding import SamplingConfig
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
 from nmt.synthetic import generate_pairs

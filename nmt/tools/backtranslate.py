@@ -10,14 +10,13 @@ synthetic sources so that a forward model trained on the mix can tell them from 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nmt.checkpoint import SUMMARY_FILE
+from nmt.checkpoint import SUMMARY_FILE, read_summary
 from nmt.config import check_lang_code
 from nmt.errors import NmtError
 from nmt.textfiles import atomic_file, refuse_overwrite, utf8_lines
@@ -46,9 +45,9 @@ def model_languages(model_dir: str | Path) -> tuple[str, str] | None:
     is not a language code (`nmt.config.check_lang_code`) is an NmtError, since it becomes a file name."""
     path = Path(model_dir) / SUMMARY_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))["config"]["data"]
+        data = read_summary(model_dir)["config"]["data"]
         langs = data["src_lang"], data["tgt_lang"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
     return tuple(check_lang_code(lang, f"{path}: config.data.{side}") for lang, side in zip(langs, ("src_lang", "tgt_lang")))
 

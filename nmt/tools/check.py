@@ -11,7 +11,6 @@ of the launch would.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from nmt.batching import TokenBatchSampler, bpe_dropout, deal
-from nmt.checkpoint import SUMMARY_FILE
+from nmt.checkpoint import read_summary
 from nmt.config import ModelConfig, TrainConfig, read_yaml
 from nmt.data import arrow_batches, column, overlap_line, pair_lengths, prepare
 from nmt.errors import NmtError
@@ -141,8 +140,7 @@ def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, n
 def tokenizer_fit(directory: str, train) -> dict:
     """How model directory `directory`'s tokenizer segments `train` (an encoded split) against its own training
     data (`segmentation` in its training.json, when recorded), and the problems that shows."""
-    path = Path(directory) / SUMMARY_FILE
-    old = json.loads(path.read_text()).get("segmentation") if path.is_file() else None
+    old = read_summary(directory).get("segmentation")
     new, problems = segmentation(train), []
     for side, name in (("src", "source"), ("tgt", "target")):
         ratio = new[side]["subwords_per_word"] / old[side]["subwords_per_word"] if old else 1.0

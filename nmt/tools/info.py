@@ -11,7 +11,15 @@ import math
 import shlex
 from pathlib import Path
 
-from nmt.checkpoint import SEARCH_FILE, SUMMARY_FILE, WEIGHTS_FILE, load_model_config, read_json, read_languages
+from nmt.checkpoint import (
+    SEARCH_FILE,
+    SUMMARY_FILE,
+    WEIGHTS_FILE,
+    load_model_config,
+    read_json,
+    read_languages,
+    read_summary,
+)
 from nmt.config import to_dict
 from nmt.errors import NmtError
 
@@ -31,7 +39,7 @@ def describe(model_dir: str | Path) -> dict:
     arch = load_model_config(model_dir)
     out = {"model_dir": str(model_dir), "architecture": to_dict(arch), **weights_summary(model_dir / WEIGHTS_FILE),
            "vocab": vocab_sizes(model_dir)}
-    summary = read_json(model_dir / SUMMARY_FILE) if (model_dir / SUMMARY_FILE).is_file() else {}
+    summary = read_summary(model_dir)
     argv = summary.get("argv") or []
     out.update(step=summary.get("step"), best=summary.get("metrics", {}), data=summary.get("data", {}),
                num_processes=summary.get("num_processes"), argv=argv, command=command_line(argv))

@@ -42,7 +42,7 @@ from nmt import checkpoint as ckpt
 from nmt import plan as planlib
 from nmt.adapters import apply_finetune
 from nmt.batching import Collator, TokenBatchSampler, bpe_dropout
-from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE, load_model_config
+from nmt.checkpoint import CONFIG_FILE, SUMMARY_FILE, load_model_config, read_summary
 from nmt.compat import (
     accelerate_state_exists,
     bound_onednn_primitive_caches,
@@ -272,11 +272,12 @@ def inherited(cfg: TrainConfig) -> Inherited:
 
 
 def _training_config(directory: Path) -> dict:
-    path = directory / "training.json"
-    try:
-        return json.loads(path.read_text())["config"] if path.is_file() else {}
-    except (ValueError, KeyError, TypeError):
-        raise NmtError(f"{path}: unreadable; is {directory} a model directory written by nmt?") from None
+    """The config the directory's model was trained with (its training.json), {} where it records none."""
+    config = read_summary(directory).get("config", {})
+    if not isinstance(config, dict):
+        raise NmtError(f"{directory / SUMMARY_FILE}: its config is not a table; is {directory} a model directory "
+                       "written by nmt?")
+    return config
 
 
 def _check_languages(cfg: TrainConfig, trained: dict, directory: Path) -> None:
@@ -449,7 +450,7 @@ def finish(run: Run, outcome: Outcome) -> TrainResult:
     tuned = tune_alpha(run, final) if run.cfg.tune_alpha else {}
     minutes = run.elapsed() / 60  # the budget's part: the test translation below is not training
     test = score_test(run, final)
-    summary = json.loads((final / SUMMARY_FILE).read_text())
+    summary = read_summary(final)
     result = TrainResult(final, run.state.step, {**summary["metrics"], **tuned, "step": summary["step"]},
                          minutes=minutes, max_minutes=run.cfg.max_minutes, stop_reason=outcome.reason,
                          epochs=outcome.epochs, test=test, commands=commands(run.cfg, final), start=run.state.start)
