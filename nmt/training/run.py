@@ -134,8 +134,9 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     setup = set_up(accelerator, cfg, found, started, precision)
     model = build_model(setup.cfg, setup.corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, setup.cfg, setup.corpus, model)
-    run = Run(accelerator, setup.cfg, setup.corpus, plan=setup.plan, started=started)
-    run.objective, run.optim = prepare_objective(accelerator, run.cfg, model)
+    # the settings in force (a resumed run's plan may have re-timed the schedule), the objective and optimizer
+    objective, optim = prepare_objective(accelerator, planlib.settings(setup.cfg, setup.plan), model)
+    run = Run(accelerator, setup.cfg, setup.corpus, objective, optim, plan=setup.plan, started=started)
     if found:
         run.state = resume(run, sampler, found)
         run.started = started - run.state.elapsed_s  # the budget spent before the resume counts
