@@ -29,11 +29,11 @@ from nmt.training.state import Run, log_metrics, plain_weights, save_model_dir
 log = get_logger(__name__)
 
 
-@torch.no_grad()
 def never() -> bool:
     return False
 
 
+@torch.no_grad()
 def validate(run: Run, decode: bool = True, stop: Callable[[], bool] = never) -> dict | None:
     """Validation loss/perplexity and BLEU/chrF (if `decode`) over exactly the validation set, on all processes;
     None (on every process alike) when `stop` (a stop signal arrived) answered True meanwhile: it stops between

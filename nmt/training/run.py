@@ -462,16 +462,14 @@ def finish(run: Run, outcome: Outcome) -> TrainResult:
 
 
 def close(run: Run) -> None:
-    """The run's end on this process: its objective (DDP's, whose reducer holds the process group) freed, then
-    the trackers and the process group ended (`end_training`).
-    First a pause: gloo's worker threads drop the last collective's tensors after it completed, under a lock of
-    their own and needing the interpreter's lock to do so, while destroying the process group takes their lock
-    with the interpreter's held. Reached first, the destruction waited forever (a rank hung at the end of a
-    run, seen once in a few runs of test_parallel's property test); the pause lets the threads finish."""
+    """The run's end on this process: the trackers and the process group ended (`end_training`).
+    On several processes a pause first: gloo's worker threads drop the last collective's tensors after it completed,
+    under a lock of their own and needing the interpreter's lock to do so, while destroying the process group (at
+    `end_training`, or when DDP's reducer, held by the Accelerator, is freed after it) takes their lock with the
+    interpreter's held. Reached first, the destruction waited forever (a rank hung at the end of a run, about one
+    run in five of test_parallel's property test); the pause lets the threads finish."""
     if run.accelerator.num_processes > 1:  # one process has no process group
         time.sleep(GLOO_SETTLE_S)
-    run.objective = None
-    gc.collect()
     run.accelerator.end_training()
 
 
