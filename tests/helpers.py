@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -304,3 +306,48 @@ def run_launcher(cmd: list, cwd, env: dict, timeout: float):
         pytest.fail(f"{' '.join(map(str, cmd[:4]))} ... still ran after {timeout} s; its processes were at:\n"
                     f"{err[-12000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran:
+    """What a command left: its exit status and what it wrote (the fields of subprocess.CompletedProcess)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def nmt_command(*args, stdin: str | bytes = b"", cwd=None) -> Ran:
+    """`nmt ARGS` as a shell runs it (its entry point `nmt.cli.main` given the words; `stdin` as its input,
+    stdout and stderr caught, argparse's exits as exit statuses), in this process: without a new interpreter's
+    two seconds of imports. Log records of nmt go to the caught stderr as `nmt`'s console handler writes them."""
+    import contextlib
+    import io
+    import logging
+    import sys
+
+    from nmt.cli import main
+    from nmt.compat import reset_accelerate_state
+
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("nmt")
+    level = logger.level
+    logger.addHandler(handler)
+    saved_stdin = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                contextlib.chdir(cwd) if cwd else contextlib.nullcontext():
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as e:  # argparse: --help, or a flag it refuses
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.stdin = saved_stdin
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        reset_accelerate_state()  # what a training's Accelerator left in this process
+    return Ran(code, out.getvalue(), err.getvalue())

@@ -6,19 +6,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import Ran, nmt_command
 
 from nmt.cli import overrides_from_flags
 
 ROOT = Path(__file__).parent.parent
 
 
-def run_nmt(*args, cwd=None, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "nmt.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, input=stdin, timeout=300)
+def run_nmt(*args, cwd=None, stdin: str | None = None) -> Ran:
+    return nmt_command(*args, cwd=cwd, stdin=stdin or "")
 
 
-def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+def assert_user_error(proc: Ran, *needles: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import nmt_command
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -77,11 +78,9 @@ def serving(model_dir: Path, *flags: str, env: dict | None = None):
 
 
 def nmt_translate(model_dir: Path, lines: list[str], *flags: str) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "nmt.cli", "translate", str(model_dir), *flags], input="\n".join(lines)
-                          + "\n", capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.splitlines()
+    ran = nmt_command("translate", model_dir, *flags, stdin="\n".join(lines) + "\n")
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.splitlines()
 
 
 def test_concurrent_requests_are_batched_and_answer_as_nmt_translate(model_dir, corpus_dir):
