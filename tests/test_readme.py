@@ -420,9 +420,11 @@ def readme(corpus_dir, tmp_path_factory) -> Readme:
 
 
 def marks(cmd: Cmd) -> list:
+    """README's commands are one end-to-end run of the guide (its decoding commands need its trainings): slow, and
+    multi-process where a launch starts two processes; the quick subset checks the pages without running them."""
     if "cpu_2proc" in cmd.text and runner_for(cmd) == "train":
         return [pytest.mark.multiprocess]
-    return [pytest.mark.slow] if runner_for(cmd) == "run.sh" else []
+    return [pytest.mark.slow]
 
 
 def test_every_readme_command_runs():
