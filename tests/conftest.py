@@ -3,10 +3,20 @@
 import os
 import tempfile
 
+
+def cores() -> int:
+    """The cores this process may run on (a container's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 # before anything imports datasets/evaluate: keep their caches out of the user's home
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="nmt-test-hf-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# under pytest-xdist each worker (and what it starts) gets its share of the cores, set before torch is imported:
+# more threads than cores makes OpenMP's waiting threads spin against each other (a training 10 times slower)
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores() // workers)))
 # torch.compile builds every kernel, as on CI's clean machine: none comes from an earlier run's cache on disk
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="nmt-test-inductor-"))
 
@@ -125,3 +135,25 @@ class ShortOfMemory:
         from nmt.model import Seq2SeqTransformer
 
         Seq2SeqTransformer.decode_hidden = self.real
+
+
+# --- the suite on every core (pytest-xdist) ----------------------------------------------------------------------
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core, at most 8: each worker holds its own torch and fixtures."""
+    return max(1, min(8, cores()))
+
+
+@pytest.fixture(autouse=True)
+def one_multiprocess_run_at_a_time(request, tmp_path_factory):
+    """Under pytest-xdist (`--dist loadfile`: a test file runs on one worker, its module fixtures built once) the
+    multi-process tests wait for each other, whichever worker runs them: each starts a process per core, and
+    their process-group timeouts are kept short so that a hang fails in seconds."""
+    if request.node.get_closest_marker("multiprocess") is None or "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    from filelock import FileLock
+
+    with FileLock(tmp_path_factory.getbasetemp().parent / "multiprocess.lock"):  # the workers' common directory
+        yield

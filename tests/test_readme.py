@@ -209,8 +209,9 @@ def run_sh(readme: Readme, cmd: Cmd, monkeypatch) -> None:
 
 
 def run_sh_test(readme: Readme, cmd: Cmd, monkeypatch) -> None:
-    """`bash run.sh test` runs pytest with the project's settings; here it collects one file instead of running all."""
-    proc = readme.shell(cmd.text, ["--collect-only", "-q", "tests/test_config.py"])
+    """`bash run.sh test` runs pytest with the project's settings; here it collects one file instead of running all
+    (in this process: -n 0, no workers)."""
+    proc = readme.shell(cmd.text, ["--collect-only", "-q", "-n", "0", "tests/test_config.py"])
     assert proc.returncode == 0 and re.search(r"^\d+ tests collected", proc.stdout, re.M), tail(proc)
 
 
