@@ -139,7 +139,7 @@ def build_systems(args, model, tmp: Path) -> dict:
     try:
         import ctranslate2
 
-        from nmt.translate import save_ctranslate2
+        from nmt.ct2 import save_ctranslate2
     except ImportError:
         print("ctranslate2 is not installed: CT2 systems skipped (pip install 'nmt[ct2]')")
         return systems

@@ -685,11 +685,12 @@ def _is_regular_file(stream) -> bool:
 def _draw_first(translator, seen: _Seen, args: argparse.Namespace) -> None:
     """--attention: the cross-attention of the first input sentence, drawn with the (first) PyTorch model."""
     from nmt.attention import plot_alignment
+    from nmt.engines import ATTENTION
     from nmt.translate import Translator
 
     if seen.first is None:
         raise NmtError("--attention: the input is empty; there is no first sentence to draw")
-    if translator.backend != "torch" or len(args.model_dir) != 1:
+    if not translator.engine.supports(ATTENTION):  # CTranslate2, or an ensemble: the first model alone draws
         translator = Translator.from_pretrained(args.model_dir[0], args.device, dtype=args.dtype or "fp32")
     text, alpha = seen.first, {} if args.alpha is None else {"alpha": args.alpha}
     src, tgt, weights = translator.attention(text, layer=args.attention_layer, beam_size=args.beam,
@@ -776,7 +777,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         out, arch = export_transformers(args.model_dir, args.out, force=args.force)
         print(f"wrote {out} ({arch}); load it with transformers.AutoModelForSeq2SeqLM.from_pretrained('{out}')")
         return 0
-    from nmt.translate import export_ctranslate2
+    from nmt.ct2 import export_ctranslate2
 
     out = export_ctranslate2(args.model_dir, args.out, quantization=args.quantization, force=args.force)
     print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}); translate with: nmt translate --ct2 {out}")

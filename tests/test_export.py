@@ -47,7 +47,7 @@ def test_exported_model_scores_and_searches_like_ours(pre_norm, activation, shar
     embeddings (and vocabulary files), with non-zero biases and LayerNorm affines (so no tensor can be
     mapped wrongly unnoticed); greedy through `CT2Model.search` equals ours, length-limit cuts included."""
     ct2 = pytest.importorskip("ctranslate2")
-    from nmt.translate import CT2Model, save_ctranslate2
+    from nmt.ct2 import CT2Model, save_ctranslate2
 
     model = tiny_model(seed=7, vocab=V, layers=2, pre_norm=pre_norm, activation=activation, share=share)
     with torch.no_grad():

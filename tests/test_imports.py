@@ -93,9 +93,10 @@ LAYERS = [
     {"kernels"},  # CPU stand-ins for the plain model's modules and objective
     {"constraints"},  # glossaries and the constraint state beam search carries
     {"decoding", "attention"},
+    {"engines"},  # what a Translator decodes with: nmt's own search, or (ct2) a CTranslate2 export
     {"adapters"},
     {"loading"},  # the one loader of model directories (and average / merge-adapter, which make one from others)
-    {"interop"},
+    {"interop", "ct2"},  # ct2: a model exported to CTranslate2 and decoded by it (the translator's second engine)
     {"translate", "tools.info"},
     {"tools.backtranslate", "tools.request_batcher"},
     {"tools.libretranslate"},  # LibreTranslate's routes, over serve's Api (given, not imported)
@@ -121,7 +122,7 @@ HOMES = {  # third-party library -> the only modules that import it (one home pe
     "accelerate": {"compat", "launch", "checkpoint", *(n for n in LAYER if n.startswith("training."))},
     "matplotlib": {"tools.plot", "attention"}, "transformers": {"interop"},
     "starlette": {"tools.serve", "tools.libretranslate"},  # libretranslate: LibreTranslate's routes of the server
-    "peft": {"adapters"}, "huggingface_hub": {"hub"}, "py3langid": {"language"},
+    "peft": {"adapters"}, "huggingface_hub": {"hub"}, "py3langid": {"language"}, "ctranslate2": {"ct2"},
     "uvicorn": {"tools.serve", "compat"},  # compat: the private protocol class serve extends
 }
 

@@ -164,13 +164,13 @@ def test_a_planted_languages_json_is_refused_in_one_line(run, corpus_dir, tmp_pa
 
 
 def test_every_piece_of_a_split_source_starts_with_the_tag(run, monkeypatch):
-    import nmt.translate
+    import nmt.engines
 
     _, out = run
     translator = Translator.from_pretrained(out / "model")
     seen = []
-    real = nmt.translate.search_encoded
-    monkeypatch.setattr(nmt.translate, "search_encoded", lambda model, pieces, *a, **k: seen.extend(pieces) or
+    real = nmt.engines.search_encoded
+    monkeypatch.setattr(nmt.engines, "search_encoded", lambda model, pieces, *a, **k: seen.extend(pieces) or
                         real(model, pieces, *a, **k))
     limit = translator.model.cfg.max_positions
     long = " ".join(["mu dina ba"] * limit)

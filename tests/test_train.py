@@ -261,7 +261,7 @@ def test_tune_alpha_decodes_validation_only_and_the_model_keeps_the_best(tiny_cf
 
     (result.model_dir / "search.json").write_text(json.dumps({"alpha": 1.7}))
     used = []
-    monkeypatch.setattr("nmt.translate.search_encoded",
+    monkeypatch.setattr("nmt.engines.search_encoded",
                         lambda model, ids, search, *a, **k: used.append(search.alpha) or real(model, ids, search, *a, **k))
     src = Path(tiny_cfg.output_dir) / "in.txt"
     src.write_text("The dog sleeps.\n")

@@ -103,12 +103,12 @@ def long_text(i: int) -> str:
 
 
 def test_blank_inputs_give_empty_outputs_without_running_the_model(translator, monkeypatch):
-    import nmt.translate
+    import nmt.engines
 
     def no_search(*args, **kwargs):
         raise AssertionError("the model ran for blank inputs")
 
-    monkeypatch.setattr(nmt.translate, "search_encoded", no_search)
+    monkeypatch.setattr(nmt.engines, "search_encoded", no_search)
     assert translator.translate(BLANKS) == ["", "", "", ""]
     assert translator.translate(BLANKS[:2], beam_size=3, nbest=3) == [[("", 0.0)] * 3] * 2
     assert translator.translate([]) == []

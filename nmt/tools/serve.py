@@ -50,6 +50,7 @@ from nmt.compat import uvicorn_protocol_with_header_deadline
 from nmt.config import RANGE, Range
 from nmt.constraints import MAX_TERM_CHARS, Glossary
 from nmt.decoding import SearchConfig
+from nmt.engines import GLOSSARY
 from nmt.errors import NmtError
 from nmt.guard import Guard
 from nmt.sentences import join_documents, split_documents
@@ -391,7 +392,7 @@ class Api:
         check_normalised(sentences, self.cfg.max_chars)
         if "glossary" in options:  # a term the model cannot write, or a backend without constraints: the client's
             try:
-                if self.translator.backend != "torch" and self.translator.pytorch is None:
+                if not self.translator.engine.supports(GLOSSARY) and self.translator.pytorch is None:
                     raise NmtError("this server decodes with CTranslate2, which takes no glossary: start it with the "
                                    "PyTorch model too (nmt serve MODEL_DIR --ct2 DIR), which translates with one")
                 self.translator.term_ids([target for _, target in options["glossary"].pairs])
