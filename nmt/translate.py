@@ -45,6 +45,7 @@ from nmt.decoding import (
 from nmt.engines import ATTENTION, GLOSSARY, SCORE, TARGET_CHOICE, Engine, TorchEngine
 from nmt.errors import NmtError
 from nmt.guard import Guard, language_of
+from nmt.interop import model_directory
 from nmt.kernels import use_cpu_kernels
 from nmt.language import base
 from nmt.loading import open_model
@@ -81,18 +82,6 @@ class Scored:
     @property
     def confidence(self) -> float:
         return math.exp(self.mean_logprob)
-
-
-def _model_directory(name: str | Path, revision: str | None) -> Path:
-    """The model directory `name` names: a path as it is, a Hub id through `nmt.interop.model_directory` (which
-    imports transformers only then)."""
-    from nmt.hub import is_repo_id
-
-    if revision is None and not is_repo_id(str(name)):
-        return Path(name)
-    from nmt.interop import model_directory
-
-    return model_directory(name, revision)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # --dtype's names
@@ -226,8 +215,8 @@ class Translator:
         translate ORG/NAME` does (`nmt.interop.model_directory`). `device`: where to decode (None: the GPU when
         there is one, `decoding_device`); `dtype`: the weights' and the search's precision (`decoding_dtype`)."""
         if isinstance(directory, (list, tuple)):
-            return cls._ensemble([_model_directory(d, revision) for d in directory], device, dtype)
-        directory = _model_directory(directory, revision)
+            return cls._ensemble([model_directory(d, revision) for d in directory], device, dtype)
+        directory = model_directory(directory, revision)
         bound_onednn_primitive_caches()  # before the first packed linear (nmt.compat)
         opened = open_model(directory)
         model = use_cpu_kernels(opened.model, packed_linears=True)  # fixed weights (fp32 on a CPU only)

@@ -237,13 +237,10 @@ def inherited(cfg: TrainConfig) -> Inherited:
     """
     if not cfg.init_from:
         return Inherited(cfg, None, {})
-    from nmt.hub import is_repo_id
+    from nmt.interop import model_directory
 
-    if is_repo_id(cfg.init_from):  # a Hub id: the model directory it holds, or its import (nmt.interop)
-        from nmt.interop import model_directory
-
-        cfg = dataclasses.replace(cfg, init_from=str(model_directory(cfg.init_from, None, "init_from")))
-    directory = Path(cfg.init_from)
+    directory = model_directory(cfg.init_from, None, "init_from")  # a Hub id: the model directory it holds, or its import
+    cfg = dataclasses.replace(cfg, init_from=str(directory)) if str(directory) != cfg.init_from else cfg
     if not directory.is_dir():
         raise NmtError(f"init_from {directory}: not a folder; give a trained model directory (output_dir/model)")
     model_cfg = load_model_config(directory)
