@@ -113,7 +113,7 @@ def main(argv=None) -> None:
     train = corpus.splits["train"]
     n_pairs = {k: len(v) for k, v in corpus.splits.items()}
     t, e = first["tokenizer"], first["encoder"]
-    print(f"corpus {folder}: pairs {n_pairs}; cleaning dropped {corpus.stats['clean']['dropped']}")
+    print(f"corpus {folder}: pairs {n_pairs}; cleaning dropped {corpus.stats.clean['dropped']}")
     print(f"first prepare (read, clean, train tokenizer, encode): {first['seconds']:.1f}s")
     print(f"  tokenizer training ({args.vocab} BPE, joint): {t.seconds:.1f}s, {t.items / t.seconds:,.0f} pairs/s")
     print(f"  encoding (Dataset.map, batched): {e.items:,} pairs in {e.seconds:.1f}s, {e.items / e.seconds:,.0f} pairs/s")

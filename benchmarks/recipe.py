@@ -62,7 +62,7 @@ def nmt_config(system: str, args: argparse.Namespace, base: list[str]) -> TrainC
     if system == "tuned":
         return load_config(args.tuned_config, [*base, *args.overrides])
     cfg = load_config(None, [*base, *args.overrides])
-    pairs = prepare(cfg.data, cfg.tokenizer).stats["sizing_pairs"]  # the fixed defaults sized by corpus only
+    pairs = prepare(cfg.data, cfg.tokenizer).stats.sizing_pairs  # the fixed defaults sized by corpus only
     size = [] if any(o.startswith("model.") for o in args.overrides) else [f"model.size={size_row(pairs)[1]}"]
     return load_config(None, [*FIXED, *size, *base, *args.overrides])
 

@@ -79,7 +79,7 @@ def child_prepare(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     train = corpus.splits["train"]
     TokenBatchSampler(column(train, "cost"), cfg.max_tokens, ties=source_lengths(train)).plan(0)
-    return {**corpus.stats["seconds"], "plan": time.perf_counter() - start, "pairs": corpus.stats["pairs"]["train"]}
+    return {**corpus.stats.seconds, "plan": time.perf_counter() - start, "pairs": corpus.stats.pairs["train"]}
 
 
 def child_limit(args: argparse.Namespace) -> dict:

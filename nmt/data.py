@@ -514,12 +514,37 @@ class Mixing:
 
 
 @dataclass
+class CorpusStats:
+    """What preparing a corpus found: read by training, `nmt check` and the log lines, and written as the run's
+    data.json (`as_dict`)."""
+
+    pairs: dict[str, int]  # each split's pairs, as training reads them
+    clean: dict  # what cleaning did to train: {"read", "kept", "dropped": {reason: pairs}, "overlap": {split: pairs}}
+    clean_eval: dict[str, dict]  # and to valid and test: {"read", "kept", "dropped"}
+    sizing_pairs: int  # the training pairs left after cleaning: what sizes the vocabulary (and the plan's model)
+    vocab_size: int | None  # the vocabulary size chosen and trained with; None for a tokenizer given
+    fingerprints: dict[str, str]  # each split's files' sha256: what a resume checks (`nmt.checkpoint.FINGERPRINTS`)
+    carved_from_train: list[str]  # the splits carved off the training corpus
+    corpora: list  # each training corpus's pairs; with several, its line of the mixing (`mix`)
+    cache: str  # the directory of the prepared entry
+    seconds: dict[str, float]  # each phase's time
+    eval_pairs: dict[str, list] = field(default_factory=dict)  # of several pairs: each eval split's [pair, rows]
+
+    def as_dict(self) -> dict:
+        """The JSON of data.json and training.json's "data" (eval_pairs only where a run has several pairs)."""
+        out = dataclasses.asdict(self)
+        if not self.eval_pairs:
+            del out["eval_pairs"]
+        return out
+
+
+@dataclass
 class Corpus:
-    """Encoded splits, their tokenizer, what cleaning dropped, and how several training corpora are mixed."""
+    """Encoded splits, their tokenizer, what preparing them found, and how several training corpora are mixed."""
 
     splits: dict[str, datasets.Dataset]
     tokenizer: PairTokenizer
-    stats: dict = field(default_factory=dict)
+    stats: CorpusStats
     mixing: Mixing | None = None
 
     @property
@@ -598,13 +623,13 @@ def _eval_overlap(ds: datasets.Dataset, candidates: np.ndarray,
     return in_eval, {name: sum(text in seen for text in pairs) for name, pairs in texts.items()}
 
 
-def overlap_line(stats: dict) -> str | None:
+def overlap_line(stats: CorpusStats) -> str | None:
     """One line for the log: validation/test pairs that also occur in train; None when there are none."""
-    overlap = stats.get("clean", {}).get("overlap") or {}
+    overlap = stats.clean.get("overlap") or {}
     if not any(overlap.values()):
         return None
     found = " and ".join(f"{n} {name}" for name, n in overlap.items())
-    removed = stats["clean"]["dropped"].get("in_valid_or_test")
+    removed = stats.clean["dropped"].get("in_valid_or_test")
     then = (f"data.dedupe_eval removed {removed} training pairs" if removed is not None
             else "set data.dedupe_eval: true to remove them from train")
     return f"{found} pairs also occur in the training data (after normalisation); {then}"
@@ -665,10 +690,10 @@ def drop_long_eval(ds: datasets.Dataset, name: str, limit: int, stats: dict,
     return ds.select(keep)
 
 
-def eval_clean_line(stats: dict) -> str | None:
+def eval_clean_line(stats: CorpusStats) -> str | None:
     """One line for the log: what cleaning dropped from validation and test (None when nothing), e.g.
     "cleaning dropped 1 of 40 valid pairs (too_long 1) and 0 of 40 test pairs: ..."."""
-    splits = stats.get("clean_eval", {})
+    splits = stats.clean_eval
     if not any(s["dropped"] for s in splits.values()):
         return None
     parts = [f"{s['read'] - s['kept']} of {s['read']} {name} pairs"
@@ -687,11 +712,11 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
 
     `main_first` (e.g. nmt.launch.main_process_first) lets the main process fill the cache while the
     others wait and then read it. A null `tok_cfg.vocab_size` is the plan's (`nmt.plan.vocab_size_for`) for the number of
-    training pairs left after cleaning, recorded as stats["sizing_pairs"], the size trained with as stats["vocab_size"]
+    training pairs left after cleaning, recorded as stats.sizing_pairs, the size trained with as stats.vocab_size
     (what the plan records: it is chosen here, once, because the tokenizer is trained before the plan can run; None
-    for a given tokenizer). stats["seconds"] times each phase.
+    for a given tokenizer). stats.seconds times each phase (`CorpusStats`).
     Every split keeps only pairs of at most data.max_subwords tokens a side, and at most `max_positions` (the
-    model's) when given. stats["clean"] counts what cleaning did to train, stats["clean_eval"] to valid and test.
+    model's) when given. stats.clean counts what cleaning did to train, stats.clean_eval to valid and test.
     """
     from contextlib import nullcontext
 
@@ -737,9 +762,9 @@ def prepare(cfg: DataConfig, tok_cfg: TokenizerConfig, main_first: Callable[[], 
     for name in EVAL_SPLITS:
         if name in encoded:
             encoded[name] = drop_long_eval(encoded[name], name, limit, eval_stats[name], eval_pairs.get(name))
-    stats = {**split_stats, "clean": clean_stats, "clean_eval": eval_stats, "cache": str(work),
-             "sizing_pairs": sizing_pairs, "vocab_size": vocab_size,
-             "pairs": {name: len(ds) for name, ds in encoded.items()}, "seconds": seconds}
+    stats = CorpusStats(pairs={name: len(ds) for name, ds in encoded.items()}, clean=clean_stats,
+                        clean_eval=eval_stats, sizing_pairs=sizing_pairs, vocab_size=vocab_size, seconds=seconds,
+                        cache=str(work), **split_stats)
     if line := eval_clean_line(stats):
         log.info("%s", line)
     return Corpus(encoded, tokenizer, stats, mixing if "train" in encoded else None)
@@ -816,9 +841,9 @@ def mix(origin: np.ndarray, cfg: DataConfig) -> tuple[Mixing, list[dict]]:
     return Mixing(origin, draws, cfg.split_seed), corpora
 
 
-def corpora_line(stats: dict) -> str | None:
+def corpora_line(stats: CorpusStats) -> str | None:
     """One line for the log: each training corpus's pairs per epoch and share, when there are several."""
-    corpora = stats.get("corpora")
+    corpora = stats.corpora
     if not corpora or not isinstance(corpora[0], dict):
         return None
     shown = ", ".join(f"{c['pair']} {c['train']} {c['per_epoch']:,} of {c['pairs']:,} ({100 * c['share']:.1f}%)"

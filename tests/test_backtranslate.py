@@ -143,7 +143,7 @@ def test_the_loop_trains_a_forward_model_on_real_and_weighted_tagged_synthetic_p
     result = train(cfg)
     fresh_accelerate_state()
     corpus = prepare(cfg.data, cfg.tokenizer)  # the run's cache: the pairs it trained on
-    real, synthetic = corpus.stats["corpora"]
+    real, synthetic = corpus.stats.corpora
     assert real["pairs"] == real["per_epoch"] > 500 and synthetic["train"] == str(tmp_path / "bt")
     assert synthetic["pairs"] > 0 and synthetic["per_epoch"] == 2 * synthetic["pairs"]  # weight 2: twice an epoch
     firsts = [ids[0] for ids in corpus.splits["train"]["src_ids"]]

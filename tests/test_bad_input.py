@@ -214,7 +214,7 @@ def test_counted_skips(tmp_path, src, tgt, reason):
     src, tgt = (s.encode() if isinstance(s, str) else s for s in (src, tgt))
     corpus = prepared(tmp_path, pair_files(tmp_path, good_bytes(0) + src, good_bytes(1) + tgt),
                       valid_ratio=0.1, test_ratio=0.1)
-    assert corpus.stats["clean"]["dropped"] == {reason: 1}
+    assert corpus.stats.clean["dropped"] == {reason: 1}
 
 
 def test_validation_and_test_pairs_the_model_cannot_take_are_dropped_and_counted_before_training(tmp_path, capsys,
@@ -240,7 +240,7 @@ def test_long_subword_sequences_are_counted(tmp_path):
     corpus = prepared(tmp_path, pair_files(tmp_path, good_bytes(0) + (long_src + "\n").encode(),
                                            good_bytes(1) + b"kurz\n"), valid_ratio=0.1, test_ratio=0.1,
                       max_subwords=100, max_ratio=1000.0)
-    assert corpus.stats["clean"]["dropped"] == {"too_many_subwords": 1}
+    assert corpus.stats.clean["dropped"] == {"too_many_subwords": 1}
 
 
 # --- WORKS -----------------------------------------------------------------------------------------

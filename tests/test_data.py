@@ -42,8 +42,8 @@ def test_text_pair_files(tmp_path):
     write_pairs(tmp_path / "train", PAIRS, "en", "fr")
     corpus = read_all(tmp_path, tmp_path / "train")
     assert texts(corpus) == set(PAIRS)
-    assert sum(corpus.stats["pairs"].values()) == 60
-    assert corpus.stats["carved_from_train"] == ["valid", "test"]
+    assert sum(corpus.stats.pairs.values()) == 60
+    assert corpus.stats.carved_from_train == ["valid", "test"]
 
 
 def test_tsv_ignores_extra_columns(tmp_path):
@@ -74,8 +74,8 @@ def test_save_to_disk_dataset_dict_uses_its_splits(tmp_path):
                                "test": datasets.Dataset.from_list(rows[55:])})
     dd.save_to_disk(str(tmp_path / "disk"))
     corpus = prepare(cfg_for(tmp_path, tmp_path / "disk"), TOK)
-    assert corpus.stats["pairs"] == {"train": 50, "valid": 5, "test": 5}
-    assert corpus.stats["carved_from_train"] == []
+    assert corpus.stats.pairs == {"train": 50, "valid": 5, "test": 5}
+    assert corpus.stats.carved_from_train == []
 
 
 def test_valid_and_test_from_files(tmp_path):
@@ -84,7 +84,7 @@ def test_valid_and_test_from_files(tmp_path):
     write_pairs(tmp_path / "test", PAIRS[50:], "en", "fr")
     corpus = prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"),
                              test=str(tmp_path / "test")), TOK)
-    assert corpus.stats["pairs"] == {"train": 40, "valid": 10, "test": 10}
+    assert corpus.stats.pairs == {"train": 40, "valid": 10, "test": 10}
 
 
 def test_carving_is_seeded(tmp_path):
@@ -110,7 +110,7 @@ def test_cleaning_counts_each_reason(tmp_path):
     write_pairs(tmp_path / "train", dirty, "en", "fr")
     write_pairs(tmp_path / "valid", PAIRS[30:35], "en", "fr")
     corpus = prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "valid")), TOK)
-    assert corpus.stats["clean"] == {"read": 36, "kept": 30, "overlap": {"valid": 0, "test": 0},
+    assert corpus.stats.clean == {"read": 36, "kept": 30, "overlap": {"valid": 0, "test": 0},
                                      "dropped": {"empty": 2, "too_long": 1, "length_ratio": 1, "duplicate": 2}}
 
 
@@ -157,13 +157,13 @@ def test_changed_file_is_read_again(tmp_path):
     write_pairs(tmp_path / "train", PAIRS, "en", "fr")
     read_all(tmp_path, tmp_path / "train")
     write_pairs(tmp_path / "train", PAIRS[:50], "en", "fr")
-    assert sum(read_all(tmp_path, tmp_path / "train").stats["pairs"].values()) == 50
+    assert sum(read_all(tmp_path, tmp_path / "train").stats.pairs.values()) == 50
 
 
 def test_builtin_corpus_has_three_splits(tmp_path):
     corpus = prepare(DataConfig(max_train_pairs=500, cache_dir=str(tmp_path)), TOK)
-    assert corpus.stats["pairs"]["valid"] == 1000 and corpus.stats["pairs"]["test"] == 1000
-    assert corpus.stats["pairs"]["train"] <= 500
+    assert corpus.stats.pairs["valid"] == 1000 and corpus.stats.pairs["test"] == 1000
+    assert corpus.stats.pairs["train"] <= 500
 
 
 def test_crlf_and_bom_are_handled(tmp_path):
@@ -190,7 +190,7 @@ def test_vocab_size_left_null_is_chosen_from_the_cleaned_pairs(corpus_dir, tmp_p
     asked = []
     monkeypatch.setattr(data, "vocab_size_for", lambda n: asked.append(n) or 100)
     corpus = prepare(synthetic_cfg(corpus_dir, tmp_path), TokenizerConfig(vocab_size=None))
-    assert asked == [600] and corpus.stats["sizing_pairs"] == 600
+    assert asked == [600] and corpus.stats.sizing_pairs == 600
     assert corpus.tokenizer.src_vocab_size == 100  # the rule's answer, not a default
     monkeypatch.setattr(data, "vocab_size_for", lambda n: 120)  # another rule (another nmt), the same data and cache
     assert prepare(synthetic_cfg(corpus_dir, tmp_path), TokenizerConfig(vocab_size=None)).tokenizer.src_vocab_size == 120
@@ -245,7 +245,7 @@ def test_bpe_dropout_leaves_validation_test_and_the_cache_alone(corpus_dir, tmp_
     for name in ("train", "valid", "test"):
         assert plain.splits[name]["src_ids"] == dropout_corpus.splits[name]["src_ids"]
         assert plain.splits[name]["tgt_ids"] == dropout_corpus.splits[name]["tgt_ids"]
-    assert Path(plain.stats["cache"]).name == Path(dropout_corpus.stats["cache"]).name  # one cache entry for both
+    assert Path(plain.stats.cache).name == Path(dropout_corpus.stats.cache).name  # one cache entry for both
     assert TokenizerConfig().dropout is None  # off by default
 
 
@@ -317,7 +317,7 @@ def test_dedupe_is_exact_even_when_every_hash_collides(tmp_path, monkeypatch):
     write_pairs(tmp_path / "valid", PAIRS[40:45], "en", "fr")
     monkeypatch.setattr(data, "pair_hashes", lambda src, tgt: np.zeros(len(src), np.uint64))
     corpus = prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "valid")), TOK)
-    assert corpus.stats["clean"]["dropped"] == {"duplicate": 3}
+    assert corpus.stats.clean["dropped"] == {"duplicate": 3}
     assert list(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"])) == PAIRS[:20]
 
 
@@ -329,11 +329,11 @@ def test_eval_pairs_in_train_are_reported_and_removed_on_request(tmp_path):
     write_pairs(tmp_path / "test", test, "en", "fr")
     cfg = cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "test"))
     corpus = prepare(cfg, TOK)
-    assert corpus.stats["clean"]["overlap"] == {"valid": 2, "test": 1} and corpus.stats["pairs"]["train"] == 33
+    assert corpus.stats.clean["overlap"] == {"valid": 2, "test": 1} and corpus.stats.pairs["train"] == 33
     from nmt.data import overlap_line
     assert overlap_line(corpus.stats).startswith("2 valid and 1 test pairs also occur in the training data")
     removed = prepare(dataclasses.replace(cfg, dedupe_eval=True), TOK)
-    assert removed.stats["pairs"]["train"] == 30 and removed.stats["clean"]["dropped"] == {"in_valid_or_test": 3}
+    assert removed.stats.pairs["train"] == 30 and removed.stats.clean["dropped"] == {"in_valid_or_test": 3}
     assert set(zip(removed.splits["train"]["src"], removed.splits["train"]["tgt"])) == set(PAIRS[:30])
 
 
@@ -350,8 +350,8 @@ def test_several_training_corpora_mixed_by_weight(tmp_path):
     seen = Counter(pairs[i] for i in corpus.epoch_rows(0))
     assert all(seen[p] == 1 for p in real)
     assert sorted(seen[p] for p in synthetic) == [2] * 5 + [3] * 5  # 2 copies, and half of them once more
-    assert [c["per_epoch"] for c in corpus.stats["corpora"]] == [20, 25]
-    assert corpus.stats["sizing_pairs"] == 30  # unique pairs size the vocabulary and model, not the copies
+    assert [c["per_epoch"] for c in corpus.stats.corpora] == [20, 25]
+    assert corpus.stats.sizing_pairs == 30  # unique pairs size the vocabulary and model, not the copies
     with pytest.raises(NmtError, match="data.weights"):
         dataclasses.replace(cfg, weights=[1])
 
@@ -361,9 +361,9 @@ def test_tokenizer_trained_on_a_sample_still_encodes_every_pair(tmp_path):
     full = read_all(tmp_path, tmp_path / "train")
     sampled = prepare(cfg_for(tmp_path, tmp_path / "train", valid_ratio=0.1, test_ratio=0.1),
                       dataclasses.replace(TOK, train_sample=3))
-    assert sampled.stats["pairs"] == full.stats["pairs"]
+    assert sampled.stats.pairs == full.stats.pairs
     assert sampled.tokenizer.src.get_vocab() != full.tokenizer.src.get_vocab()  # learnt from 3 pairs only
-    assert sampled.stats["cache"] != full.stats["cache"]
+    assert sampled.stats.cache != full.stats.cache
 
 
 def test_bulk_threads_respect_the_user_and_leave_forks_single_threaded(monkeypatch):
@@ -451,7 +451,7 @@ def test_several_corpora_with_carved_splits_and_dropped_pairs_keep_their_mixing(
         assert len(corpus.splits["valid"]) + len(corpus.splits["test"]) == 5 + 4  # 10% of 43, then of 38, rounded up
         assert {p: seen[p] for p in synthetic} == {p: 2 for p in synthetic}
         assert all(seen[p] == 1 for p in PAIRS[:40] if p not in held)
-        assert [c["per_epoch"] for c in corpus.stats["corpora"]] == [len(set(PAIRS[:40]) - held), 20]
+        assert [c["per_epoch"] for c in corpus.stats.corpora] == [len(set(PAIRS[:40]) - held), 20]
 
 
 def test_the_cleaned_training_split_is_a_file_not_a_selection(tmp_path):
@@ -460,9 +460,9 @@ def test_the_cleaned_training_split_is_a_file_not_a_selection(tmp_path):
 
     write_pairs(tmp_path / "train", PAIRS[:50] + PAIRS[:5], "en", "fr")
     corpus = read_all(tmp_path, tmp_path / "train")
-    assert corpus.stats["clean"]["dropped"]["duplicate"] >= 1
+    assert corpus.stats.clean["dropped"]["duplicate"] >= 1
     assert dataset_indices(corpus.splits["train"]) is None
-    work = Path(corpus.stats["cache"])
+    work = Path(corpus.stats.cache)
     assert (work / "train.clean.arrow").is_file()
 
 
@@ -488,9 +488,9 @@ def test_every_split_keeps_only_pairs_the_model_can_take(tmp_path):
     write_pairs(tmp_path / "valid", PAIRS[40:45] + [long, odd, odd], "en", "fr")
     write_pairs(tmp_path / "test", PAIRS[45:50] + [long], "en", "fr")
     cfg = cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "test"))
-    assert prepare(cfg, TOK).stats["pairs"] == {"train": 41, "valid": 8, "test": 6}
+    assert prepare(cfg, TOK).stats.pairs == {"train": 41, "valid": 8, "test": 6}
     corpus = prepare(cfg, TOK, max_positions=30)
-    assert corpus.stats["pairs"] == {"train": 40, "valid": 7, "test": 5}
-    assert corpus.stats["clean"]["dropped"] == {"too_many_subwords": 1}
-    assert corpus.stats["clean_eval"]["valid"] == {"read": 8, "kept": 7, "dropped": {"too_many_subwords": 1}}
+    assert corpus.stats.pairs == {"train": 40, "valid": 7, "test": 5}
+    assert corpus.stats.clean["dropped"] == {"too_many_subwords": 1}
+    assert corpus.stats.clean_eval["valid"] == {"read": 8, "kept": 7, "dropped": {"too_many_subwords": 1}}
     assert max(max(corpus.splits[name]["cost"]) for name in ("train", "valid", "test")) <= 30

@@ -111,7 +111,7 @@ def test_tags_are_reserved_and_start_every_source(run):
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tok)  # the run's cache: what training read
     train_src = corpus.splits["train"]["src_ids"]
     assert {ids[0] for ids in train_src[:600]} == {5} and {ids[0] for ids in train_src[600:]} == {4}
-    assert corpus.stats["eval_pairs"]["valid"] == [["en-xx", 40], ["xx-en", 40]]
+    assert corpus.stats.eval_pairs["valid"] == [["en-xx", 40], ["xx-en", 40]]
 
 
 def test_validation_is_scored_per_pair_and_the_best_by_their_mean(run):
@@ -196,7 +196,7 @@ def test_back_translation_into_a_language_and_its_corpus_weighted_beside_the_oth
                       cache_dir=cfg.data.cache_dir, dedupe=False, max_ratio=1000)
     corpus = prepare(data, TokenizerConfig(vocab_size=300, reserved=["<bt>"]))
     tok = corpus.tokenizer.src
-    assert [(c["pair"], c["pairs"], c["per_epoch"]) for c in corpus.stats["corpora"]][2] == ("xx-en", 8, 16)
+    assert [(c["pair"], c["pairs"], c["per_epoch"]) for c in corpus.stats.corpora][2] == ("xx-en", 8, 16)
     src_ids = corpus.splits["train"]["src_ids"]
     bt = [src_ids[i] for i in corpus.epoch_rows(0)[-16:]]  # the corpus's 16 draws of an epoch
     assert {tuple(ids[:2]) for ids in bt} == {(tok.token_to_id("<2en>"), tok.token_to_id("<bt>"))}

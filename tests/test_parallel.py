@@ -225,7 +225,7 @@ def _prepare_slowly(rank: int, cfg, port: int, wait: str, out: Path) -> None:  #
     corpus = nmt.data.prepare(cfg.data, cfg.tokenizer, first)
     total = torch.tensor([len(corpus.splits["train"])])
     torch.distributed.all_reduce(total)  # a collective after the wait still works
-    (out / f"rank{rank}").write_text(f"{int(total)} {corpus.stats['cache']}")
+    (out / f"rank{rank}").write_text(f"{int(total)} {corpus.stats.cache}")
     torch.distributed.destroy_process_group()
 
 

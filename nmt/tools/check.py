@@ -117,12 +117,12 @@ def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, n
             planned_steps: int | None, precision: str, device_type: str) -> Report:
     """The report's numbers before the probe and the problems; memory as it will be on a `device_type`."""
     plan, src_len, tgt_len = epoch.plan, epoch.src_len, epoch.tgt_len
-    clean, tokenizer = corpus.stats["clean"], corpus.tokenizer
+    clean, tokenizer = corpus.stats.clean, corpus.tokenizer
     n_params = sum(p.numel() for p in model.parameters())
     longest, kernel = int(np.max(np.maximum(src_len, tgt_len))), attention_kernel(cfg.model, device_type)
     return Report(
-        num_processes=num_processes, pairs=corpus.stats["pairs"], read=clean["read"], dropped=clean["dropped"],
-        carved=corpus.stats.get("carved_from_train", []), src_len=percentiles(src_len), tgt_len=percentiles(tgt_len),
+        num_processes=num_processes, pairs=corpus.stats.pairs, read=clean["read"], dropped=clean["dropped"],
+        carved=corpus.stats.carved_from_train, src_len=percentiles(src_len), tgt_len=percentiles(tgt_len),
         joint_vocab=tokenizer.joint, src_vocab_size=tokenizer.src_vocab_size,
         tgt_vocab_size=tokenizer.tgt_vocab_size, unk_rate=unknown_rates(corpus.splits["valid"]),
         tokens_per_epoch={"src": int(src_len.sum()), "tgt": int(tgt_len.sum())},
@@ -133,7 +133,7 @@ def _report(cfg: TrainConfig, corpus, model: Seq2SeqTransformer, epoch: Epoch, n
         memory=memory_estimate(cfg, n_params, longest, precision, kernel), longest=longest, attention=kernel,
         memory_precision=precision, memory_device=device_type, cfg=cfg,
         overlap=overlap_line(corpus.stats),
-        corpora=[c for c in corpus.stats.get("corpora", []) if isinstance(c, dict)],
+        corpora=[c for c in corpus.stats.corpora if isinstance(c, dict)],
         fit=tokenizer_fit(cfg.init_from, corpus.splits["train"]) if cfg.init_from else None)
 
 

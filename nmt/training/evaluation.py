@@ -119,9 +119,9 @@ def score_valid(run: Run, base, search: SearchConfig, share: tuple[int, int],
 
 def valid_rows(run: Run) -> list[tuple[str, list[int]]]:
     """The validation rows scored, by language pair: the first eval_max_sentences of the set, or of each language
-    pair's part of it when it holds several (`nmt.data`'s stats["eval_pairs"]); one entry ("", rows) otherwise."""
+    pair's part of it when it holds several (`nmt.data.CorpusStats.eval_pairs`); one entry ("", rows) otherwise."""
     valid, cap = run.corpus.splits["valid"], run.cfg.eval_max_sentences
-    blocks = run.corpus.stats.get("eval_pairs", {}).get("valid", [])
+    blocks = run.corpus.stats.eval_pairs.get("valid", [])
     if len({pair for pair, n in blocks if n}) < 2:
         return [("", list(range(min(len(valid), cap or len(valid)))))]
     out: dict[str, list[int]] = {}

@@ -480,7 +480,7 @@ def score_test(run: Run, model_dir: Path) -> dict:
         return {}
     translator = Translator.from_pretrained(model_dir, device=run.accelerator.device)
     sources, refs = list(test["src"]), list(test["tgt"])
-    blocks = run.corpus.stats.get("eval_pairs", {}).get("test")
+    blocks = run.corpus.stats.eval_pairs.get("test")
     if not blocks:
         hyps = translate_shared(run.accelerator, translator, sources)
         scores = corpus_scores(hyps, refs)

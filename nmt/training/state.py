@@ -388,7 +388,7 @@ def check_same_data(path: Path, run: Run) -> None:
     splits, unless `allow_data_change`; and in every case under a tokenizer other than its own."""
     cfg = run.cfg
     saved = ckpt.read_info(path).get(ckpt.FINGERPRINTS) or {}
-    changed = ckpt.data_changes(saved, run.corpus.stats.get(ckpt.FINGERPRINTS) or {})
+    changed = ckpt.data_changes(saved, run.corpus.stats.fingerprints)
     if changed:
         first = cfg.data.corpora("train")[0].path
         named = ", ".join(f"{name} ({getattr(cfg.data, name) or f'carved from {first}'})" for name in changed)
@@ -507,13 +507,13 @@ def start_run(run: Run) -> None:
         run.out.mkdir(parents=True, exist_ok=True)
         trim_metrics(run.out / "metrics.jsonl", run.state.step)
         save_yaml(cfg, run.out / "config.yaml")
-        (run.out / "data.json").write_text(json.dumps({**stats, ckpt.FINGERPRINTS: fingerprints(run)}, indent=2))
+        (run.out / "data.json").write_text(json.dumps({**stats.as_dict(), ckpt.FINGERPRINTS: fingerprints(run)}, indent=2))
         n_params = sum(p.numel() for p in run.model.parameters())
         n_trained = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
         trained = f" ({n_trained / 1e6:.3f}M trained: finetune)" if n_trained < n_params else ""
         print(f"nmt: {accelerator.num_processes} process(es) on {accelerator.device}, "
               f"precision {accelerator.mixed_precision}; {n_params / 1e6:.2f}M parameters{trained}; "
-              f"pairs {stats['pairs']}; cleaning dropped {stats['clean']['dropped']}", flush=True)
+              f"pairs {stats.pairs}; cleaning dropped {stats.clean['dropped']}", flush=True)
         for line in (overlap_line(stats), corpora_line(stats)):
             if line:
                 print(f"nmt: {line}", flush=True)
@@ -531,7 +531,7 @@ def fingerprints(run: Run, directory: Path | None = None) -> dict:
     else:  # the text tokenizers' save writes: to_str(pretty=True)
         files = [tok.src] if tok.one_file else [tok.src, tok.tgt]
         tokenizer = ckpt.sha256_parts(t.to_str(pretty=True).encode() for t in files)
-    return {**(run.corpus.stats.get(ckpt.FINGERPRINTS) or {}), "tokenizer": tokenizer}
+    return {**run.corpus.stats.fingerprints, "tokenizer": tokenizer}
 
 
 def trim_metrics(path: Path, step: int) -> None:
@@ -636,7 +636,7 @@ def save_model_dir(run: Run, final: Path, metrics: dict) -> None:
             copy_tokenizer(Path(run.cfg.init_from), tmp)
         else:
             run.corpus.tokenizer.save(tmp)
-        summary = {"step": run.state.step, "metrics": metrics, "data": run.corpus.stats, "argv": sys.argv,
+        summary = {"step": run.state.step, "metrics": metrics, "data": run.corpus.stats.as_dict(), "argv": sys.argv,
                    "segmentation": segmentation(run.corpus.splits["train"]),  # what init_from compares with
                    "num_processes": accelerator.num_processes, "config": to_dict(run.cfg),
                    ckpt.FINGERPRINTS: fingerprints(run, tmp)}  # what loading compares (checkpoint.check_fingerprint)

@@ -57,8 +57,8 @@ def facts(cfg: TrainConfig, corpus, processes: int = 1) -> planlib.Facts:
         cost, max_tokens, world_size=processes, accum_steps=cfg.accum_steps, seed=cfg.seed,
         epoch_rows=corpus.epoch_rows).steps_per_epoch(0))
     epoch = cost if corpus.epoch_rows is None else cost[corpus.epoch_rows(0)]
-    return planlib.Facts(train_pairs=corpus.stats["sizing_pairs"], epoch_cost=int(epoch.sum(dtype=np.int64)),
-                         longest_cost=int(cost.max()), epoch_steps=spe, vocab_size=corpus.stats.get("vocab_size"))
+    return planlib.Facts(train_pairs=corpus.stats.sizing_pairs, epoch_cost=int(epoch.sum(dtype=np.int64)),
+                         longest_cost=int(cost.max()), epoch_steps=spe, vocab_size=corpus.stats.vocab_size)
 
 
 def speed_probe(cfg: TrainConfig, corpus, device: str | None, precision: str) -> planlib.Speed:
