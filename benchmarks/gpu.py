@@ -176,7 +176,8 @@ def preloaded(cfg: TrainConfig, n: int, device: torch.device) -> tuple[Seq2SeqTr
     """The model the run trains (the prepared corpus's vocabulary) and `n` windows of its real batches on `device`,
     collated as the plan's probe collates them."""
     from nmt.batching import TokenBatchSampler
-    from nmt.data import column, prepare
+    from nmt.data import prepare
+    from nmt.tables import column
 
     corpus = prepare(cfg.data, cfg.tokenizer)
     tok, train = corpus.tokenizer, corpus.splits["train"]

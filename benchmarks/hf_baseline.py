@@ -34,13 +34,10 @@ from nmt.batching import (  # noqa: E402
     global_batches,
 )
 from nmt.config import DataConfig, TokenizerConfig  # noqa: E402
-from nmt.data import (  # noqa: E402
-    Corpus,
-    column,  # noqa: E402
-    pair_lengths,  # noqa: E402
-    prepare,
-)
+from nmt.data import Corpus, prepare  # noqa: E402
+from nmt.encoding import pair_lengths  # noqa: E402
 from nmt.metrics import corpus_scores  # noqa: E402
+from nmt.tables import column  # noqa: E402
 from nmt.tokenizer import BOS, EOS, PAD  # noqa: E402
 
 

@@ -22,13 +22,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import nmt.data  # noqa: E402  # noqa: E402
+import nmt.data  # noqa: E402
+import nmt.encoding  # noqa: E402
 from nmt.batching import TokenBatchSampler  # noqa: E402
 from nmt.config import DataConfig, TokenizerConfig  # noqa: E402
 
 
 class Counted:
-    """Wraps a function of `module` (nmt.data, nmt.data): calls, seconds, and items (pairs) it handled."""
+    """Wraps a function of `module` (nmt.data, nmt.encoding): calls, seconds, and items (pairs) it handled."""
 
     def __init__(self, name: str, count_items, module=nmt.data):
         self.module, self.name, self.fn, self.count_items = module, name, getattr(module, name), count_items
@@ -59,7 +60,7 @@ def run_prepare(data: DataConfig, tok: TokenizerConfig) -> tuple[object, dict]:
     """
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with Counted("train_pair_tokenizer", lambda src, tgt, cfg, n=None: n or 0) as trainer, \
-            Counted("_encode_batch", lambda batch, tokenizer: len(batch["src"]), nmt.data) as encoder:
+            Counted("_encode_batch", lambda batch, tokenizer: len(batch["src"]), nmt.encoding) as encoder:
         start = time.perf_counter()
         corpus = nmt.data.prepare(data, tok)
         total = time.perf_counter() - start
@@ -124,7 +125,7 @@ def main(argv=None) -> None:
           f"batches encoded {second['encoder'].calls}x: {'cache hit' if hit else 'CACHE MISS'}")
     table = train.with_format("arrow")[:]  # one Arrow table (row selections applied): columns without a Python loop
     cost = table.column("cost").to_numpy()
-    src_len, tgt_len = nmt.data.pair_lengths(train)  # tgt_len counts </s> (or <s>) too
+    src_len, tgt_len = nmt.encoding.pair_lengths(train)  # tgt_len counts </s> (or <s>) too
     trained = TokenBatchSampler(cost, args.max_tokens, seed=args.seed, ties=src_len)  # as nmt.train builds it
     cost_only = TokenBatchSampler(cost, args.max_tokens, seed=args.seed)
     rows = {"nmt: length buckets, ties by source": padding(trained.plan(0).batches, src_len, tgt_len),

@@ -72,7 +72,9 @@ def child_prepare(args: argparse.Namespace) -> dict:
     """nmt check's data work without the model: prepare, then plan epoch 0 of the training sampler."""
     from nmt.batching import TokenBatchSampler
     from nmt.config import load_config
-    from nmt.data import column, prepare, source_lengths
+    from nmt.data import prepare
+    from nmt.encoding import source_lengths
+    from nmt.tables import column
 
     cfg = load_config(None, overrides(Path(args.prefix), Path(args.cache), args.vocab))
     corpus = prepare(cfg.data, cfg.tokenizer)

@@ -35,7 +35,7 @@ from nmt.batching import (
     global_batches,  # noqa: E402
 )
 from nmt.config import ModelConfig  # noqa: E402
-from nmt.data import pair_cost  # noqa: E402
+from nmt.encoding import pair_cost  # noqa: E402
 from nmt.kernels import use_cpu_kernels  # noqa: E402
 from nmt.model import (
     Seq2SeqLoss,  # noqa: E402

@@ -120,7 +120,7 @@ class TokenBatchSampler:
     source lengths) orders pairs of equal length inside the buckets: see `global_batches`.
     `epoch_lengths(epoch)`, when given, returns the (lengths, ties) that replace them for planning that epoch
     (pairs re-segmented each epoch by BPE-dropout); `epoch_rows(epoch)`, the indices an epoch reads (several
-    corpora mixed, `nmt.data.Mixing`; repeats allowed), else every index once. Both must give the same on every
+    corpora mixed, `nmt.mixing.Mixing`; repeats allowed), else every index once. Both must give the same on every
     process.
     """
 
@@ -290,7 +290,8 @@ class DropoutEpochs:
 
     def encoded(self, epoch: int) -> datasets.Dataset:
         """Columns src_ids and tgt_ids of `epoch`'s segmentation (in memory)."""
-        from nmt.data import column, pair_lengths
+        from nmt.encoding import pair_lengths
+        from nmt.tables import column
 
         if self._epoch is None or self._epoch[0] != epoch:
             ds = self.train.map(_dropout_batch, batched=True, batch_size=1000, with_indices=True, keep_in_memory=True,
@@ -341,7 +342,7 @@ class EpochView:
 
 def _dropout_batch(batch: dict, indices: list[int], segmenters: tuple[DropoutSegmenter, DropoutSegmenter],
                    epoch_seed: str, max_cost: int) -> dict:
-    from nmt.data import pair_cost
+    from nmt.encoding import pair_cost
 
     src_ids, tgt_ids, cost = [], [], []
     for i, src, tgt, plain_src, plain_tgt in zip(indices, batch["src"], batch["tgt"], batch["src_ids"], batch["tgt_ids"]):

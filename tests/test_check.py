@@ -11,7 +11,8 @@ from helpers import one_thread  # noqa: F401  (module-wide: tiny models on share
 from nmt.batching import TokenBatchSampler
 from nmt.cli import main
 from nmt.config import DataConfig, ModelConfig
-from nmt.data import pair_lengths, prepare
+from nmt.data import prepare
+from nmt.encoding import pair_lengths
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer, label_smoothed_nll
 from nmt.synthetic import generate_pairs

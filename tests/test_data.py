@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.batching import DropoutEpochs
+from nmt.cleaning import drop_reason
 from nmt.config import DataConfig, TokenizerConfig
-from nmt.data import drop_reason, prepare
+from nmt.data import prepare
 from nmt.errors import NmtError
 from nmt.textfiles import count_lines
 from nmt.tokenizer import BOS, EOS, PairTokenizer
@@ -169,7 +170,7 @@ def test_builtin_corpus_has_three_splits(tmp_path):
 def test_crlf_and_bom_are_handled(tmp_path):
     (tmp_path / "train.en").write_bytes("\ufeffhello world\r\nsecond line\r\n".encode())
     (tmp_path / "train.fr").write_bytes("bonjour monde\r\ndeuxième ligne\r\n".encode())
-    from nmt.data import read_text_pair
+    from nmt.readers import read_text_pair
     rows = list(read_text_pair(str(tmp_path / "train.en"), str(tmp_path / "train.fr")))
     assert rows == [{"src": "hello world", "tgt": "bonjour monde"}, {"src": "second line", "tgt": "deuxième ligne"}]
 
@@ -276,7 +277,8 @@ class RowFormatting:
 def test_no_dataset_row_is_formatted_one_by_one(corpus_dir, tmp_path, monkeypatch):
     """Preparation, the training sampler's inputs and `nmt check` read columns as Arrow/NumPy, never rows."""
     from nmt.batching import TokenBatchSampler
-    from nmt.data import column, pair_lengths
+    from nmt.encoding import pair_lengths
+    from nmt.tables import column
     from nmt.tools.check import preflight
     from tests.conftest import tiny_config
 
@@ -300,7 +302,7 @@ WORDS = st.text(alphabet=st.sampled_from(["a", "é", " ", "\t", "\xa0", "\u3000"
 def test_whole_column_drop_codes_equal_the_one_pair_reference(pairs, max_words, max_chars, max_ratio):
     import pyarrow as pa
 
-    from nmt.data import REASONS, drop_codes
+    from nmt.cleaning import REASONS, drop_codes
 
     cfg = DataConfig(max_words=max_words, max_chars=max_chars, max_ratio=max_ratio, ratio_min_words=1)
     codes = drop_codes(pa.array([s for s, _ in pairs], pa.string()), pa.array([t for _, t in pairs], pa.string()), cfg)
@@ -310,12 +312,12 @@ def test_whole_column_drop_codes_equal_the_one_pair_reference(pairs, max_words, 
 def test_dedupe_is_exact_even_when_every_hash_collides(tmp_path, monkeypatch):
     import numpy as np
 
-    from nmt import data
+    from nmt import cleaning
 
     pairs = PAIRS[:20] + [PAIRS[3], PAIRS[7], PAIRS[3]]
     write_pairs(tmp_path / "train", pairs, "en", "fr")
     write_pairs(tmp_path / "valid", PAIRS[40:45], "en", "fr")
-    monkeypatch.setattr(data, "pair_hashes", lambda src, tgt: np.zeros(len(src), np.uint64))
+    monkeypatch.setattr(cleaning, "pair_hashes", lambda src, tgt: np.zeros(len(src), np.uint64))
     corpus = prepare(cfg_for(tmp_path, tmp_path / "train", valid=str(tmp_path / "valid"), test=str(tmp_path / "valid")), TOK)
     assert corpus.stats.clean["dropped"] == {"duplicate": 3}
     assert list(zip(corpus.splits["train"]["src"], corpus.splits["train"]["tgt"])) == PAIRS[:20]
@@ -386,7 +388,7 @@ def _arrow_file(tmp_path, sizes):
     """A memory-mapped Dataset over an Arrow stream of our own, written in batches of `sizes` rows."""
     import pyarrow as pa
 
-    from nmt.data import open_arrow
+    from nmt.tables import open_arrow
     from nmt.textfiles import write_arrow
 
     bounds, batches = [0], []
@@ -410,7 +412,7 @@ def test_batches_rows_and_columns_are_the_datasets_own(tmp_path_factory, sizes, 
 
     import numpy as np
 
-    from nmt.data import arrow_batches, rows
+    from nmt.tables import arrow_batches, rows
 
     ds, _ = _arrow_file(tmp_path_factory.getbasetemp(), sizes)
     n = len(ds)
@@ -425,7 +427,8 @@ def test_batches_rows_and_columns_are_the_datasets_own(tmp_path_factory, sizes, 
 
 
 def test_a_column_of_a_selection_is_the_datasets_own(tmp_path):
-    from nmt.data import column, pair_lengths
+    from nmt.encoding import pair_lengths
+    from nmt.tables import column
 
     write_pairs(tmp_path / "train", PAIRS, "en", "fr")
     train = read_all(tmp_path, tmp_path / "train").splits["train"]
@@ -469,7 +472,7 @@ def test_the_cleaned_training_split_is_a_file_not_a_selection(tmp_path):
 def test_repeats_count_only_the_rows_among_the_training_pairs():
     import numpy as np
 
-    from nmt.data import repeats
+    from nmt.cleaning import repeats
 
     values = np.array([5, 7, 5, 5, 9, 7], dtype=np.uint64)
     texts = lambda idx: [int(values[i]) for i in idx]

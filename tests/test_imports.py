@@ -86,7 +86,9 @@ LAYERS = [
     {"plan"},
     {"checkpoint"},  # a model directory's files name its ModelConfig
     {"tokenizer", "validate"},
-    {"data"},
+    {"tables", "mixing"},  # the data layer by job: a Dataset read through its Arrow table; corpora mixed in an epoch
+    {"readers", "cleaning", "encoding"},  # a corpus read; cleaned, deduplicated, its overlap counted; encoded
+    {"data"},  # the prepared corpus: every step above, cached by content
     {"batching"},
     {"layers"},
     {"model"},
@@ -117,8 +119,8 @@ UPWARD = {  # the imports that point up on purpose, and why
 }
 HOMES = {  # third-party library -> the only modules that import it (one home per library)
     "tokenizers": {"tokenizer"}, "evaluate": {"metrics"},
-    "datasets": {"data", "batching"},  # the data layer
-    "pandas": {"data"},  # the dedupe's string hashes
+    "datasets": {"tables", "readers", "cleaning", "encoding", "data", "batching"},  # the data layer
+    "pandas": {"cleaning"},  # the dedupe's string hashes
     "accelerate": {"compat", "launch", "checkpoint", *(n for n in LAYER if n.startswith("training."))},
     "matplotlib": {"tools.plot", "attention"}, "transformers": {"interop"},
     "starlette": {"tools.serve", "tools.libretranslate"},  # libretranslate: LibreTranslate's routes of the server

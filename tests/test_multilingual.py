@@ -17,8 +17,8 @@ from nmt.batching import TokenBatchSampler
 from nmt.cli import main
 from nmt.compat import reset_accelerate_state
 from nmt.config import load_config
-from nmt.data import Mixing, epoch_draws, epoch_shares
 from nmt.errors import NmtError
+from nmt.mixing import Mixing, epoch_draws, epoch_shares
 from nmt.train import train
 from nmt.translate import Translator
 from tests.conftest import multilingual_config

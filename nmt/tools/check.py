@@ -22,9 +22,11 @@ import torch
 from nmt.batching import TokenBatchSampler, bpe_dropout, deal
 from nmt.checkpoint import read_summary
 from nmt.config import ModelConfig, TrainConfig, read_yaml
-from nmt.data import arrow_batches, column, overlap_line, pair_lengths, prepare
+from nmt.data import overlap_line, prepare
+from nmt.encoding import pair_lengths
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
+from nmt.tables import arrow_batches, column
 from nmt.tokenizer import unknown_rate
 from nmt.training import timing
 from nmt.training.loop import default_device, run_precision

@@ -18,11 +18,11 @@ from nmt import checkpoint as ckpt
 from nmt.batching import Collator, eval_batches
 from nmt.checkpoint import SEARCH_FILE
 from nmt.compat import is_fsdp
-from nmt.data import column
 from nmt.decoding import SearchConfig, search_encoded
 from nmt.loading import open_model
 from nmt.metrics import scores_by_pair
 from nmt.model import Seq2SeqLoss, Seq2SeqTransformer
+from nmt.tables import column
 from nmt.training import fsdp
 from nmt.training.state import Run, log_metrics, plain_weights, save_model_dir
 

@@ -51,8 +51,9 @@ from nmt.compat import (
     set_process_group_timeout,
 )
 from nmt.config import SIZE_FIELDS, TrainConfig, from_dict, to_dict
-from nmt.data import Corpus, column, prepare, source_lengths
+from nmt.data import Corpus, prepare
 from nmt.decoding import compile_decoder
+from nmt.encoding import source_lengths
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.launch import main_process_first
@@ -60,6 +61,7 @@ from nmt.loading import open_model
 from nmt.metrics import corpus_scores, scores_by_pair
 from nmt.model import Seq2SeqTransformer
 from nmt.plan import Plan, open_keys
+from nmt.tables import column
 from nmt.textfiles import atomic_file
 from nmt.tokenizer import PairTokenizer
 from nmt.training.evaluation import try_average, tune_alpha

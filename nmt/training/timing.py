@@ -23,10 +23,10 @@ from nmt import plan as planlib
 from nmt.batching import Collator, TokenBatchSampler
 from nmt.compat import graphs_compiled
 from nmt.config import ModelConfig, TrainConfig
-from nmt.data import column
 from nmt.errors import NmtError
 from nmt.kernels import use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
+from nmt.tables import column
 from nmt.training import loop as training_loop
 from nmt.training.loop import OneDevice, default_device, make_objective, make_optim
 
