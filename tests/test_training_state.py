@@ -322,3 +322,49 @@ def test_every_process_stops_when_the_folder_is_in_use(tiny_cfg, tmp_path):
     for rank, outcome in outcomes.items():
         assert outcome.startswith(f"another nmt train is using output_dir {tiny_cfg.output_dir} (pid unknown)"), rank
     assert not Path(tiny_cfg.output_dir).exists()
+
+
+def test_resume_continues_at_the_saved_step(tiny_cfg):
+    tiny_cfg.max_steps = 6
+    train(tiny_cfg)
+    reset_accelerate_state()
+    tiny_cfg.max_steps, tiny_cfg.resume = 12, "latest"
+    result = train(tiny_cfg)
+    rows = [json.loads(line) for line in (Path(tiny_cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [3, 6, 9, 12]  # no step trained twice
+    assert result.steps == 12
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tiny_cfg):
+    tiny_cfg.resume = "latest"
+    with pytest.raises(NmtError, match="no checkpoint"):
+        train(tiny_cfg)
+
+
+@pytest.mark.parametrize("bpe_dropout, multilingual", [(None, False), (0.1, False), (0.1, True)],
+                         ids=["plain", "bpe-dropout", "two-pairs-temperature-5"])
+def test_resumed_run_equals_uninterrupted_run(corpus_dir, tmp_path, bpe_dropout, multilingual):
+    from functools import partial
+
+    from nmt.config import TokenizerConfig
+    from tests.conftest import multilingual_config, tiny_config
+
+    tok = TokenizerConfig(vocab_size=300, dropout=bpe_dropout)  # BPE-dropout: the same noisy segmentation too
+    # max_tokens 2000: 8 (9 with BPE-dropout) steps an epoch, so the resumed half crosses into epoch 1; two pairs
+    # (en->xx and xx->en weighted 1 and 0.5, tagged, mixed at temperature 5: each corpus a sample drawn anew each
+    # epoch) have about 1.5 times the pairs and twice the tokens a step
+    make = partial(multilingual_config, temperature=5.0, reverse_weight=0.5) if multilingual else tiny_config
+    common = dict(max_steps=12, save_every=6, eval_every=100, tokenizer=tok, max_tokens=4000 if multilingual else 2000)
+    whole = make(corpus_dir, tmp_path / "a", **common)
+    train(whole)
+    reset_accelerate_state()
+    split = make(corpus_dir, tmp_path / "b", **common | {"max_steps": 6})
+    train(split)
+    reset_accelerate_state()
+    split.max_steps, split.resume = 12, "latest"
+    train(split)
+    a = load_file(Path(whole.output_dir) / "checkpoints" / "step_12" / "model.safetensors")
+    b = load_file(Path(split.output_dir) / "checkpoints" / "step_12" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name  # bitwise: same data order, same RNG, same updates
