@@ -1,6 +1,6 @@
-"""Validation and the kept model (nmt.training.evaluation): the loss only while a time budget's warmup runs, the
-checkpoint average kept when it is not worse, the tuned length penalty (validation decoded, the best alpha kept,
-the default among equals)."""
+"""Validation and the kept model (nmt.training.evaluation): validation builds no autograd graph, the loss only while
+a time budget's warmup runs, the checkpoint average kept when it is not worse, the tuned length penalty (validation
+decoded, the best alpha kept, the default among equals)."""
 
 import json
 from pathlib import Path
@@ -11,6 +11,28 @@ from helpers import one_thread  # noqa: F401  (module-wide: tiny models on share
 from nmt import Translator, train
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
+
+def test_validation_builds_no_autograd_graph(tiny_cfg, monkeypatch):
+    """Every pass of the model in eval mode (validation's loss and its decoding) runs with autograd off: a graph
+    kept per validation batch costs memory and time and changes no score (found in review: a helper slipped between
+    `@torch.no_grad()` and `validate`)."""
+    import torch
+
+    from nmt.model import Seq2SeqTransformer
+
+    passes, real = [], Seq2SeqTransformer.decode_hidden
+
+    def recorded(model, *args, **kwargs):
+        passes.append((model.training, torch.is_grad_enabled()))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(Seq2SeqTransformer, "decode_hidden", recorded)
+    tiny_cfg.max_steps, tiny_cfg.eval_every, tiny_cfg.save_every = 4, 2, 100
+    train(tiny_cfg)
+    validating = [grad for training, grad in passes if not training]
+    assert validating and not any(validating), passes  # validated, never with autograd on
+    assert any(grad for training, grad in passes if training)  # training's passes keep theirs
 
 
 def test_under_a_time_budget_validations_during_warmup_score_the_loss_only(tiny_cfg, monkeypatch):
