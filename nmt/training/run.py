@@ -86,7 +86,7 @@ from nmt.training.state import (
     save_plan,
     start_run,
 )
-from nmt.training.timing import planned
+from nmt.training.timing import Planned, planned
 from nmt.translate import Translator
 from nmt.validate import check_run
 
@@ -178,8 +178,8 @@ def set_up(accelerator: Accelerator, cfg: TrainConfig, found: list, started: flo
     corpus = prepare(for_data.data, for_data.tokenizer,
                      functools.partial(main_process_first, local=not cfg.data.shared_cache), tokenizer=tokenizer,
                      max_positions=base.cfg.model.max_positions)
-    resolved_cfg, plan = resolved(accelerator, base.cfg, corpus, base.reasons, previous, started, precision)
-    return Setup(resolved_cfg, plan, corpus)
+    once = resolved(accelerator, base.cfg, corpus, base.reasons, previous, started, precision)
+    return Setup(once.cfg, once.plan, corpus)
 
 
 # --- before the data: the accelerator, and what a model directory fixes (init_from) ---------------------------------
@@ -325,7 +325,7 @@ def tokenizer_for_data(cfg: TrainConfig, previous: planlib.Plan | None) -> Train
 
 
 def resolved(accelerator, cfg: TrainConfig, corpus, inherited: dict[str, str], previous: Plan | None,
-             started: float, precision: tuple[str, str | None]) -> tuple[TrainConfig, Plan]:
+             started: float, precision: tuple[str, str | None]) -> Planned:
     """`cfg` resolved once for the run (`nmt.plan.resolve`): planned and timed on the main process, which shares
     the resolved config and the plan with the others, and printed with the mixed precision `precision`
     (`run_precision`'s (chosen, why), which made the Accelerator)."""
@@ -343,7 +343,7 @@ def resolved(accelerator, cfg: TrainConfig, corpus, inherited: dict[str, str], p
         cfg, plan = from_dict(TrainConfig, box[0][0]), Plan.from_dict(box[0][1])
     if accelerator.is_main_process:
         print("nmt: " + "\n".join(plan.lines()), flush=True)
-    return cfg, plan
+    return Planned(cfg, plan)
 
 
 # --- the model, its data loader, objective and optimizer ------------------------------------------------------------

@@ -2,7 +2,7 @@
 shows the plan that training follows.
 
 - `planned`: a config's open fields resolved for a prepared corpus (`nmt.plan.resolve`), with the speed timed here
-  when a time budget needs it; `facts`, the corpus's side of the plan.
+  when a time budget needs it: a `Planned` (the config and its plan); `facts`, the corpus's side of the plan.
 - `speed_probe`: seconds per cost token of training a model shape in batches of a size, timed on real batches.
 - `time_steps`: optimizer steps taken exactly as training takes them (`nmt.training.loop.train_step` on
   `OneDevice`), timed, with warm-ups and compile's first steps left out; `batches` collates their windows.
@@ -15,6 +15,7 @@ import functools
 import itertools
 import time
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,9 +36,16 @@ PROBE_BUDGET_S = 30.0  # a probe stops early once its timed steps have taken thi
 COMPILE_WARMUPS = 2  # under compile, steps that compiled are not timed: the first shape, then the dynamic one
 
 
+class Planned(NamedTuple):
+    """A config with its open fields resolved, and the plan saying what was chosen and why."""
+
+    cfg: TrainConfig
+    plan: planlib.Plan
+
+
 def planned(cfg: TrainConfig, corpus, *, processes: int = 1, device: str | None = None, precision: str = "no",
             inherited: dict[str, str] | None = None, previous: planlib.Plan | None = None,
-            minutes_left: float | None = None, timed: bool = True) -> tuple[TrainConfig, planlib.Plan]:
+            minutes_left: float | None = None, timed: bool = True) -> Planned:
     """`cfg` resolved for `corpus` (`nmt.plan.resolve`) with the speed timed here when a time budget needs it."""
     # a resumed run's plan is kept as it was: nothing is timed again
     speed = speed_probe(cfg, corpus, device, precision) if timed and cfg.max_minutes and previous is None else None
@@ -47,7 +55,7 @@ def planned(cfg: TrainConfig, corpus, *, processes: int = 1, device: str | None 
     tok = corpus.tokenizer  # the vocabulary sizes are the tokenizer's: facts, not choices
     model = dataclasses.replace(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
                                 share_embeddings=cfg.model.share_embeddings and tok.joint)
-    return dataclasses.replace(cfg, model=model), plan
+    return Planned(dataclasses.replace(cfg, model=model), plan)
 
 
 def facts(cfg: TrainConfig, corpus, processes: int = 1) -> planlib.Facts:
