@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from nmt.config import ModelConfig
+from nmt.config import DataConfig, ModelConfig, TokenizerConfig
 from nmt.model import Seq2SeqTransformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -351,3 +351,27 @@ def nmt_command(*args, stdin: str | bytes = b"", cwd=None) -> Ran:
         logger.setLevel(level)
         reset_accelerate_state()  # what a training's Accelerator left in this process
     return Ran(code, out.getvalue(), err.getvalue())
+
+
+# --- small corpora of the data tests (tests/test_data.py, test_readers, test_cleaning, test_tables, test_mixing) ---
+
+PAIRS = [(f"the cat {i} sees a dog .", f"le chat {i} voit un chien .") for i in range(60)]
+
+
+def cfg_for(tmp_path, train, **kw) -> DataConfig:
+    return DataConfig(train=str(train), src_lang="en", tgt_lang="fr", cache_dir=str(tmp_path / "cache"), **kw)
+
+
+TOK = TokenizerConfig(vocab_size=120, min_frequency=1)
+
+
+def read_all(tmp_path, train, **kw):
+    from nmt.data import prepare
+
+    corpus = prepare(cfg_for(tmp_path, train, valid_ratio=0.1, test_ratio=0.1, **kw), TOK)
+    return corpus
+
+
+def texts(corpus) -> set:
+    splits = [corpus.splits[name] for name in ("train", "valid", "test")]
+    return {(s, t) for ds in splits for s, t in zip(ds["src"], ds["tgt"])}
