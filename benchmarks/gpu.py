@@ -197,7 +197,7 @@ def one_device(model: Seq2SeqTransformer, cfg: TrainConfig, windows: list, devic
     with `plain` the plain `Seq2SeqLoss`."""
     model = replace_weights(model).to(device).train()
     objective = Seq2SeqLoss(model, cfg.optim.label_smoothing) if plain else \
-        make_objective(model, cfg, device)
+        make_objective(model, cfg)
     optim, one = make_optim(objective, cfg), OneDevice(device, 1, precision)
     peak_reset(device)
     started = time.perf_counter()

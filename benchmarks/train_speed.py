@@ -164,7 +164,7 @@ def trainers_objective(model, smoothing: float, compile: bool) -> nn.Module:
 
         cfg = TrainConfig(compile=compile)
         cfg.optim.label_smoothing = smoothing
-        object.__setattr__(model, name, make_objective(model, cfg, torch.device("cpu")))
+        object.__setattr__(model, name, make_objective(model, cfg))
     return getattr(model, name)
 
 

@@ -182,5 +182,5 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     from nmt.training.loop import make_objective
 
     for device in ("cpu", "meta"):  # meta: a device that is not the CPU, as a GPU is
-        assert type(make_objective(model, cfg, torch.device(device))) is kernels.FusedSeq2SeqLoss
-    assert type(make_objective(model, dataclasses.replace(cfg, compile=True), torch.device("cpu"))) is Seq2SeqLoss
+        assert type(make_objective(model.to(device), cfg)) is kernels.FusedSeq2SeqLoss
+    assert type(make_objective(model, dataclasses.replace(cfg, compile=True))) is Seq2SeqLoss

@@ -327,7 +327,7 @@ def compiled_objective_case() -> None:
 
     def losses(compiled: bool) -> list[float]:
         model = tiny_model(seed=0, vocab=V, layers=2).train()
-        objective = make_objective(model, TrainConfig(compile=compiled), torch.device("cpu"))
+        objective = make_objective(model, TrainConfig(compile=compiled))
         assert isinstance(objective, Seq2SeqLoss)  # eager on the CPU: the fused loss (nmt.kernels)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         out = []

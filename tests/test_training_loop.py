@@ -187,7 +187,7 @@ def test_an_optimizer_step_off_the_host_reads_once_copies_nothing_from_it_and_mi
 
     gen, meta = torch.Generator().manual_seed(0), torch.device("meta")
     cfg = TrainConfig()
-    objective = make_objective(tiny_model(vocab=30, dropout=0.1).train().to(meta), cfg, meta)
+    objective = make_objective(tiny_model(vocab=30, dropout=0.1).train().to(meta), cfg)
     assert type(objective) is FusedSeq2SeqLoss
     cfg.optim.lr, cfg.optim.warmup_steps = 1e-3, 10
     optim = make_optim(objective, cfg)

@@ -429,8 +429,8 @@ def note_out_of_memory(run: Run, processes: int) -> None:
 # --- one optimizer step -----------------------------------------------------------------------------------------
 
 
-def make_objective(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
-                   flat_state_dict: bool = True, compile_now: bool = True) -> Seq2SeqLoss:
+def make_objective(model: torch.nn.Module, cfg: TrainConfig, flat_state_dict: bool = True,
+                   compile_now: bool = True) -> Seq2SeqLoss:
     """The training objective of `model`: `Seq2SeqLoss`, compiled whole (`fullgraph`) when `cfg.compile` says so
     (here, or by the caller once DDP wraps it: `compile_now` False), else through the fused cross-entropy of
     `nmt.kernels` on every device (docs/results.md: faster on a CPU, and a third of the plain loss's peak memory

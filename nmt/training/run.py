@@ -428,8 +428,7 @@ def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.n
     `cfg` (a resumed run's: with what its plan re-timed). `compile: true` compiles the prepared
     objective, DDP's wrapper included: torch then splits the graph at DDP's gradient buckets, so their all-reduce
     overlaps the backward (an objective compiled inside DDP would hand it every gradient at the very end)."""
-    objective = make_objective(model, cfg, accelerator.device, flat_state_dict=not is_fsdp(accelerator),
-                               compile_now=False)
+    objective = make_objective(model, cfg, flat_state_dict=not is_fsdp(accelerator), compile_now=False)
     optim = make_optim(objective, cfg)
     objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
     if cfg.compile:  # torch.compile(DDP(objective)), torch's way for DDP (accelerate's unwrap_model undoes both)

@@ -126,7 +126,7 @@ def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[
     untimed warm-up step; under `compile`, a step during which torch.compile compiled a graph (the first shape,
     the first of another) is a warm-up too, up to COMPILE_WARMUPS more. Stops early once the timed steps have
     taken `budget_s`, or `windows` ends. The caller's random state is left as it was."""
-    objective = make_objective(model.to(device), cfg, device)
+    objective = make_objective(model.to(device), cfg)
     # the schedule's shape does not change a step's time (and a linear one may have no horizon yet)
     steady = dataclasses.replace(cfg, optim=dataclasses.replace(
         cfg.optim, lr=cfg.optim.lr or 1e-3, warmup_steps=cfg.optim.warmup_steps or 1, schedule="inverse_sqrt"))
