@@ -72,19 +72,27 @@ def read_summary(directory: str | Path) -> dict:
     return read_json(path) if path.is_file() else {}
 
 
-def search_defaults(directory: Path) -> dict:
-    """{"alpha": ...} from a model directory's search.json (written when training tuned it), else {}: the one reader
-    of that file."""
+def read_search(directory: str | Path) -> dict | None:
+    """A model directory's search.json (what training's length-penalty tuning wrote: alpha, beam_size, tuned_on,
+    bleu), or None where it has none: the one reader of that file."""
     path = Path(directory) / SEARCH_FILE
     if not path.is_file():
-        return {}
+        return None
     try:
-        alpha = json.loads(path.read_text(encoding="utf-8"))["alpha"]
+        record = json.loads(path.read_text(encoding="utf-8"))
+        alpha = record["alpha"]
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
         raise NmtError(f"{path}: not a readable search defaults file ({e}); delete it to use the defaults") from None
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
         raise NmtError(f"{path}: alpha must be a number, got {alpha!r}")
-    return {"alpha": float(alpha)}
+    return record
+
+
+def search_defaults(directory: str | Path) -> dict:
+    """{"alpha": ...} from a model directory's search.json (`read_search`), else {}: the SearchConfig fields a
+    translator uses unless a call gives them."""
+    record = read_search(directory)
+    return {} if record is None else {"alpha": float(record["alpha"])}
 
 
 def languages_record(pairs: list[str], targets: list[str], tags: list[str]) -> dict:

@@ -12,12 +12,11 @@ import shlex
 from pathlib import Path
 
 from nmt.checkpoint import (
-    SEARCH_FILE,
     SUMMARY_FILE,
     WEIGHTS_FILE,
     load_model_config,
-    read_json,
     read_languages,
+    read_search,
     read_summary,
 )
 from nmt.config import to_dict
@@ -43,8 +42,8 @@ def describe(model_dir: str | Path) -> dict:
     argv = summary.get("argv") or []
     out.update(step=summary.get("step"), best=summary.get("metrics", {}), data=summary.get("data", {}),
                num_processes=summary.get("num_processes"), argv=argv, command=command_line(argv))
-    if (model_dir / SEARCH_FILE).is_file():
-        out["search"] = read_json(model_dir / SEARCH_FILE)
+    if (search := read_search(model_dir)) is not None:
+        out["search"] = search
     if (languages := read_languages(model_dir)) is not None:
         out["languages"] = languages
     out["translates"] = translates(languages, (summary.get("config") or {}).get("data") or {})
