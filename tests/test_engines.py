@@ -1,7 +1,7 @@
 """The engines a Translator decodes with (nmt.engines): nmt's own search supports every feature, an ensemble all but
 the attention picture of one model, a CTranslate2 export searching and placing markup only; the Translator asks
 the engine and names what a call needs instead of failing inside it. What each engine finds is tested where its
-search is (test_decoding, test_translate, test_export)."""
+search is (test_decoding, test_translate, test_ct2)."""
 
 import pytest
 from helpers import model_dir, one_thread  # noqa: F401  (one_thread: module-wide)

@@ -1,5 +1,5 @@
-"""CTranslate2 export: the exported model scores like ours, greedy-translates like ours, and every user
-mistake is one clear line."""
+"""CTranslate2 (nmt.ct2), the export and its runtime: the exported model scores like ours, greedy-translates like
+ours, and every user mistake is one clear line."""
 
 from __future__ import annotations
 
