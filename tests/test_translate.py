@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import unicodedata
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from hypothesis import strategies as st
 
 from nmt.checkpoint import SEARCH_FILE
 from nmt.config import ModelConfig, TokenizerConfig
-from nmt.constraints import Glossary
 from nmt.decoding import SamplingConfig
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqTransformer
@@ -499,33 +497,6 @@ def test_a_glossary_puts_its_terms_in_the_translations_and_leaves_other_sentence
         translator.translate(texts[:1], glossary=glossary, sampling=SamplingConfig(seed=1))
     with pytest.raises(NmtError, match="glossary item 1: the target term is empty"):
         translator.translate(texts[:1], glossary=[("frogs", "dorzari"), ("cat", " ")])
-
-
-def _targets_by_regex(pairs: list[tuple[str, str]], text: str) -> list[str]:
-    """Glossary.targets_in's rule as one regular expression (what it was until issue 47, row 3): the terms as
-    alternatives, longest first, whole words, whitespace runs alike, after NFKC."""
-    target = {" ".join(unicodedata.normalize("NFKC", s).split()): t for s, t in pairs}
-    alternatives = "|".join(r"\s+".join(map(re.escape, term.split())) for term in sorted(target, key=len, reverse=True))
-    found = {target[" ".join(m.group(0).split())]: None
-             for m in re.finditer(rf"(?<!\w)(?:{alternatives})(?!\w)", unicodedata.normalize("NFKC", text))}
-    return list(found)
-
-
-WORDS = st.text(alphabet="ab_1.+ \t\u00a0\ufb01", max_size=5)
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.lists(st.tuples(WORDS.filter(str.strip), WORDS.filter(str.strip)), min_size=1, max_size=6),
-       st.text(alphabet="ab_1.+ \t\u00a0\ufb01", max_size=30))
-def test_glossary_terms_match_as_whole_words_leftmost_longest(pairs, text):
-    """Glossary.targets_in (a trie walked from each word start) finds what the rule says, on any text: whole words,
-    case as given, any whitespace run for one, NFKC (ﬁ is fi, a no-break space a space), leftmost then longest."""
-    try:
-        glossary = Glossary.from_pairs(pairs)
-    except NmtError:  # a source term given twice with two targets
-        return
-    assert glossary.targets_in(text) == _targets_by_regex(list(glossary.pairs), text)
-    assert glossary.targets_in(text) == _targets_by_regex(list(glossary.pairs), text)  # remembered, the same
 
 
 def test_glossary_terms_are_those_the_model_reads_and_fit_the_output(short):
