@@ -137,11 +137,11 @@ def _train(cfg: TrainConfig, model: torch.nn.Module | None) -> TrainResult:
     model = build_model(setup.cfg, setup.corpus.tokenizer, model)
     loader, sampler = make_loader(accelerator, setup.cfg, setup.corpus, model)
     # the settings in force (a resumed run's plan may have re-timed the schedule), the objective and optimizer
-    objective, optim = prepare_objective(accelerator, planlib.settings(setup.cfg, setup.plan), model)
-    run = Run(accelerator, setup.cfg, setup.corpus, objective, optim, plan=setup.plan, started=started)
-    if found:
-        run.state = resume(run, sampler, found)
-        run.started = started - run.state.elapsed_s  # the budget spent before the resume counts
+    settings = planlib.settings(setup.cfg, setup.plan)
+    objective, optim = prepare_objective(accelerator, settings, model)
+    state = resume(accelerator, settings, setup.corpus, objective, optim, sampler, found)  # fresh without found
+    # the budget spent before a resume counts
+    run = Run(accelerator, setup.cfg, setup.corpus, objective, optim, state, setup.plan, started - state.elapsed_s)
     start_run(run)
     if run.is_main:
         save_plan(setup.plan, run.out)

@@ -383,12 +383,11 @@ def check_same_run(path: Path, cfg: TrainConfig) -> None:
                 "schedule keep the checkpoint's state", main_process_only=True)
 
 
-def check_same_data(path: Path, run: Run) -> None:
+def check_same_data(path: Path, cfg: TrainConfig, corpus: Corpus) -> None:
     """Refuse to resume `path` on data other than it was trained on (the fingerprints it recorded), naming the
     splits, unless `allow_data_change`; and in every case under a tokenizer other than its own."""
-    cfg = run.cfg
     saved = ckpt.read_info(path).get(ckpt.FINGERPRINTS) or {}
-    changed = ckpt.data_changes(saved, run.corpus.stats.fingerprints)
+    changed = ckpt.data_changes(saved, corpus.stats.fingerprints)
     if changed:
         first = cfg.data.corpora("train")[0].path
         named = ", ".join(f"{name} ({getattr(cfg.data, name) or f'carved from {first}'})" for name in changed)
@@ -401,7 +400,7 @@ def check_same_data(path: Path, run: Run) -> None:
                     "it" + ("; validation scores before and after this step are not comparable, and best/ keeps "
                             "the best on either" if "valid" in changed else ""), main_process_only=True)
     own = saved_tokenizer(path)
-    if own is not None and not own.same_as(run.corpus.tokenizer):
+    if own is not None and not own.same_as(corpus.tokenizer):
         raise NmtError(f"--resume: {path} was trained with another tokenizer than this run has (one trained again on "
                        "changed data, or from changed tokenizer.* settings), so its ids would mean other subwords; "
                        "resume with the run's data and settings, or start a new run in another --output_dir")
@@ -427,46 +426,46 @@ def resumed_tokenizer(found: list[Path]) -> PairTokenizer | None:
     return next((tok for path in found if (tok := saved_tokenizer(path)) is not None), None)
 
 
-def pick_checkpoint(run: Run, found: list[Path]) -> Path:
-    """The newest of `found` that is whole on every process, restored into the run; damaged ones (a file unreadable,
-    cut short, tampered with or a pickle) are named and passed over (an explicit path that is damaged stops with the
-    name of the previous complete checkpoint)."""
-    accelerator = run.accelerator
-    explicit = run.cfg.resume not in ("latest", "auto")
+def pick_checkpoint(accelerator, cfg: TrainConfig, objective, optim, found: list[Path]) -> Path:
+    """The newest of `found` that is whole on every process, restored into `objective` and `optim`; damaged ones (a
+    file unreadable, cut short, tampered with or a pickle) are named and passed over (an explicit path that is
+    damaged stops with the name of the previous complete checkpoint)."""
+    explicit = cfg.resume not in ("latest", "auto")
     newest = None
     for i, path in enumerate(found):
-        problem = damage(path, accelerator.process_index) or restore(run, path)
+        problem = damage(path, accelerator.process_index) or restore(accelerator, cfg, objective, optim, path)
         problems = [p for p in gather_object([problem]) if p]
         if not problems:
             return path
         what = f"checkpoint {path} is damaged: {problems[0]}"
         newest = newest or what
-        earlier = [p for p in ckpt.list_checkpoints(run.out) if _step(p) < _step(path)]
+        earlier = [p for p in ckpt.list_checkpoints(cfg.output_dir) if _step(p) < _step(path)]
         if explicit:
             hint = f"resume from {earlier[-1]} (--resume {earlier[-1]})" if earlier else "start a fresh run"
             raise NmtError(f"{what}; {hint}")
         if i + 1 < len(found):
             log.warning(f"{what}; falling back to {found[i + 1]}", main_process_only=True)
-    raise NmtError(f"every checkpoint in {ckpt.checkpoints_dir(run.out)} is damaged (newest: {newest}); "
+    raise NmtError(f"every checkpoint in {ckpt.checkpoints_dir(cfg.output_dir)} is damaged (newest: {newest}); "
                    "start over with --overwrite")
 
 
-def restore(run: Run, path: Path) -> str | None:
-    """Checkpoint `path`'s weights, optimizer, schedule, loss scaler and this process's random states into the run;
-    what makes it damaged when it cannot be (nothing is applied then, but for weights read before a later file
-    failed, which the checkpoint restored next replaces). Weights that do not fit the model stop the run, named."""
-    accelerator, optimizer, scheduler = run.accelerator, run.optim.optimizer, run.optim.scheduler
+def restore(accelerator, cfg: TrainConfig, objective, optim, path: Path) -> str | None:
+    """Checkpoint `path`'s weights, optimizer, schedule, loss scaler and this process's random states into the
+    prepared `objective` and `optim`; what makes it damaged when it cannot be (nothing is applied then, but for
+    weights read before a later file failed, which the checkpoint restored next replaces). Weights that do not fit
+    the model stop the run, named."""
+    optimizer, scheduler = optim.optimizer, optim.scheduler
+    bare = accelerator.unwrap_model(objective, keep_torch_compile=False)  # as Run.bare_objective
     sharded = is_fsdp(accelerator)
-    load_optimizer = (lambda saved: fsdp.load_full_optimizer_state(run.bare_objective, optimizer, saved)) \
-        if sharded else None
+    load_optimizer = (lambda saved: fsdp.load_full_optimizer_state(bare, optimizer, saved)) if sharded else None
     try:
         try:  # the weights first: another model size is named as such, not as a damaged optimizer state
             if sharded:
-                fsdp.load_full_weights(run.bare_objective, ckpt.read_weights(path))
+                fsdp.load_full_weights(bare, ckpt.read_weights(path))
             else:
-                ckpt.load_weights(run.bare_objective, path)
+                ckpt.load_weights(bare, path)
         except RuntimeError as e:  # weights of another model size: name the tensor, both shapes and the changed keys
-            raise load_state_error(e, path, run.cfg) from None
+            raise load_state_error(e, path, cfg) from None
         saved = ckpt.read_state(path, accelerator.process_index, optimizer, scheduler, accelerator.scaler)
         ckpt.apply_state(saved, optimizer, scheduler, accelerator.scaler, load_optimizer)
     except ckpt.StateDamage as e:
@@ -480,13 +479,15 @@ def _step(path: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
-def resume(run: Run, sampler, found: list[Path]) -> TrainState:
-    """Restore model, optimizer, scheduler and random states (safetensors and JSON, `restore`) and our JSON state,
-    from the newest whole checkpoint of `found` that this run wrote."""
-    accelerator = run.accelerator
-    check_same_run(found[0], run.cfg)
-    path = pick_checkpoint(run, found)
-    check_same_data(path, run)
+def resume(accelerator, cfg: TrainConfig, corpus: Corpus, objective, optim, sampler, found: list[Path]) -> TrainState:
+    """The state the run continues from: model, optimizer, scheduler and random states restored into `objective`,
+    `optim` and the process (safetensors and JSON, `restore`), the sampler's position into `sampler`, from the newest
+    whole checkpoint of `found` that this run (`cfg`, on `corpus`) wrote; a fresh TrainState without `found`."""
+    if not found:
+        return TrainState()
+    check_same_run(found[0], cfg)
+    path = pick_checkpoint(accelerator, cfg, objective, optim, found)
+    check_same_data(path, cfg, corpus)
     info = ckpt.read_info(path)
     state = TrainState(**info["state"])
     sampler.load_state_dict(state.sampler)
