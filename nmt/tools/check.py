@@ -71,14 +71,15 @@ def preflight(cfg: TrainConfig, num_processes: int = 1, probe_steps: int = 3, de
     base = inherited(cfg)  # init_from: the model directory's tokenizer and sizes
     cfg, tokenizer = base.cfg, base.tokenizer
     corpus = prepare(cfg.data, cfg.tokenizer, tokenizer=tokenizer, max_positions=cfg.model.max_positions)
-    precision, _ = run_precision(cfg, default_device(device).type)  # what training will use
+    here = default_device(device)  # where the probe runs: the first GPU, else the CPU
+    precision, _ = run_precision(cfg, here.type)  # what training will use
     cfg, plan = timing.planned(cfg, corpus, processes=num_processes, device=device, precision=precision,
                                  inherited=base.reasons, timed=probe_steps > 0)  # the resolution training makes
     epoch = _epoch_zero(cfg, corpus, num_processes)
     model = _build(cfg.model, cfg.seed)
-    target, estimated_in = default_device(device).type, precision
+    target, estimated_in = here.type, precision
     if gpu_memory is None and target == "cuda":
-        gpu_memory = torch.cuda.get_device_properties(default_device(device)).total_memory
+        gpu_memory = torch.cuda.get_device_properties(here).total_memory
     elif gpu_memory is not None and target != "cuda":  # estimated for the GPU named, in the precision it would use
         target, estimated_in = "cuda", run_precision(cfg, "cuda")[0]
     report = _report(cfg, corpus, model, epoch, num_processes, plan.steps, estimated_in, target)
