@@ -256,12 +256,16 @@ class CT2Model:
         for (_, h), result in zip(rows, results):
             h.logprob = float(sum(result.log_probs))
 
-    def cross_attentions(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[torch.Tensor]:
+    def cross_attentions(self, src_ids: list[list[int]], tgt_ids: list[list[int]],
+                         layer: int = -1) -> list[torch.Tensor]:
         """Per pair, the (T_i, S_i) cross-attention of the last decoder layer, heads averaged, with which the model
         reads target `tgt_ids[i]` (ending in </s>) after source `src_ids[i]`: as `nmt.attention.cross_attentions`
         gives nmt's model, by CTranslate2's decoding forced through the target (`target_prefix`,
         `return_attention`; an export averages every head of the last layer for it, as `alignment_heads` in its
-        nmt_ctranslate2.json records; an older export gives the first head's only, said once)."""
+        nmt_ctranslate2.json records; an older export gives the first head's only, said once). The last layer's
+        only: the export keeps one alignment layer."""
+        if layer not in (-1, self.cfg.n_decoder_layers - 1):
+            raise NmtError(f"a CTranslate2 export gives the last decoder layer's attention only, not layer {layer}")
         if self.alignment_heads != self.cfg.n_heads and not self._alignment_said:
             self._alignment_said = True
             log.warning("this CTranslate2 export gives the attention of one head of %d: tags are placed less well "

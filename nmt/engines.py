@@ -45,7 +45,10 @@ class Engine(Protocol):
 
     def score(self, src_ids: list[list[int]], tgt_ids: list[list[int]], batch_tokens: int) -> list[Score]: ...
 
-    def cross_attentions(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[torch.Tensor]: ...
+    def cross_attentions(self, src_ids: list[list[int]], tgt_ids: list[list[int]], layer: int = -1) -> list[torch.Tensor]:
+        """Per pair, the (T_i, S_i) cross-attention of decoder layer `layer`, heads averaged, with which the model
+        reads target `tgt_ids[i]` (ending in </s>) after source `src_ids[i]`."""
+        ...
 
 
 class TorchEngine:
@@ -73,9 +76,9 @@ class TorchEngine:
         with torch.inference_mode():
             return score_encoded(self.model, src_ids, tgt_ids, batch_tokens, self.device)
 
-    def cross_attentions(self, src_ids, tgt_ids) -> list[torch.Tensor]:
-        """The last decoder layer's heads averaged (an ensemble's first model's)."""
+    def cross_attentions(self, src_ids, tgt_ids, layer: int = -1) -> list[torch.Tensor]:
+        """An ensemble's first model's."""
         from nmt.attention import cross_attentions
 
         with torch.inference_mode():
-            return cross_attentions(getattr(self.model, "models", [self.model])[0], src_ids, tgt_ids)
+            return cross_attentions(getattr(self.model, "models", [self.model])[0], src_ids, tgt_ids, layer)

@@ -40,7 +40,6 @@ from nmt.decoding import (
     SamplingConfig,
     Score,
     SearchConfig,
-    beam_search,
 )
 from nmt.engines import ATTENTION, GLOSSARY, SCORE, TARGET_CHOICE, Engine, TorchEngine
 from nmt.errors import NmtError
@@ -270,8 +269,6 @@ class Translator:
         row t is how the step that produced target token t attended over the source, averaged over the heads
         of decoder layer `layer` (default: the last). Draw it with `nmt.attention.plot_alignment`.
         """
-        from nmt.attention import cross_attention
-
         if not self.engine.supports(ATTENTION):
             raise NmtError("attention pictures need one PyTorch model: use Translator.from_pretrained(MODEL_DIR)")
         limit = self.model.cfg.max_positions
@@ -279,11 +276,9 @@ class Translator:
         ids = self._source_ids([text], limit, "truncate", tgt_lang, src_lang)[0][0]
         search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
-        src_ids = torch.tensor([ids], device=self.device)
-        with torch.inference_mode():
-            search = self._search(tgt_lang, beam_size=beam_size, **search_kwargs)
-            best = beam_search(self.model, src_ids, search)[0][0].tokens
-            weights = cross_attention(self.model, src_ids, best, layer)
+        search = self._search(tgt_lang, beam_size=beam_size, **search_kwargs)
+        best = self.engine.search([ids], search, len(ids))[0][0].tokens
+        weights = self.engine.cross_attentions([ids], [best], layer)[0]
         src_tokens = self.tokenizer.src_tokens(text)
         if len(ids) > len(src_tokens) or ids[0] != self.tokenizer.src.token_to_id(src_tokens[0]):  # a tag leads
             src_tokens = [self.tokenizer.src.id_to_token(ids[0])] + src_tokens
