@@ -90,8 +90,8 @@ def direction(model: Path, data: Path, src: str, tgt: str, beam: int, out: Path,
                                ("wider beam + no 3-gram twice, no pivot", Guard(pivot=False)),
                                ("wider beam alone", Guard(no_repeat_ngram_size=0, pivot=False)),
                                ("no 3-gram twice alone", Guard(beam_factor=1, pivot=False))):
-            found = translator.translate([sources[i] for i in flagged], beam_size=beam, tgt_lang=tgt,
-                                         with_scores=True, guard=fallback)
+            found = translator.translations([sources[i] for i in flagged], beam_size=beam, tgt_lang=tgt,
+                                            confidence=False, guard=fallback)
             mended = sum(not f.doubt for f in found)
             then = scores([f.text for f in found], flagged)
             rows.append(f"  fallback {name:<40} mends {mended:4d} of {len(flagged)}; flagged sentences' BLEU "

@@ -587,7 +587,7 @@ def _translate_file(translator, source, seen: _Seen, args: argparse.Namespace) -
 
 
 def _translate_kwargs(args: argparse.Namespace) -> dict:
-    return dict(nbest=args.nbest, tgt_lang=args.tgt_lang, src_lang=args.src_lang, with_scores=args.scores,
+    return dict(nbest=args.nbest, tgt_lang=args.tgt_lang, src_lang=args.src_lang, scores=args.scores,
                 format=args.format, guard=args.guard, **search_kwargs(args), **_glossary(args))
 
 

@@ -4,7 +4,7 @@ the one asked for (a multilingual model's commonest fault), and loops ("I'm sorr
 `Translator.translate(..., guard=True)` checks each translation; a flagged one is searched for again with the
 fallback (`Guard`: a wider beam whose n-best list is read best first, and no n-gram twice where it looped), and
 the first candidate that passes both checks replaces it. What no candidate mends keeps its first translation and
-says why it is doubtful (`Guard.doubt`, `Scored.doubt`: "off-target: en", "loop"). Sentences that pass are not
+says why it is doubtful (`Guard.doubt`, `Translation.doubt`: "off-target: en", "loop"). Sentences that pass are not
 decoded again, so their translations are exactly those without the guard.
 
 The checks:

@@ -1,15 +1,16 @@
 """The translation chapter: translating and scoring text with trained model directories (token-budget batches,
 output in input order), with nmt's own search or a CTranslate2 export of the model (`nmt.ct2`).
 
-`Translator.from_pretrained(d).translate([...])` is the Python entry; `translate_stream` keeps memory flat on
+`Translator.from_pretrained(d).translate([...])` is the Python entry (text in, text out); `translations` gives each
+sentence's `Translation` (its score, confidence, n-best list, a guard's doubt); `translate_stream` keeps memory flat on
 inputs of any size by working through them a chunk at a time. `Translator.from_pretrained([d1, d2])` is an
 ensemble (`nmt.decoding`): one vocabulary, log-probabilities averaged per step. `Translator.from_ctranslate2(d)`
 decodes a model exported by `nmt export` with CTranslate2 instead (same methods, except `attention` and `score`,
 which need the PyTorch model).
 
 Sampling is one keyword: `translate(texts, sampling=SamplingConfig(topk=10, temperature=1.0, seed=0))` draws each
-translation instead of searching for it (`sampling=None`, the default: beam search with `beam_size`; nbest > 1
-gives that many samples per sentence). `translate_stream(lines, sampling=...)` alike.
+translation instead of searching for it (`sampling=None`, the default: beam search with `beam_size`;
+`translations(texts, nbest=n)` draws n samples per sentence). `translate_stream(lines, sampling=...)` alike.
 """
 
 from __future__ import annotations
@@ -63,24 +64,39 @@ CHARS_PER_POSITION = 64
 
 
 @dataclass(frozen=True)
-class Scored:
-    """A translation with what the model thinks of it (`Translator.translate(..., with_scores=True)`).
+class Translation:
+    """One sentence's translation and what the model thinks of it (`Translator.translations`); callers read the
+    fields they need.
 
+    `score` is the search's ranking score (log-probability / length penalty), as n-best lists show it.
     `mean_logprob` is the model's log-probability of the translation (nats) per generated token, </s> included,
     with nothing added for length: comparable across sentences of any length (a </s> forced at the length limit
     counts 0, as the search scores it). `confidence` is its exponential, the geometric mean of the tokens'
     probabilities, 0-1: it ranks a model's translations, the lowest first to a person (docs/serving.md). A blank
-    source (nothing given to the model) has the empty translation, mean_logprob 0 and confidence 1.
+    source (nothing given to the model) has the empty translation, mean_logprob 0 and confidence 1. `doubt`: with a
+    guard, why the translation is doubtful ("off-target: en", "loop"), "" if it is not. `alternatives`: with
+    nbest > 1, the next best hypotheses (nbest - 1 of them, best first; `nbest` is the whole list).
     """
 
     text: str
-    score: float  # the search's ranking score (log-probability / length penalty), as n-best lists show it
+    score: float
     mean_logprob: float
-    doubt: str = ""  # with a guard: why the translation is doubtful ("off-target: en", "loop"), "" if it is not
+    doubt: str = ""
+    alternatives: tuple[Translation, ...] = ()
 
     @property
     def confidence(self) -> float:
         return math.exp(self.mean_logprob)
+
+    @property
+    def nbest(self) -> tuple[Translation, ...]:
+        """This translation and its alternatives, best first."""
+        return (replace(self, alternatives=()), *self.alternatives)
+
+    @classmethod
+    def best_of(cls, hypotheses: list[Translation]) -> Translation:
+        """The first of `hypotheses` (best first), the others its alternatives."""
+        return replace(hypotheses[0], alternatives=tuple(hypotheses[1:]))
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # --dtype's names
@@ -285,72 +301,80 @@ class Translator:
         src_tokens = src_tokens if len(src_tokens) == len(ids) else src_tokens[: len(ids) - 1] + ["</s>"]
         return src_tokens, self.tokenizer.tgt_tokens(best), weights
 
-    def translate(self, texts: list[str], beam_size: int = 4, nbest: int = 1, batch_tokens: int = 4096,
-                  long_inputs: str = "truncate", sampling: SamplingConfig | None = None, tgt_lang: str | None = None,
-                  glossary: Glossary | dict | list | None = None, with_scores: bool = False, format: str = "text",
-                  cancelled=None, guard: Guard | bool | None = None, src_lang: str | None = None,
-                  **search_kwargs) -> list[str] | list[list[tuple[str, float]]] | list:
-        """Translate sentences; returns one string per sentence, or with nbest > 1 one list of exactly `nbest`
-        (translation, score) pairs per sentence, best first, always in input order.
+    def translate(self, texts: list[str], **options) -> list[str]:
+        """Translate sentences: one string per sentence, in input order. `options` are those of `translations` (all
+        but nbest), which gives each sentence's n-best list and what the model thinks of it."""
+        if "nbest" in options:
+            raise NmtError("translate gives one translation per sentence: for n-best lists call "
+                           "translations(texts, nbest=N) and read each one's .nbest")
+        return [t.text for t in self.translations(texts, confidence=False, **options)]
 
-        `sampling` (a `SamplingConfig`) draws translations instead of beam search (nbest: samples per
-        sentence); `search_kwargs` are `SearchConfig` fields (alpha, max_len_a, ...).
-        A blank sentence (or one of which the tokenizer keeps nothing) is not given to the model: its
-        translation is "" (n-best: `nbest` times ("", 0.0)). A source is cut to CHARS_PER_POSITION characters per
-        model position before it is tokenised (said once); one longer than the model's max_positions subwords is
-        truncated (`long_inputs="truncate"`) or cut into pieces translated one after the other (`"split"`),
-        with a warning either way; a split sentence's k-th hypothesis joins its pieces' k-th, scored by the
-        sum of their scores. When the search finds fewer than `nbest` distinct hypotheses (a one-token length
-        limit, a vocabulary smaller than the beam), the last one found repeats.
-        `glossary` (a `Glossary`, a dict or [source, target] pairs): where a sentence holds a source term (whole
-        words, case as given), the translation holds its target term, by constrained beam search
-        (`nmt.constraints`); a sentence that holds none is translated as without a glossary.
-        `with_scores=True` returns a `Scored` (text, score, mean_logprob, confidence) in place of each string or
-        pair; a split sentence's mean log-probability is over all its pieces' tokens. Sampled translations carry
-        the model's own log-probabilities of the drawn tokens (before the temperature); CTranslate2's, those of
-        its forced decoding of each translation (`CT2Model.add_logprobs`).
-        `format="html"` or `"xml"` reads each sentence as markup (`nmt.markup`): its plain text is translated (as
-        the same words without tags would be) and its tags are put back around the words the model's
-        cross-attention aligns with those they enclosed; the translation is written escaped (one per sentence).
-        A sentence may come parsed already (`markup.parse`'s `Marked`: the server parses each once, to price it).
-        `cancelled` (a function), asked before every search step: once it returns True, translate raises
-        `nmt.decoding.Cancelled` (a server's model call whose clients all gave up stops there; CTranslate2's
-        search is one call, asked before it only).
-        `guard` (True or a `nmt.guard.Guard`): each translation checked for another language than the target (where
-        the model names its languages) and for loops; a flagged one is searched for again (`nmt.guard`), and with
-        `with_scores` what stays doubtful says why (`Scored.doubt`).
-        `src_lang`: an imported M2M100/NLLB model's source language, a code or "auto" (each sentence's told;
-        `source_starts`); None: the one it was imported with. Other models read their languages untold.
-        A CTranslate2 translator given its PyTorch model (`with_pytorch`) has that model translate the sentences
-        that hold a glossary term (constrained search is nmt's own), CTranslate2 the others.
+    def translations(self, texts: list[str], nbest: int = 1, confidence: bool = True, beam_size: int = 4,
+                     batch_tokens: int = 4096, long_inputs: str = "truncate", sampling: SamplingConfig | None = None,
+                     tgt_lang: str | None = None, glossary: Glossary | dict | list | None = None,
+                     format: str = "text", cancelled=None, guard: Guard | bool | None = None,
+                     src_lang: str | None = None, **search_kwargs) -> list[Translation]:
+        """Translate sentences: one `Translation` per sentence, in input order, with its text, the search's score,
+        the model's mean log-probability and confidence, why a guard doubts it, and with nbest > 1 its `nbest`
+        list (exactly `nbest` hypotheses, best first: when the search finds fewer distinct ones, a one-token
+        length limit or a vocabulary smaller than the beam, the last one found repeats).
+
+        Options:
+        - `beam_size` (4), `sampling`: a `SamplingConfig` draws translations instead of beam search (nbest: samples
+          per sentence; their log-probabilities are the model's own of the drawn tokens, before the temperature);
+          any `SearchConfig` field (alpha, max_len_a, ...).
+        - `batch_tokens` (4096): source tokens per batch.
+        - `long_inputs`: a source is cut to CHARS_PER_POSITION characters per model position before it is
+          tokenised (said once); one longer than the model's max_positions subwords is truncated ("truncate", the
+          default) or cut into pieces translated one after the other ("split"), with a warning either way; a split
+          sentence's k-th hypothesis joins its pieces' k-th, scored by the sum of their scores, its mean
+          log-probability over all its pieces' tokens.
+        - `tgt_lang`, `src_lang`: the target of a multilingual model; an imported M2M100/NLLB model's source
+          language, a code or "auto" (each sentence's told; `source_starts`), None: the one it was imported with.
+          Other models read their languages untold.
+        - `glossary` (a `Glossary`, a dict or [source, target] pairs): where a sentence holds a source term (whole
+          words, case as given), the translation holds its target term, by constrained beam search
+          (`nmt.constraints`); a sentence that holds none is translated as without a glossary. A CTranslate2
+          translator given its PyTorch model (`with_pytorch`) has that model translate the sentences that hold a
+          term (constrained search is nmt's own), CTranslate2 the others.
+        - `format="html"` or `"xml"` reads each sentence as markup (`nmt.markup`): its plain text is translated (as
+          the same words without tags would be) and its tags are put back around the words the model's
+          cross-attention aligns with those they enclosed; the translation is written escaped (nbest 1). A
+          sentence may come parsed already (`markup.parse`'s `Marked`: the server parses each once, to price it).
+        - `guard` (True or a `nmt.guard.Guard`): each translation checked for another language than the target
+          (where the model names its languages) and for loops; a flagged one is searched for again (`nmt.guard`),
+          and what stays doubtful says why (`Translation.doubt`; nbest 1, beam search).
+        - `cancelled` (a function), asked before every search step: once it returns True, the call raises
+          `nmt.decoding.Cancelled` (a server's model call whose clients all gave up stops there; CTranslate2's search
+          is one call, asked before it only).
+
+        `confidence=False`: the caller reads no `mean_logprob` or `confidence` (they are NaN): a CTranslate2 export
+        skips the forced decoding of each translation that gives them (`CT2Model.add_logprobs`), as `translate` does.
+
+        A blank sentence (or one of which the tokenizer keeps nothing) is not given to the model: its translation
+        is "" with score 0 and confidence 1.
         """
+        texts = list(texts)
+        options = dict(beam_size=beam_size, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
+                       tgt_lang=tgt_lang, format=format, cancelled=cancelled, src_lang=src_lang, **search_kwargs)
         if glossary is not None and self.pytorch is not None:
-            kwargs = dict(beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs,
-                          sampling=sampling, tgt_lang=tgt_lang, with_scores=with_scores, format=format,
-                          cancelled=cancelled, guard=guard, src_lang=src_lang, **search_kwargs)
             glossary = glossary if isinstance(glossary, Glossary) else Glossary.from_pairs(glossary)
-            texts = list(texts)
             held = [i for i, t in enumerate(texts) if format != "text" or glossary.targets_in(t)]
             rest = sorted(set(range(len(texts))) - set(held))
             out: list = [None] * len(texts)
             for rows, translator, extra in ((held, self.pytorch, {"glossary": glossary}), (rest, self, {})):
-                for i, done in zip(rows, translator.translate([texts[i] for i in rows], **kwargs, **extra)
-                                   if rows else []):
-                    out[i] = done
+                done = translator.translations([texts[i] for i in rows], nbest, confidence, guard=guard, **options,
+                                                **extra) if rows else []
+                for i, translation in zip(rows, done):
+                    out[i] = translation
             return out
         if markup.check_format(format) != "text":
-            return self._marked(texts, format, dict(
-                beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
-                tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, cancelled=cancelled, guard=guard,
-                src_lang=src_lang, **search_kwargs))
+            return self._marked(texts, nbest, confidence, {**options, "glossary": glossary, "guard": guard})
         if guard:
-            return self._guarded(list(texts), Guard() if guard is True else guard, dict(
-                beam_size=beam_size, nbest=nbest, batch_tokens=batch_tokens, long_inputs=long_inputs, sampling=sampling,
-                tgt_lang=tgt_lang, glossary=glossary, with_scores=with_scores, cancelled=cancelled, src_lang=src_lang,
-                **search_kwargs))
+            return self._guarded(texts, Guard() if guard is True else guard, nbest, confidence,
+                                 {**options, "glossary": glossary})
         if long_inputs not in ("truncate", "split"):
             raise NmtError(f"long_inputs must be 'truncate' or 'split', got {long_inputs!r}")
-        texts = list(texts)
         limit = self.model.cfg.max_positions
         search_kwargs = {**self.search_defaults, **search_kwargs}
         search_kwargs["max_new_tokens"] = min(search_kwargs.get("max_new_tokens", limit), limit - 1)
@@ -371,27 +395,24 @@ class Translator:
                                    f"{sum(map(len, wanted))} tokens, more than the {room} a translation may have "
                                    "(max_new_tokens, the model's max_positions): shorten the terms or leave some out")
         found = self.engine.search(pieces, search, batch_tokens, sampling, terms, None if terms is None else
-                                   self._joins(), cancelled, logprobs=with_scores) if pieces else {}
+                                   self._joins(), cancelled, logprobs=confidence) if pieces else {}
         hyps = [_exactly(found[j], nbest) for j in range(len(pieces))]  # (pieces, nbest)
         flat = self.tokenizer.decode_tgt([h.tokens for hs in hyps for h in hs]) if pieces else []
         decoded = [[(flat[j * nbest + k], h.score, h.logprob, len(h.tokens)) for k, h in enumerate(hyps[j])]
                    for j in range(len(pieces))]  # tokens with </s>: Hypothesis.logprob counts its log-probability
-        joined = _join_pieces(decoded, owner, len(texts), nbest)
-        if with_scores:
-            scored = [[Scored(t, s, lp / n if n else 0.0) for t, s, lp, n in hs] for hs in joined]
-            return [hs[0] for hs in scored] if nbest == 1 else scored
-        return [hs[0][0] for hs in joined] if nbest == 1 else [[(t, s) for t, s, *_ in hs] for hs in joined]
+        return [Translation.best_of([Translation(t, s, (lp / n if n else 0.0) if confidence else math.nan)
+                                    for t, s, lp, n in hs])
+                for hs in _join_pieces(decoded, owner, len(texts), nbest)]
 
-    def _guarded(self, texts: list[str], guard: Guard, kwargs: dict) -> list:
-        """translate(..., guard=...): the translations, those `nmt.guard` flags searched for again with its fallback
-        (a `beam_factor` times wider beam whose n-best list is read best first; no n-gram of `no_repeat_ngram_size`
-        tokens twice for a loop), the first candidate that passes taking the place of the first translation."""
-        if kwargs["nbest"] != 1 or kwargs["sampling"] is not None:
+    def _guarded(self, texts: list[str], guard: Guard, nbest: int, confidence: bool, kwargs: dict) -> list[Translation]:
+        """translations(..., guard=...): the translations, those `nmt.guard` flags searched for again with its
+        fallback (a `beam_factor` times wider beam whose n-best list is read best first; no n-gram of
+        `no_repeat_ngram_size` tokens twice for a loop), the first candidate that passes taking the place of the first
+        translation; each says why it is still doubtful (`Translation.doubt`)."""
+        if nbest != 1 or kwargs["sampling"] is not None:
             raise NmtError("guard checks one translation per sentence found by beam search: leave out nbest (--nbest) "
                            "and sampling (--sampling)")
-        with_scores = kwargs["with_scores"]
-        kwargs = {**kwargs, "with_scores": True}
-        outputs = self.translate(texts, **kwargs)
+        outputs = self.translations(texts, 1, confidence, **kwargs)
         target, among = self.guard_languages(kwargs["tgt_lang"]) if guard.languages else (None, [])
         doubts = [guard.doubt(out.text, text, target, among) for out, text in zip(outputs, texts)]
         wide = kwargs["beam_size"] * guard.beam_factor
@@ -399,22 +420,20 @@ class Translator:
             flagged = [i for i, d in enumerate(doubts) if d and (d == "loop") == looped]
             if not flagged or (wide <= kwargs["beam_size"] and not (looped and guard.no_repeat_ngram_size)):
                 continue  # the fallback would search as the first search did
-            fallback = {**kwargs, "beam_size": wide, "nbest": wide}
+            fallback = {**kwargs, "beam_size": wide}
             if looped and guard.no_repeat_ngram_size:
                 fallback["no_repeat_ngram_size"] = guard.no_repeat_ngram_size
-            for i, candidates in zip(flagged, self.translate([texts[i] for i in flagged], **fallback)):
-                mended = next((c for c in candidates
+            for i, found in zip(flagged, self.translations([texts[i] for i in flagged], wide, confidence, **fallback)):
+                mended = next((c for c in found.nbest
                                if not guard.doubt(c.text, texts[i], target, among)), None)
                 if mended is not None:
                     outputs[i], doubts[i] = mended, ""
         if guard.pivot and target is not None and not kwargs.get("glossary"):
-            self._pivoted(texts, outputs, doubts, guard, kwargs, target, among)
-        if with_scores:
-            return [replace(out, doubt=d) for out, d in zip(outputs, doubts)]
-        return [out.text for out in outputs]
+            self._pivoted(texts, outputs, doubts, guard, confidence, kwargs, target, among)
+        return [replace(out, doubt=d) for out, d in zip(outputs, doubts)]
 
-    def _pivoted(self, texts: list[str], outputs: list, doubts: list[str], guard: Guard, kwargs: dict, target: str,
-                 among: list[str]) -> None:
+    def _pivoted(self, texts: list[str], outputs: list[Translation], doubts: list[str], guard: Guard, confidence: bool,
+                 kwargs: dict, target: str, among: list[str]) -> None:
         """The translations still off target, through a pivot language where the model has one (`pivot_languages`):
         the source into the pivot, that into the target, each with the call's own search; one that then passes both
         checks takes the place of the first (its score that of the second leg). Changes `outputs` and `doubts`."""
@@ -428,8 +447,8 @@ class Translator:
                     by_pivot.setdefault(pivots[0], []).append(i)
         imported = bool(self.source_languages)  # an M2M100/NLLB import is told the pivot's language for the 2nd leg
         for pivot, rows in by_pivot.items():
-            legs = self.translate([texts[i] for i in rows], **{**kwargs, "tgt_lang": pivot, "with_scores": False})
-            seconds = self.translate(legs, **{**kwargs, "src_lang": pivot if imported else None})
+            legs = self.translate([texts[i] for i in rows], **{**kwargs, "tgt_lang": pivot})
+            seconds = self.translations(legs, 1, confidence, **{**kwargs, "src_lang": pivot if imported else None})
             for i, leg, found in zip(rows, legs, seconds):
                 if leg.strip() and not guard.doubt(found.text, texts[i], target, among):
                     outputs[i], doubts[i] = found, ""
@@ -507,20 +526,21 @@ class Translator:
         if nbest != 1:
             raise NmtError(f"format {format} gives one translation per sentence: leave out nbest (--nbest)")
 
-    def _marked(self, texts: list[str], format: str, kwargs: dict) -> list:
-        """translate(..., format="html"|"xml"): every sentence's plain text translated in one call, then the tags of
-        those that have any placed through batched forced passes over their translations (`_with_tags`)."""
-        self.check_format(format, kwargs["nbest"])
+    def _marked(self, texts: list[str], nbest: int, confidence: bool, kwargs: dict) -> list[Translation]:
+        """translations(..., format="html"|"xml"): every sentence's plain text translated in one call, then the tags
+        of those that have any placed through batched forced passes over their translations (`_with_tags`)."""
+        format = kwargs["format"]
+        self.check_format(format, nbest)
         marked = [t if isinstance(t, markup.Marked) else self.parse_markup(t, format, i) for i, t in enumerate(texts)]
-        outputs = self.translate([m.text for m in marked], **kwargs)
-        plain = [out.text if isinstance(out, Scored) else out for out in outputs]
+        outputs = self.translations([m.text for m in marked], 1, confidence, **{**kwargs, "format": "text"})
+        plain = [out.text for out in outputs]
         tagged = [i for i, m in enumerate(marked) if m.elements]
         placed = dict(zip(tagged, self._with_tags([marked[i] for i in tagged], [plain[i] for i in tagged],
                                                   kwargs["tgt_lang"], kwargs["batch_tokens"], kwargs["src_lang"])))
         result = []
         for i, out in enumerate(outputs):
             text = placed[i] if i in placed else markup.escape(plain[i])
-            result.append(replace(out, text=text) if isinstance(out, Scored) else text)
+            result.append(replace(out, text=text))
         return result
 
     def parse_markup(self, text: str, format: str, index: int = 0) -> markup.Marked:
@@ -669,22 +689,24 @@ class Translator:
                                f"{limit}: it cannot be scored")
         return self.engine.score(src_ids, tgt_ids, batch_tokens)
 
-    def translate_documents(self, documents: list[str], **kwargs) -> list[str]:
+    def translate_documents(self, documents: list[str], **options) -> list[str]:
         """Documents in, documents out: each document's paragraphs (runs of non-blank lines) split into sentences
-        (`nmt.sentences`), all the documents' sentences translated in one call (`translate`'s keywords), and each
+        (`nmt.sentences`), all the documents' sentences translated in one call (`translate`'s options), and each
         paragraph written back as one line of its translated sentences, blank lines kept, as `nmt translate
         --paragraphs` writes a file and the server a document."""
         from nmt.sentences import join_documents, split_documents
 
-        if kwargs.get("nbest", 1) != 1 or kwargs.get("with_scores") or kwargs.get("format", "text") != "text":
-            raise NmtError("a document is translated as plain text, one translation a sentence: leave out nbest, "
-                           "with_scores and format")
+        if options.get("format", "text") != "text":
+            raise NmtError("a document is translated as plain text, one translation a sentence: leave out format")
         layout, sentences = split_documents(documents)
-        return join_documents(layout, self.translate(sentences, **kwargs) if sentences else [])
+        return join_documents(layout, self.translate(sentences, **options) if sentences else [])
 
     def translate_stream(self, lines: Iterable[str], chunk_size: int = 2000, failed: list[int] | None = None,
-                         first_line: int = 1, **kwargs) -> Iterator[str]:
-        """Translate an iterable of lines of any length, yielding outputs in input order.
+                         first_line: int = 1, nbest: int = 1, scores: bool = False, **options) -> Iterator[str]:
+        """Translate an iterable of lines of any length, yielding output lines in input order (`translations`'
+        options): a translation; with nbest > 1 text TAB score, repeated; with `scores`, text TAB mean
+        log-probability TAB confidence (repeated for n-best), and with a guard TAB why it is doubtful (empty when
+        it is not).
 
         Memory stays flat (one chunk at a time). If a chunk fails (out of memory, say), its lines are
         retried one by one; a line that still fails gives an empty output line and a warning, and its
@@ -701,36 +723,38 @@ class Translator:
             if chunk:
                 yield chunk
 
-        return self.translate_batches(chunks(), failed, first_line, **kwargs)
+        return self.translate_batches(chunks(), failed, first_line, nbest, scores, **options)
 
     def translate_batches(self, batches: Iterable[list[str]], failed: list[int] | None = None, first_line: int = 1,
-                          **kwargs) -> Iterator[str]:
+                          nbest: int = 1, scores: bool = False, **options) -> Iterator[str]:
         """Like `translate_stream` for lines that come in groups (e.g. what has arrived on a pipe): each
         group is translated as soon as it comes, and its outputs are yielded before the next is read."""
         start = first_line
         for chunk in batches:
             chunk = [line.rstrip("\r\n") for line in chunk]
-            yield from self._flat(self._translate_safely(chunk, start, _seeded_from(kwargs, start), failed),
-                                  bool(kwargs.get("guard")))
+            found = self._translate_safely(chunk, start, nbest, scores, _seeded_from(options, start), failed)
+            yield from (_line(t, nbest, scores, bool(options.get("guard"))) for t in found)
             start += len(chunk)
 
-    def _translate_safely(self, chunk: list[str], first_line: int, kwargs: dict, failed: list[int] | None) -> list:
+    def _translate_safely(self, chunk: list[str], first_line: int, nbest: int, confidence: bool, options: dict,
+                          failed: list[int] | None) -> list[Translation | None]:
+        """The chunk's translations; None for a line that failed alone (said, and numbered in `failed`)."""
         try:
-            return self.translate(chunk, **kwargs)
+            return self.translations(chunk, nbest, confidence, **options)
         except markup.MarkupError as e:  # its sentence, numbered as the input's lines
             raise NmtError(f"line {first_line + e.index}: {e.reason}") from None
         except NmtError:
             raise  # a bad setting (beam_size 0, ...) fails every line alike: say so once, not per line
         except Exception as e:  # noqa: BLE001 - any failure of a batch must not lose the other lines
             if len(chunk) == 1:
-                return [self._failed_line(first_line, e, kwargs, failed)]
+                return [_failed_line(first_line, e, failed)]
             log.warning("a batch of %d lines failed (%s); translating them one by one", len(chunk), e)
-        out = []
+        out: list[Translation | None] = []
         for n, line in enumerate(chunk, first_line):
             try:
-                out.extend(self.translate([line], **kwargs))
+                out.extend(self.translations([line], nbest, confidence, **options))
             except Exception as e:  # noqa: BLE001
-                out.append(self._failed_line(n, e, kwargs, failed))
+                out.append(_failed_line(n, e, failed))
         return out
 
     def _cut_long(self, text: str, limit: int) -> str:
@@ -743,26 +767,6 @@ class Translator:
                         "before tokenising; later cuts are not reported", len(text), most, CHARS_PER_POSITION, limit)
             self._cut_said = True
         return text[:most]
-
-    @staticmethod
-    def _failed_line(n: int, error: Exception, kwargs: dict, failed: list[int] | None):
-        log.warning("input line %d could not be translated (%s); writing an empty line", n, error)
-        if failed is not None:
-            failed.append(n)
-        return "" if kwargs.get("nbest", 1) == 1 else []
-
-    @staticmethod
-    def _flat(outputs, guarded: bool = False) -> Iterator[str]:
-        """Output lines: a translation; n-best: text TAB score, repeated; with scores, text TAB mean log-probability
-        TAB confidence (repeated for n-best), and with a guard TAB why it is doubtful (empty when it is not)."""
-        def fields(out) -> str:
-            if isinstance(out, Scored):
-                doubt = f"\t{out.doubt}" if guarded else ""
-                return f"{out.text}\t{out.mean_logprob:.4f}\t{out.confidence:.4f}{doubt}"
-            return out if isinstance(out, str) else f"{out[0]}\t{out[1]:.4f}"
-        for out in outputs:
-            yield fields(out) if isinstance(out, (str, Scored)) else "\t".join(fields(o) for o in out)
-
 
 
 def arrived_lines(stream, name: str = "stdin", limit: int = 2000) -> Iterator[list[str]]:
@@ -840,3 +844,21 @@ def _seeded_from(kwargs: dict, first_line: int) -> dict:
     if sampling is None or sampling.seed is None or first_line == 1:
         return kwargs
     return {**kwargs, "sampling": replace(sampling, seed=(sampling.seed + first_line - 1) % SEEDS)}
+
+
+def _failed_line(n: int, error: Exception, failed: list[int] | None) -> None:
+    log.warning("input line %d could not be translated (%s); writing an empty line", n, error)
+    if failed is not None:
+        failed.append(n)
+
+
+def _line(found: Translation | None, nbest: int, scores: bool, guarded: bool) -> str:
+    """A translation as `translate_stream` writes it; a line that failed is empty."""
+    if found is None:
+        return ""
+
+    def fields(t: Translation) -> str:
+        if scores:
+            return f"{t.text}\t{t.mean_logprob:.4f}\t{t.confidence:.4f}" + (f"\t{t.doubt}" if guarded else "")
+        return f"{t.text}\t{t.score:.4f}" if nbest > 1 else t.text
+    return "\t".join(fields(t) for t in found.nbest)

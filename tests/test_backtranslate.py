@@ -50,15 +50,15 @@ def test_chunks_failed_lines_and_decoding_options(model_dir, mono, tmp_path, mon
     lines[5] = "POISON " + lines[5]  # input line 6
     mono.write_text("\n".join(lines) + "\n", encoding="utf-8")
     calls = []
-    real = Translator.translate
+    real = Translator.translations
 
-    def translate(self, texts, **kw):
+    def translations(self, texts, *args, **kw):
         calls.append((len(texts), kw))
         if any("POISON" in t for t in texts):
             raise RuntimeError("simulated failure")
-        return real(self, texts, **kw)
+        return real(self, texts, *args, **kw)
 
-    monkeypatch.setattr(Translator, "translate", translate)
+    monkeypatch.setattr(Translator, "translations", translations)
     code = main(["backtranslate", str(model_dir), "--input", str(mono), "--output", str(tmp_path / "bt"),
                  "--chunk-size", "3", "--beam", "1", "--alpha", "0.3", "--src-lang", "de", "--tgt-lang", "en",
                  "--sampling", "--topk", "5", "--seed", "7"])

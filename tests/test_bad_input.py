@@ -278,14 +278,14 @@ def test_a_sentence_longer_than_the_model_is_truncated_or_split(model_dir, caplo
 def test_one_bad_line_does_not_lose_the_others(model_dir, monkeypatch, caplog):
     from nmt import Translator
     tr = Translator.from_pretrained(model_dir)
-    real = Translator.translate
+    real = Translator.translations
 
-    def flaky(self, texts, **kw):
+    def flaky(self, texts, *args, **kw):
         if any("POISON" in t for t in texts):
             raise RuntimeError("simulated out of memory")
-        return real(self, texts, **kw)
+        return real(self, texts, *args, **kw)
 
-    monkeypatch.setattr(Translator, "translate", flaky)
+    monkeypatch.setattr(Translator, "translations", flaky)
     lines = [f"sentence number {i} is here ." for i in range(5)]
     lines[2] = "POISON line"
     out = list(tr.translate_stream(lines, chunk_size=4, beam_size=1, max_new_tokens=8))
@@ -516,4 +516,4 @@ def test_a_bad_search_setting_fails_once_not_on_every_line(model_dir):
     with pytest.raises(NmtError, match=r"'beam_size': 0 is outside the allowed range \[1, 1000\]"):
         list(tr.translate_stream(["sentence number 1 is here ."] * 3, beam_size=0))
     with pytest.raises(NmtError, match="nbest"):
-        tr.translate(["sentence number 1 is here ."], beam_size=2, nbest=3)
+        tr.translations(["sentence number 1 is here ."], beam_size=2, nbest=3)

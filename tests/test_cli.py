@@ -212,18 +212,18 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(random_model, tm
 
 
 def poisoned(monkeypatch, calls: list):
-    """Translator.translate failing on any batch that holds a line with POISON; `calls` gets each batch's size."""
+    """Translator.translations failing on any batch that holds a line with POISON; `calls` gets each batch's size."""
     from nmt.translate import Translator
 
-    real = Translator.translate
+    real = Translator.translations
 
-    def translate(self, texts, **kw):
+    def translations(self, texts, *args, **kw):
         calls.append(len(texts))
         if any("POISON" in t for t in texts):
             raise RuntimeError("simulated failure")
-        return real(self, texts, **kw)
+        return real(self, texts, *args, **kw)
 
-    monkeypatch.setattr(Translator, "translate", translate)
+    monkeypatch.setattr(Translator, "translations", translations)
 
 
 @pytest.mark.parametrize("how", ["--input", "file on stdin", "pipe on stdin"])

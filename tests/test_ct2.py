@@ -112,8 +112,8 @@ def test_translator_and_cli_with_the_export_equal_the_pytorch_model(trained, exp
     ct2_translator = Translator.from_ctranslate2(exported)
     assert ct2_translator.backend == "ctranslate2"
     assert ct2_translator.translate(texts, beam_size=1, batch_tokens=64) == ours
-    nbest = ct2_translator.translate(texts[:3], beam_size=4, nbest=2)
-    assert [len(n) for n in nbest] == [2, 2, 2] and all(n[0][1] >= n[1][1] for n in nbest)
+    nbest = [t.nbest for t in ct2_translator.translations(texts[:3], beam_size=4, nbest=2)]
+    assert [len(n) for n in nbest] == [2, 2, 2] and all(n[0].score >= n[1].score for n in nbest)
     for translator in (Translator.from_pretrained(trained), ct2_translator):  # sampling: top-k 1 is greedy
         assert translator.translate(texts, sampling=SamplingConfig(topk=1)) == ours
         assert translator.translate(texts, sampling=SamplingConfig(temperature=1.5, seed=4)) != ours

@@ -438,8 +438,9 @@ def test_translator_samples_reproducibly_and_checks_its_options(tmp_path):
     texts = ["the small dog sleeps", "a cat", "the bird sings a song"]
     sampled = translator.translate(texts, sampling=SamplingConfig(topp=0.9, seed=1), max_new_tokens=10)
     assert sampled == translator.translate(texts, sampling=SamplingConfig(topp=0.9, seed=1), max_new_tokens=10)
-    assert len(translator.translate(texts, nbest=2, sampling=SamplingConfig(seed=1), max_new_tokens=10)[0]) == 2
-    assert len(translator.translate(texts, beam_size=1, nbest=6, sampling=SamplingConfig(), max_new_tokens=10)[0]) == 6
+    assert len(translator.translations(texts, nbest=2, sampling=SamplingConfig(seed=1), max_new_tokens=10)[0].nbest) == 2
+    assert len(translator.translations(texts, beam_size=1, nbest=6, sampling=SamplingConfig(),
+                                       max_new_tokens=10)[0].nbest) == 6
     for bad in (dict(topk=-1), dict(topp=0.0), dict(topp=1.5), dict(temperature=-1.0)):
         with pytest.raises(NmtError, match="sampling"):
             SamplingConfig(**bad)
@@ -448,10 +449,15 @@ def test_translator_samples_reproducibly_and_checks_its_options(tmp_path):
 def test_chunks_of_a_stream_draw_from_their_own_seeds(monkeypatch):
     """translate_stream: chunk k starts at line n and samples from seed + n - 1, so no two chunks share random
     streams (a back-translated corpus would repeat its noise every chunk); the first chunk is translate()'s."""
+    from nmt.translate import Translation
     from nmt.translate import Translator as T
 
+    def translations(self, texts, *args, **kw):
+        seen.append(kw["sampling"].seed)
+        return [Translation(t, 0.0, 0.0) for t in texts]
+
     seen = []
-    monkeypatch.setattr(T, "translate", lambda self, texts, **kw: seen.append(kw["sampling"].seed) or list(texts))
+    monkeypatch.setattr(T, "translations", translations)
     translator = T.__new__(T)
     lines = [f"line {i}" for i in range(7)]
     out = list(translator.translate_stream(lines, chunk_size=3, sampling=SamplingConfig(topk=5, seed=10)))

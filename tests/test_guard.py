@@ -55,8 +55,8 @@ def test_the_guard_decodes_flagged_sentences_again_and_leaves_the_others_as_they
         assert main(["export", str(directory), "--to", "ctranslate2", str(tmp_path / "ct2")]) == 0
         translator, model = Translator.from_ctranslate2(tmp_path / "ct2"), ["--ct2", str(tmp_path / "ct2")]
     sources = [a for a, _ in generate_pairs(20, seed=5)]
-    first = translator.translate(sources, with_scores=True)
-    guarded = translator.translate(sources, with_scores=True, guard=True)
+    first = translator.translations(sources)
+    guarded = translator.translations(sources, guard=True)
     assert translator.translate(sources, guard=True) == [g.text for g in guarded]
     flagged = [i for i, (f, s) in enumerate(zip(first, sources)) if loops(f.text, s)]
     assert 0 < len(flagged) < len(sources) if engine == "torch" else flagged  # CTranslate2's beam: all loop
@@ -68,7 +68,7 @@ def test_the_guard_decodes_flagged_sentences_again_and_leaves_the_others_as_they
         else:
             assert not loops(g.text, s)
     assert any(not guarded[i].doubt for i in flagged)  # the fallback mended some
-    unguarded = translator.translate(sources, with_scores=True, guard=Guard(loops=False))
+    unguarded = translator.translations(sources, guard=Guard(loops=False))
     assert unguarded == first  # nothing to check (the model names no languages): nothing decoded again
 
     path = tmp_path / "in.txt"
@@ -112,23 +112,23 @@ def test_a_translation_still_in_the_wrong_language_goes_through_a_pivot_the_mode
     assert translator.pivot_languages("de") == ["en"]  # the source's language unknown: any trained into de
 
     searches, direct = [], set()
-    translate = translator.translate
+    translations = translator.translations
 
-    def spy(texts, **kwargs):
-        found = translate(texts, **kwargs)
+    def spy(texts, *args, **kwargs):
+        found = translations(texts, *args, **kwargs)
         searches.append((list(texts), kwargs.get("tgt_lang"), found))
         if kwargs.get("tgt_lang") == "fr" and set(texts) <= set(german):  # the sources searched into French
-            direct.update(c.text for f in found for c in (f if isinstance(f, list) else [f]))
+            direct.update(c.text for f in found for c in f.nbest)
         return found
 
-    monkeypatch.setattr(translator, "translate", spy)
+    monkeypatch.setattr(translator, "translations", spy)
     monkeypatch.setattr(nmt.guard, "off_target", lambda text, target, among: "en" if text in direct else None)
-    stuck = translate(german, tgt_lang="fr", with_scores=True, guard=Guard(loops=False, pivot=False))
+    stuck = translations(german, tgt_lang="fr", guard=Guard(loops=False, pivot=False))
     assert [s.doubt for s in stuck] == ["off-target: en"] * 3  # the wider beam mends none of them
     searches.clear()
-    guarded = translate(german, tgt_lang="fr", with_scores=True, guard=Guard(loops=False))
-    (legs, into_en, _), (second, into_fr, through) = searches[-2:]
-    assert (legs, into_en, into_fr) == (german, "en", "fr") and second == searches[-2][2]
+    guarded = translations(german, tgt_lang="fr", guard=Guard(loops=False))
+    (legs, into_en, first), (second, into_fr, through) = searches[-2:]
+    assert (legs, into_en, into_fr) == (german, "en", "fr") and second == [t.text for t in first]
     assert [g.text for g in guarded] == [t.text for t in through]
     assert all(g.doubt == "" and g.text not in direct for g in guarded)
     from nmt.tools.serve import decoding_costs
@@ -144,7 +144,7 @@ def test_the_guard_needs_one_beam_searched_translation_per_sentence(tmp_path):
 
     for kwargs in ({"nbest": 2}, {"sampling": SamplingConfig()}):
         with pytest.raises(NmtError, match="guard checks one translation per sentence"):
-            translator.translate(["a b"], guard=True, **kwargs)
+            translator.translations(["a b"], guard=True, **kwargs)
 
 
 def test_nmt_serve_guards_what_its_flag_or_a_request_asks_and_prices_the_second_search(tmp_path):
@@ -159,7 +159,7 @@ def test_nmt_serve_guards_what_its_flag_or_a_request_asks_and_prices_the_second_
     translator = Translator.from_pretrained(model_dir(tmp_path / "model", seed=3))
     sources = [a for a, _ in generate_pairs(8, seed=5)]
     guarded = [{"text": g.text, "mean_logprob": g.mean_logprob, "confidence": g.confidence, "doubt": g.doubt}
-               for g in translator.translate(sources, with_scores=True, guard=True)]
+               for g in translator.translations(sources, guard=True)]
     plain = translator.translate(sources)
     assert [g["text"] for g in guarded] != plain
     tokens = [len(ids) for ids in translator.tokenizer.encode_src(sources)]

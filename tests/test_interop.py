@@ -292,12 +292,12 @@ def test_an_nllb_import_reads_the_source_language_it_is_told_or_tells_it(nllb, m
     assert translator.source_languages == NLLB_CODES
     assert translator.translate(lines, **search) == generate(["eng_Latn"] * 4)
     with caplog.at_level("INFO", logger="nmt"):
-        auto = translator.translate(lines, src_lang="auto", with_scores=True, **search)
-        each = [translator.translate([line], src_lang=code, with_scores=True, **search)[0]
+        auto = translator.translations(lines, src_lang="auto", **search)
+        each = [translator.translations([line], src_lang=code, **search)[0]
                 for line, code in zip(lines, ["de", "fr", "eng_Latn", "eng_Latn"])]
     assert [a.text for a in auto] == [e.text for e in each] == generate(["deu_Latn", "fra_Latn", "eng_Latn", "eng_Latn"])
     assert [a.score for a in auto] == pytest.approx([e.score for e in each], abs=1e-4)
-    imported = translator.translate(lines, with_scores=True, **search)
+    imported = translator.translations(lines, **search)
     assert all(abs(a.score - i.score) > 1e-3 for a, i in zip(auto[:2], imported[:2]))  # the token is read
     assert [a.score for a in auto[2:]] == pytest.approx([i.score for i in imported[2:]], abs=1e-4)
     assert "1 of 4 sentences are too short to tell their language" in caplog.text

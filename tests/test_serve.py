@@ -351,7 +351,7 @@ def test_a_failed_translation_answers_500_with_an_id_and_keeps_the_details_in_th
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 7900000000 bytes.")
 
-    translator.translate = out_of_memory  # the batcher calls it in its model thread
+    translator.translations = out_of_memory  # the batcher calls it in its model thread
     with caplog.at_level("ERROR", logger="nmt"):
         [(status, answer)] = asgi_requests(build_app(translator, ServeConfig()),
                                            ("POST", "/translate", {"sentences": ["the dog sleeps ."]}))

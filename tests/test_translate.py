@@ -27,6 +27,11 @@ from nmt.translate import Translator, fit_length
 TEXTS = [src for src, _ in generate_pairs(12, seed=3)]
 
 
+def ranked(found) -> list[tuple[str, float]]:
+    """A Translation's n-best list as (text, score) pairs, best first."""
+    return [(t.text, t.score) for t in found.nbest]
+
+
 @pytest.fixture(scope="module")
 def translator() -> Translator:
     """A random tiny model (d_model 16) over a tokenizer trained on the synthetic language."""
@@ -46,13 +51,15 @@ def test_batches_do_not_change_translations_and_order_is_kept(translator):
 
 
 def test_nbest_lists_are_scored_best_first(translator):
-    out = translator.translate(TEXTS[:3], beam_size=4, nbest=3, max_new_tokens=8)
+    out = [ranked(t) for t in translator.translations(TEXTS[:3], beam_size=4, nbest=3, max_new_tokens=8)]
     assert [len(hyps) for hyps in out] == [3, 3, 3]
     for hyps in out:
         scores = [score for _, score in hyps]
         assert all(isinstance(text, str) for text, _ in hyps) and scores == sorted(scores, reverse=True)
     best = translator.translate(TEXTS[:3], beam_size=4, max_new_tokens=8)
     assert [hyps[0][0] for hyps in out] == best
+    with pytest.raises(NmtError, match=r"translations\(texts, nbest=N\)"):
+        translator.translate(TEXTS[:1], nbest=2)  # one string per sentence: n-best lists are translations'
 
 
 def test_stream_equals_translate_in_any_chunking(translator):
@@ -108,7 +115,7 @@ def test_blank_inputs_give_empty_outputs_without_running_the_model(translator, m
 
     monkeypatch.setattr(nmt.engines, "search_encoded", no_search)
     assert translator.translate(BLANKS) == ["", "", "", ""]
-    assert translator.translate(BLANKS[:2], beam_size=3, nbest=3) == [[("", 0.0)] * 3] * 2
+    assert [ranked(t) for t in translator.translations(BLANKS[:2], beam_size=3, nbest=3)] == [[("", 0.0)] * 3] * 2
     assert translator.translate([]) == []
 
 
@@ -125,18 +132,16 @@ POOL = BLANKS + TEXTS[:4] + [long_text(i) for i in range(3)]
 def test_outputs_align_one_to_one_with_inputs(short, picks, nbest, long_inputs):
     texts = [POOL[i] for i in picks]
     options = dict(beam_size=3, nbest=nbest, long_inputs=long_inputs, max_new_tokens=5)
-    out = short.translate(texts, **options)
+    out = [ranked(t) for t in short.translations(texts, **options)]
     assert len(out) == len(texts)
     for text, got in zip(texts, out):
-        alone = short.translate([text], **options)[0]  # output i is input i's, whatever else is in the batch
-        if nbest == 1:
-            assert isinstance(got, str) and got == alone
-            assert text.strip() or got == ""
-            continue
+        alone = ranked(short.translations([text], **options)[0])  # output i is input i's, whatever else is in the batch
         assert len(got) == nbest and all(isinstance(t, str) and isinstance(s, float) for t, s in got)
         assert [t for t, _ in got] == [t for t, _ in alone]
         assert [s for _, s in got] == pytest.approx([s for _, s in alone], abs=1e-4)
         assert text.strip() or got == [("", 0.0)] * nbest
+    if nbest == 1:  # translate: the same texts, one string a sentence
+        assert short.translate(texts, beam_size=3, long_inputs=long_inputs, max_new_tokens=5) == [g[0][0] for g in out]
 
 
 def test_a_split_input_joins_its_pieces_in_order_in_every_hypothesis(short):
@@ -147,7 +152,7 @@ def test_a_split_input_joins_its_pieces_in_order_in_every_hypothesis(short):
     assert len(pieces) > 1
     found = search_encoded(short.model, pieces, SearchConfig(beam_size=3, nbest=3, max_new_tokens=5), 4096)
     each = [[(short.tokenizer.decode_tgt([h.tokens])[0], h.score) for h in found[j]] for j in range(len(pieces))]
-    joined = short.translate([text], beam_size=3, nbest=3, long_inputs="split", max_new_tokens=5)[0]
+    joined = ranked(short.translations([text], beam_size=3, nbest=3, long_inputs="split", max_new_tokens=5)[0])
     for k, (translation, score) in enumerate(joined):
         assert translation == " ".join(hyps[k][0] for hyps in each)
         assert score == pytest.approx(sum(hyps[k][1] for hyps in each), abs=1e-4)
@@ -156,14 +161,14 @@ def test_a_split_input_joins_its_pieces_in_order_in_every_hypothesis(short):
 
 def test_nbest_is_exact_even_when_the_search_finds_fewer(translator):
     # a length limit of one token leaves one hypothesis, </s>, however wide the beam
-    out = translator.translate(TEXTS[:2] + [""], beam_size=4, nbest=4, max_new_tokens=1)
+    out = [ranked(t) for t in translator.translations(TEXTS[:2] + [""], beam_size=4, nbest=4, max_new_tokens=1)]
     assert [len(hyps) for hyps in out] == [4, 4, 4]
     assert all(len(set(hyps)) == 1 for hyps in out)
 
 
 def test_sampled_nbest_gives_nbest_per_input(short):
-    out = short.translate(["", long_text(1), TEXTS[0], " "], nbest=3, long_inputs="split", max_new_tokens=5,
-                          sampling=SamplingConfig(topk=5, seed=1))
+    out = [ranked(t) for t in short.translations(["", long_text(1), TEXTS[0], " "], nbest=3, long_inputs="split",
+                                                max_new_tokens=5, sampling=SamplingConfig(topk=5, seed=1))]
     assert [len(hyps) for hyps in out] == [3, 3, 3, 3]
     assert out[0] == out[3] == [("", 0.0)] * 3
 
@@ -353,7 +358,7 @@ def test_decoding_goes_to_the_gpu_when_there_is_one_in_the_precision_asked(trans
 
     half = Translator(copy.deepcopy(translator.model), translator.tokenizer, "cpu", dtype="bf16")
     assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
-    out = half.translate(TEXTS[:4], beam_size=2, with_scores=True)
+    out = half.translations(TEXTS[:4], beam_size=2)
     assert len(out) == 4 and all(math.isfinite(o.mean_logprob) for o in out)
 
 
@@ -373,22 +378,22 @@ def test_control_strings_typed_in_a_source_are_text_to_the_model():
     assert "".join(src_tokens[:-1]).replace("\u2581", " ").strip() == text
 
 
-# --- confidence: with_scores and nmt translate --scores ------------------------------------------------------------
+# --- confidence: translations' scores and nmt translate --scores ----------------------------------------------------
 
 
 @pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=3), dict(sampling=SamplingConfig(topk=5, seed=1))],
                          ids=["greedy", "beam", "sampling"])
 def test_scores_are_the_mean_log_probability_of_each_translation(translator, options):
-    """with_scores: the same translations, each with the mean log-probability per token (</s> included) that forced
-    decoding gives the tokens it was decoded from (a </s> forced at the length limit counts 0, as the search
-    scores it), and its exp as the confidence; a blank source: "", mean 0, confidence 1. (Forced decoding of the
-    text would tokenise it anew: a random model's subwords do not always come back the same.)"""
+    """translations: the same translations as translate, each with the mean log-probability per token (</s>
+    included) that forced decoding gives the tokens it was decoded from (a </s> forced at the length limit counts 0,
+    as the search scores it), and its exp as the confidence; a blank source: "", mean 0, confidence 1. (Forced
+    decoding of the text would tokenise it anew: a random model's subwords do not always come back the same.)"""
     from nmt.decoding import SearchConfig, score_encoded, search_encoded
-    from nmt.translate import Scored
+    from nmt.translate import Translation
 
     texts = TEXTS[:6] + [" "]
     plain = translator.translate(texts, max_new_tokens=8, **options)
-    scored = translator.translate(texts, max_new_tokens=8, with_scores=True, **options)
+    scored = translator.translations(texts, max_new_tokens=8, **options)
     assert [s.text for s in scored] == plain
     src_ids = translator.tokenizer.encode_src(texts[:-1], leading_tags=False)
     search = SearchConfig(beam_size=max(options.get("beam_size", 1), 1), max_new_tokens=8)
@@ -399,7 +404,9 @@ def test_scores_are_the_mean_log_probability_of_each_translation(translator, opt
     means = [(f.total - f.token_logprobs[-1] * (len(t) == 8)) / len(t) for f, t in zip(forced, tokens)]
     assert [s.mean_logprob for s in scored[:-1]] == pytest.approx(means, abs=1e-4)
     assert all(0 < s.confidence < 1 and s.confidence == pytest.approx(math.exp(s.mean_logprob)) for s in scored[:-1])
-    assert scored[-1] == Scored("", 0.0, 0.0) and scored[-1].confidence == 1.0
+    assert scored[-1] == Translation("", 0.0, 0.0) and scored[-1].confidence == 1.0
+    unread = translator.translations(texts, max_new_tokens=8, confidence=False, **options)  # the fields not picked
+    assert [t.text for t in unread] == plain and all(math.isnan(t.mean_logprob) for t in unread)
 
 
 def test_scored_nbest_and_split_sentences(short):
@@ -407,9 +414,9 @@ def test_scored_nbest_and_split_sentences(short):
     log-probability; a split sentence's mean is over all its pieces' tokens."""
     from nmt.decoding import SearchConfig, search_encoded
 
-    pairs = short.translate(TEXTS[:3], beam_size=3, nbest=2, max_new_tokens=5)
-    scored = short.translate(TEXTS[:3], beam_size=3, nbest=2, max_new_tokens=5, with_scores=True)
-    assert [[(s.text, s.score) for s in hyps] for hyps in scored] == pairs
+    scored = [t.nbest for t in short.translations(TEXTS[:3], beam_size=3, nbest=2, max_new_tokens=5)]
+    assert [len(hyps) for hyps in scored] == [2, 2, 2]
+    assert [hyps[0].text for hyps in scored] == short.translate(TEXTS[:3], beam_size=3, max_new_tokens=5)
     src_ids = [fit_length(ids, 12, "truncate")[0] for ids in short.tokenizer.encode_src(TEXTS[:3])]
     found = search_encoded(short.model, src_ids, SearchConfig(beam_size=3, nbest=2, max_new_tokens=5), 4096)
     assert [s.mean_logprob for hyps in scored for s in hyps] == pytest.approx(
@@ -418,7 +425,7 @@ def test_scored_nbest_and_split_sentences(short):
     pieces = fit_length(short.tokenizer.encode_src([text])[0], 12, "split")
     found = [search_encoded(short.model, pieces, SearchConfig(beam_size=3, max_new_tokens=5), 4096)[j][0]
              for j in range(len(pieces))]
-    split = short.translate([text], beam_size=3, long_inputs="split", max_new_tokens=5, with_scores=True)[0]
+    split = short.translations([text], beam_size=3, long_inputs="split", max_new_tokens=5)[0]
     assert len(pieces) > 1 and split.mean_logprob == pytest.approx(
         sum(h.logprob for h in found) / sum(len(h.tokens) for h in found), abs=1e-5)
 
@@ -436,7 +443,7 @@ def test_cli_scores_write_translation_mean_logprob_and_confidence(translator, tm
     assert main(["translate", str(tmp_path / "m"), "--input", str(src), "--output", str(tmp_path / "out.tsv"),
                  "--beam", "2", "--scores"]) == 0
     rows = [line.split("\t") for line in (tmp_path / "out.tsv").read_text(encoding="utf-8").splitlines()]
-    expected = translator.translate(lines, beam_size=2, with_scores=True)
+    expected = translator.translations(lines, beam_size=2)
     assert [r[0] for r in rows] == [s.text for s in expected] and [len(r) for r in rows] == [3, 3, 3]
     assert [float(x) for r in rows for x in r[1:]] == pytest.approx(
         [x for s in expected for x in (s.mean_logprob, s.confidence)], abs=1e-4)  # 4 decimals
@@ -444,12 +451,12 @@ def test_cli_scores_write_translation_mean_logprob_and_confidence(translator, tm
     assert main(["translate", str(tmp_path / "m"), "--input", str(src), "--output", str(tmp_path / "nbest.tsv"),
                  "--beam", "2", "--nbest", "2", "--scores"]) == 0
     nbest = [line.split("\t") for line in (tmp_path / "nbest.tsv").read_text(encoding="utf-8").splitlines()]
-    expected = translator.translate(lines, beam_size=2, nbest=2, with_scores=True)
-    assert [r[::3] for r in nbest] == [[s.text for s in hyps] for hyps in expected]  # text, mean, confidence, ...
+    expected = translator.translations(lines, beam_size=2, nbest=2)
+    assert [r[::3] for r in nbest] == [[s.text for s in t.nbest] for t in expected]  # text, mean, confidence, ...
 
 
 def test_ctranslate2_scores_are_its_forced_decoding_of_each_translation(translator, tmp_path):
-    """Translator.from_ctranslate2(...).translate(with_scores=True) and nmt translate --ct2 --scores: the float32
+    """Translator.from_ctranslate2(...).translations() and nmt translate --ct2 --scores: the float32
     export's greedy translations are ours, each with the mean log-probability forced decoding gives its tokens,
     </s> included at its probability (also where the length limit ended it)."""
     pytest.importorskip("ctranslate2")
@@ -460,7 +467,7 @@ def test_ctranslate2_scores_are_its_forced_decoding_of_each_translation(translat
     translator.tokenizer.save(tmp_path / "m")
     assert main(["export", str(tmp_path / "m"), "--to", "ctranslate2", str(tmp_path / "ct2")]) == 0
     exported = Translator.from_ctranslate2(tmp_path / "ct2")
-    scored = exported.translate(TEXTS[:4], beam_size=1, max_new_tokens=8, with_scores=True)
+    scored = exported.translations(TEXTS[:4], beam_size=1, max_new_tokens=8)
     src_ids = translator.tokenizer.encode_src(TEXTS[:4], leading_tags=False)
     found = search_encoded(translator.model, src_ids, SearchConfig(beam_size=1, max_new_tokens=8), 4096)
     tokens = [found[i][0].tokens for i in range(4)]
@@ -471,7 +478,7 @@ def test_ctranslate2_scores_are_its_forced_decoding_of_each_translation(translat
     assert main(["translate", "--ct2", str(tmp_path / "ct2"), "--input", str(tmp_path / "in.txt"), "--beam", "1",
                  "--scores", "--output", str(tmp_path / "out.tsv")]) == 0
     text, mean, confidence = (tmp_path / "out.tsv").read_text(encoding="utf-8").rstrip("\n").split("\t")
-    expected = exported.translate(TEXTS[:1], beam_size=1, with_scores=True)[0]
+    expected = exported.translations(TEXTS[:1], beam_size=1)[0]
     assert (text, float(mean), float(confidence)) == (expected.text, pytest.approx(expected.mean_logprob, abs=1e-4),
                                                       pytest.approx(expected.confidence, abs=1e-4))
 

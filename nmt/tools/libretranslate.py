@@ -142,7 +142,7 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
     except BadRequest as e:
         return JSONResponse({"error": str(e)}, status_code=400 if e.status == 413 else e.status)
     nbest = 1 if text_format == "html" else alternatives + 1  # as LibreTranslate: no alternatives for html ([])
-    options = {"beam_size": max(api.cfg.beam, nbest), **({"nbest": nbest} if nbest > 1 else {}),
+    options = {"beam_size": max(api.cfg.beam, nbest), "confidence": False, **({"nbest": nbest} if nbest > 1 else {}),
                **({"format": "html"} if text_format == "html" else {}),
                **({"tgt_lang": target} if api.translator.target_languages else {}),
                **({"src_lang": source} if api.translator.source_languages else {}),
@@ -154,7 +154,7 @@ async def translate(api, request: Request, data: dict, bearer_ok: bool) -> JSONR
             done.status_code = 400 if done.status_code == 413 else done.status_code
             return done
         outputs = done[0]
-    ranked = [[o[0] for o in out] if nbest > 1 else [out] for out in outputs]  # per sentence: its n best texts
+    ranked = [[t.text for t in out.nbest] for out in outputs]  # per sentence: its n best texts
     written = [join_documents(layout, [r[k] for r in ranked]) for k in range(nbest)]  # k-th best of every text
     found = [[written[k][i] for k in range(nbest)] for i in range(len(layout))]
     result: dict = {"translatedText": [f[0] for f in found] if batch else found[0][0]}

@@ -65,7 +65,7 @@ from nmt.tools.request_batcher import (
     Stopping,
     check_sentences,
 )
-from nmt.translate import Scored
+from nmt.translate import Translation
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +155,10 @@ def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float,
         if not isinstance(data["src_lang"], str):
             raise BadRequest(400, f"'src_lang' must be a language code string or auto, got {_short(data['src_lang'])}")
         options["src_lang"] = data["src_lang"]
-    if "scores" in data:  # each translation with its mean log-probability and confidence (nmt.translate.Scored)
+    if "scores" in data:  # each translation with its mean log-probability and confidence (a Translation's)
         if not isinstance(data["scores"], bool):
             raise BadRequest(400, f"'scores' must be true or false, got {_short(data['scores'])}")
-        options["with_scores"] = data["scores"]
+    options["confidence"] = data.get("scores", False)
     if not isinstance(data.get("guard", cfg.guard), bool):
         raise BadRequest(400, f"'guard' must be true or false, got {_short(data['guard'])}")
     if data.get("guard", cfg.guard):  # loops and the wrong language searched for again (nmt.guard)
@@ -283,7 +283,7 @@ class Api:
         self.translator, self.cfg = translator, cfg
         self.info = {k: v for k, v in (info or {}).items() if k in PUBLIC_INFO}
         self.translates: dict[str, list[str]] = (info or {}).get("translates") or {}  # source -> targets, if known
-        self.batcher = Batcher(translator.translate, cfg.batch_tokens, cfg.max_queue, cfg.max_wait_ms / 1000,
+        self.batcher = Batcher(translator.translations, cfg.batch_tokens, cfg.max_queue, cfg.max_wait_ms / 1000,
                                cfg.batching, max_cost=cfg.batch_cost, max_queued_cost=cfg.max_queued_cost,
                                cancellable=True)
         # one thread prepares requests (NFKC, tokenising) one at a time: the event loop shares the GIL with it and the
@@ -320,9 +320,9 @@ class Api:
             return done
         outputs, job = done
         if layout is not None:
-            outputs = join_documents(layout, outputs)
-        guarded = bool(options.get("guard"))
-        return JSONResponse({"translations": [_jsonable(o, guarded) for o in outputs], "batch": job.batch})
+            return JSONResponse({"translations": join_documents(layout, [o.text for o in outputs]), "batch": job.batch})
+        shown = options.get("nbest", 1), options["confidence"], bool(options.get("guard"))
+        return JSONResponse({"translations": [_jsonable(o, *shown) for o in outputs], "batch": job.batch})
 
     @staticmethod
     async def fields(request: Request, body: bytes) -> tuple[dict, bool]:
@@ -560,17 +560,17 @@ def build_app(translator, cfg: ServeConfig, info: dict | None = None) -> Starlet
     return app
 
 
-def _jsonable(output, guarded: bool = False):
-    """A translation: a string; with scores {"text", "mean_logprob", "confidence"} (and with a guard "doubt": why it
-    stays doubtful, "" when it is not); n-best a list of {"text", "score"} (with scores, and "mean_logprob",
-    "confidence")."""
-    if isinstance(output, str):
-        return output
-    if isinstance(output, Scored):
-        doubt = {"doubt": output.doubt} if guarded else {}
-        return {"text": output.text, "mean_logprob": output.mean_logprob, "confidence": output.confidence, **doubt}
-    return [{"text": o.text, "score": o.score, "mean_logprob": o.mean_logprob, "confidence": o.confidence}
-            if isinstance(o, Scored) else {"text": o[0], "score": o[1]} for o in output]
+def _jsonable(found: Translation, nbest: int, scores: bool, guarded: bool):
+    """A translation as the request asked for it: a string; with scores {"text", "mean_logprob", "confidence"} (and
+    with a guard "doubt": why it stays doubtful, "" when it is not); n-best a list of {"text", "score"} (with
+    scores, and "mean_logprob", "confidence")."""
+    def confidence(t: Translation) -> dict:
+        return {"mean_logprob": t.mean_logprob, "confidence": t.confidence} if scores else {}
+    if nbest > 1:
+        return [{"text": t.text, "score": t.score, **confidence(t)} for t in found.nbest]
+    if not scores:
+        return found.text
+    return {"text": found.text, **confidence(found), **({"doubt": found.doubt} if guarded else {})}
 
 
 class _Server(uvicorn.Server):
