@@ -46,6 +46,18 @@ def corpus_dir(tmp_path_factory) -> Path:
     return d
 
 
+
+@pytest.fixture(scope="session")
+def served_model(corpus_dir, tmp_path_factory) -> Path:
+    """A tiny model trained 12 steps on corpus_dir (en -> xx): what the server tests serve."""
+    from nmt import train
+    from nmt.compat import reset_accelerate_state
+
+    reset_accelerate_state()
+    result = train(tiny_config(corpus_dir, tmp_path_factory.mktemp("serve"), max_steps=12))
+    reset_accelerate_state()
+    return result.model_dir
+
 def tiny_config(corpus_dir: Path, out: Path, **overrides) -> TrainConfig:
     """A config that trains a tiny model on `corpus_dir` in seconds."""
     base = dict(

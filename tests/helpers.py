@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -375,3 +383,140 @@ def read_all(tmp_path, train, **kw):
 def texts(corpus) -> set:
     splits = [corpus.splits[name] for name in ("train", "valid", "test")]
     return {(s, t) for ds in splits for s, t in zip(ds["src"], ds["tgt"])}
+
+
+# --- a user's bad inputs: the catalogue (test_bad_input) and the run's checks (test_validate) ---------------------
+
+GOOD = [(f"sentence number {i} is here .", f"satz nummer {i} ist hier .") for i in range(40)]
+
+
+def good_bytes(side: int) -> bytes:
+    """GOOD's source (0) or target (1) side as a file's bytes."""
+    return "".join(p[side] + "\n" for p in GOOD).encode()
+
+
+def pair_files(tmp_path, src: bytes, tgt: bytes, name="train") -> Path:
+    """`name`.en and `name`.de under tmp_path holding these bytes; returns the corpus prefix."""
+    (tmp_path / f"{name}.en").write_bytes(src)
+    (tmp_path / f"{name}.de").write_bytes(tgt)
+    return tmp_path / name
+
+
+def nmt_train(tmp_path, train_spec, capsys, *extra) -> tuple[int, str]:
+    """`nmt train` of one step of a tiny model on `train_spec`: (exit code, stderr)."""
+    from nmt.cli import main
+
+    code = main(["train", "--data.train", str(train_spec), "--data.src_lang", "en", "--data.tgt_lang", "de",
+                 "--data.cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "run"),
+                 "--model.preset", "tiny", "--tokenizer.vocab_size", "150", "--tokenizer.min_frequency", "1",
+                 "--max_steps", "1", "--data.valid_ratio", "0.1", "--data.test_ratio", "0.1", *map(str, extra)])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def assert_error(code: int, err: str, *needles: str) -> None:
+    """A user's error as the CLI says it: exit 2, one `error:` line holding each needle, no traceback."""
+    assert code == 2
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# --- nmt serve as a client meets it (test_serve, test_libretranslate, test_serve_page, ...) --------------------------
+
+ROOT = Path(__file__).parent.parent
+
+
+class Server:
+    """`nmt serve MODEL_DIR --port 0 FLAGS` in a subprocess; `port` is the one it printed."""
+
+    def __init__(self, model_dir: Path | None, *flags: str, env: dict | None = None):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+        model = [str(model_dir)] if model_dir else []  # None: the flags name the model (--ct2 DIR)
+        self.proc = subprocess.Popen([sys.executable, "-m", "nmt.cli", "serve", *model, "--port", "0", *flags],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline()  # blocks until it listens (or dies)
+        assert "listening on http://127.0.0.1:" in line, (line, self.proc.stderr.read())
+        self.port = int(line.split("127.0.0.1:")[1].split()[0])
+
+    def call(self, method: str, path: str, body: dict | bytes | None = None, timeout: float = 120,
+             headers: dict | None = None) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            data = json.dumps(body).encode() if isinstance(body, dict) else body
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            conn.close()
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM; (exit code, stderr)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, err
+
+
+@contextlib.contextmanager
+def serving(model_dir: Path, *flags: str, env: dict | None = None):
+    server = Server(model_dir, *flags, env=env)
+    try:
+        yield server
+    finally:
+        if server.proc.poll() is None:
+            server.stop()
+
+
+def nmt_translate(model_dir: Path, lines: list[str], *flags: str) -> list[str]:
+    ran = nmt_command("translate", model_dir, *flags, stdin="\n".join(lines) + "\n")
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.splitlines()
+
+
+def asgi_requests(app, *requests: tuple) -> list[tuple[int, dict]]:
+    """(status, JSON answer) of each (method, path, body, headers) request, in turn, through the ASGI app in this
+    process (one lifespan), as uvicorn hands them over; headers add to a loopback Host and a JSON body's."""
+    import asyncio
+
+    async def one(method: str, path: str, body: dict | None = None, headers: dict | None = None):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
+        headers = {"host": "127.0.0.1:8080", "content-type": "application/json", "content-length": str(len(data)),
+                   **(headers or {})}
+        sent, parts, hang = [False], [], asyncio.Event()
+
+        async def receive():
+            if sent[0]:
+                await hang.wait()  # the client stays connected
+            sent[0] = True
+            return {"type": "http.request", "body": data, "more_body": False}
+
+        async def send(message):
+            parts.append(message)
+
+        scope = {"type": "http", "method": method, "path": path, "query_string": b"", "root_path": "",
+                 "headers": [(k.encode(), v.encode()) for k, v in headers.items()], "http_version": "1.1",
+                 "scheme": "http", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 1)}
+        await app(scope, receive, send)
+        status = next(m["status"] for m in parts if m["type"] == "http.response.start")
+        return status, json.loads(b"".join(m.get("body", b"") for m in parts if m["type"] == "http.response.body"))
+
+    async def run() -> list[tuple[int, dict]]:
+        async with app.state.api.lifespan(app):
+            return [await one(*request) for request in requests]
+
+    return asyncio.run(run())
+
+
+MULTIPART = {"Content-Type": "multipart/form-data; boundary=nmt-boundary"}
+
+
+def multipart(fields: dict, file: bool = False) -> bytes:
+    """A multipart/form-data body as a browser's FormData sends it (with `file`, also a file field)."""
+    parts = [f'--nmt-boundary\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items()]
+    if file:
+        parts.append('--nmt-boundary\r\nContent-Disposition: form-data; name="f"; filename="a.txt"\r\n'
+                     'Content-Type: text/plain\r\n\r\nx\r\n')
+    return ("".join(parts) + "--nmt-boundary--\r\n").encode()

@@ -151,7 +151,7 @@ def test_nmt_serve_guards_what_its_flag_or_a_request_asks_and_prices_the_second_
     """`nmt serve --guard` checks every request that does not say "guard": false, a request may ask for it on a
     server without the flag, and "scores" then carry each translation's doubt, as Translator.translate says it;
     the decoding cost counts the wider search every sentence may get; LibreTranslate's route is guarded too."""
-    from test_serve import asgi_requests
+    from helpers import asgi_requests
 
     from nmt.tools.request_batcher import ServeConfig
     from nmt.tools.serve import build_app, decoding_costs

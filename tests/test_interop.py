@@ -257,7 +257,7 @@ def test_an_nllb_import_translates_into_each_of_its_languages_by_short_code(nllb
         assert main(["import", str(hf_dir), str(out.parent / code), "--src-lang", code]) == 2
         assert says in _one_error_line(capsys)
 
-    from tests.test_serve import serving
+    from helpers import serving
 
     with serving(out) as server:
         assert server.call("GET", "/info")[1]["target_languages"] == NLLB_CODES
@@ -314,7 +314,7 @@ def test_an_nllb_import_reads_the_source_language_it_is_told_or_tells_it(nllb, m
         assert main(["translate", str(model), "--input", str(source), "--src-lang", *flags]) == 2
         assert says in _one_error_line(capsys)
 
-    from tests.test_serve import serving
+    from helpers import serving
 
     with serving(out) as server:
         status, body = server.call("POST", "/translate", {"sentences": lines, "tgt_lang": "fr", "src_lang": "auto"})

@@ -262,4 +262,3 @@ def test_a_model_directory_of_pickled_weights_is_refused_saying_how_to_convert(t
     assert main(["translate", str(directory)]) == 2
     err = capsys.readouterr().err
     assert "pytorch_model.bin), which nmt never reads" in err and "save_pretrained" in err and len(err.splitlines()) == 1
-

@@ -203,7 +203,7 @@ def test_back_translation_into_a_language_and_its_corpus_weighted_beside_the_oth
 
 
 def test_the_server_takes_tgt_lang(run):
-    from tests.test_serve import serving
+    from helpers import serving
 
     _, out = run
     translator = Translator.from_pretrained(out / "model")

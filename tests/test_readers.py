@@ -8,7 +8,6 @@ from helpers import PAIRS, TOK, cfg_for, read_all, texts
 
 from nmt.config import DataConfig
 from nmt.data import prepare
-from nmt.textfiles import count_lines
 from tests.conftest import write_pairs
 
 
@@ -64,8 +63,3 @@ def test_crlf_and_bom_are_handled(tmp_path):
     from nmt.readers import read_text_pair
     rows = list(read_text_pair(str(tmp_path / "train.en"), str(tmp_path / "train.fr")))
     assert rows == [{"src": "hello world", "tgt": "bonjour monde"}, {"src": "second line", "tgt": "deuxième ligne"}]
-
-
-def test_count_lines_without_final_newline(tmp_path):
-    (tmp_path / "f").write_bytes(b"a\nb")
-    assert count_lines(tmp_path / "f") == 2

@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -17,70 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import nmt_command
+from helpers import ROOT, Server, asgi_requests, nmt_translate, serving
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-ROOT = Path(__file__).parent.parent
-
 
 @pytest.fixture(scope="module")
-def model_dir(corpus_dir, tmp_path_factory) -> Path:
-    from nmt import train
-    from nmt.compat import reset_accelerate_state
-    from tests.conftest import tiny_config
-
-    result = train(tiny_config(corpus_dir, tmp_path_factory.mktemp("serve"), max_steps=12))
-    reset_accelerate_state()
-    return result.model_dir
-
-
-class Server:
-    """`nmt serve MODEL_DIR --port 0 FLAGS` in a subprocess; `port` is the one it printed."""
-
-    def __init__(self, model_dir: Path | None, *flags: str, env: dict | None = None):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-        model = [str(model_dir)] if model_dir else []  # None: the flags name the model (--ct2 DIR)
-        self.proc = subprocess.Popen([sys.executable, "-m", "nmt.cli", "serve", *model, "--port", "0", *flags],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        line = self.proc.stdout.readline()  # blocks until it listens (or dies)
-        assert "listening on http://127.0.0.1:" in line, (line, self.proc.stderr.read())
-        self.port = int(line.split("127.0.0.1:")[1].split()[0])
-
-    def call(self, method: str, path: str, body: dict | bytes | None = None, timeout: float = 120,
-             headers: dict | None = None) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            data = json.dumps(body).encode() if isinstance(body, dict) else body
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-            response = conn.getresponse()
-            return response.status, json.loads(response.read())
-        finally:
-            conn.close()
-
-    def stop(self) -> tuple[int, str]:
-        """SIGTERM; (exit code, stderr)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=60)
-        return self.proc.returncode, err
-
-
-@contextlib.contextmanager
-def serving(model_dir: Path, *flags: str, env: dict | None = None):
-    server = Server(model_dir, *flags, env=env)
-    try:
-        yield server
-    finally:
-        if server.proc.poll() is None:
-            server.stop()
-
-
-def nmt_translate(model_dir: Path, lines: list[str], *flags: str) -> list[str]:
-    ran = nmt_command("translate", model_dir, *flags, stdin="\n".join(lines) + "\n")
-    assert ran.returncode == 0, ran.stderr
-    return ran.stdout.splitlines()
+def model_dir(served_model) -> Path:
+    return served_model
 
 
 def test_concurrent_requests_are_batched_and_answer_as_nmt_translate(model_dir, corpus_dir):
@@ -106,111 +50,6 @@ def test_concurrent_requests_are_batched_and_answer_as_nmt_translate(model_dir, 
     assert code == 0 and "nmt serve: stopped" in err, err
 
 
-def asgi_requests(app, *requests: tuple) -> list[tuple[int, dict]]:
-    """(status, JSON answer) of each (method, path, body, headers) request, in turn, through the ASGI app in this
-    process (one lifespan), as uvicorn hands them over; headers add to a loopback Host and a JSON body's."""
-    import asyncio
-
-    async def one(method: str, path: str, body: dict | None = None, headers: dict | None = None):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
-        headers = {"host": "127.0.0.1:8080", "content-type": "application/json", "content-length": str(len(data)),
-                   **(headers or {})}
-        sent, parts, hang = [False], [], asyncio.Event()
-
-        async def receive():
-            if sent[0]:
-                await hang.wait()  # the client stays connected
-            sent[0] = True
-            return {"type": "http.request", "body": data, "more_body": False}
-
-        async def send(message):
-            parts.append(message)
-
-        scope = {"type": "http", "method": method, "path": path, "query_string": b"", "root_path": "",
-                 "headers": [(k.encode(), v.encode()) for k, v in headers.items()], "http_version": "1.1",
-                 "scheme": "http", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 1)}
-        await app(scope, receive, send)
-        status = next(m["status"] for m in parts if m["type"] == "http.response.start")
-        return status, json.loads(b"".join(m.get("body", b"") for m in parts if m["type"] == "http.response.body"))
-
-    async def run() -> list[tuple[int, dict]]:
-        async with app.state.api.lifespan(app):
-            return [await one(*request) for request in requests]
-
-    return asyncio.run(run())
-
-
-def test_libretranslates_client_and_requests_get_libretranslates_answers(model_dir):
-    """Issue 45, part 1: LibreTranslate's API beside nmt's own. Its real client (libretranslatepy: a form with q,
-    source, target and api_key) translates a document as nmt translate --paragraphs does and lists the languages;
-    raw requests: q as a list, html, alternatives, a wrong or missing key, an unknown language, a multipart form
-    (a browser's FormData; with a file: 400);
-    /detect and source auto (part 2), and a text too short to tell.
-    nmt's own JSON still needs the Bearer key."""
-    from libretranslatepy import LibreTranslateAPI
-
-    document = "the dog sleeps .\n\nthe cat eats a fish .\nthe dog runs ."
-    with serving(model_dir, "--beam", "2", "--api-key", "k") as server:
-        client = LibreTranslateAPI(f"http://127.0.0.1:{server.port}", api_key="k")
-        translated = client.translate(document, "en", "xx")
-        languages = client.languages()
-        detected = client.detect("Der Hund schläft im Garten.")
-        told = server.call("POST", "/translate", {"q": ["the dog sleeps .", "the cat eats ."], "source": "auto",
-                                                  "target": "xx", "api_key": "k"})
-        short = [server.call("POST", "/detect", {"q": "ok", "api_key": "k"}),
-                 server.call("POST", "/translate", {"q": "Der Hund schläft im Garten.", "source": "auto",
-                                                    "target": "xx", "api_key": "k"}),
-                 server.call("POST", "/detect", {"q": "the dog", "api_key": "x"})]
-        lt = {"source": "en", "target": "xx", "api_key": "k"}
-        listed = server.call("POST", "/translate", {**lt, "q": ["the dog sleeps .", "the cat eats ."]})
-        marked = server.call("POST", "/translate", {**lt, "q": "the <b>dog</b> sleeps .", "format": "html",
-                                                    "alternatives": 1})
-        other = server.call("POST", "/translate", {**lt, "q": "the dog sleeps .", "alternatives": 2})
-        refused = [server.call("POST", "/translate", {**lt, "q": "a", "api_key": "x"}),
-                   server.call("POST", "/translate", {"q": "a", "source": "en", "target": "xx"}),
-                   server.call("POST", "/translate", {**lt, "q": "a", "target": "fr"}),
-                   server.call("POST", "/translate", {**lt, "q": "a", "source": "auto"}),
-                   server.call("POST", "/translate", {**lt, "q": ""}),
-                   server.call("POST", "/translate", {**lt, "q": "a", "format": "markdown"}),
-                   server.call("POST", "/translate", {**lt, "q": "a", "alternatives": 9}),
-                   server.call("POST", "/translate", multipart({**lt, "q": "a"}, file=True), headers=MULTIPART),
-                   server.call("POST", "/translate", {"sentences": ["a"]})]
-        browser = server.call("POST", "/translate", multipart({**lt, "q": "the dog sleeps ."}), headers=MULTIPART)
-    assert translated == "\n".join(nmt_translate(model_dir, document.split("\n"), "--beam", "2", "--paragraphs"))
-    assert translated.count("\n") == 2 and "\n\n" in translated  # two paragraphs, the blank line kept
-    assert languages == [{"code": "en", "name": "English", "targets": ["xx"]}]
-    assert detected[0]["language"] == "de" and 50 < detected[0]["confidence"] <= 100, detected
-    assert told[0] == 200 and [d["language"] for d in told[1]["detectedLanguage"]] == ["en", "en"], told
-    assert told[1]["translatedText"] == nmt_translate(model_dir, ["the dog sleeps .", "the cat eats ."], "--beam", "2")
-    assert [s for s, _ in short] == [400, 400, 403], short
-    assert "too short to tell its language" in short[0][1]["error"] and short[1][1]["error"] == "de is not supported"
-    assert listed == (200, {"translatedText": nmt_translate(model_dir, ["the dog sleeps .", "the cat eats ."],
-                                                            "--beam", "2")})
-    assert marked == (200, {"translatedText": nmt_translate(model_dir, ["the <b>dog</b> sleeps ."], "--beam", "2",
-                                                            "--format", "html")[0], "alternatives": []})
-    assert other[0] == 200 and 1 <= len(other[1]["alternatives"]) <= 2 and other[1]["translatedText"] not in \
-        other[1]["alternatives"]
-    assert [status for status, _ in refused] == [403, 403, 400, 400, 400, 400, 400, 400, 401], refused
-    assert [answer["error"] for _, answer in refused[:3]] == [
-        "Invalid API key", "Invalid API key: this server needs one, sent as api_key (or 'Authorization: Bearer')",
-        "fr is not supported from en (targets: xx)"]
-    assert refused[4][1]["error"] == "Invalid request: missing q parameter"
-    assert refused[7][1]["error"].startswith("the multipart form cannot be read (Too many files")
-    assert browser == (200, {"translatedText": nmt_translate(model_dir, ["the dog sleeps ."], "--beam", "2")[0]})
-
-
-MULTIPART = {"Content-Type": "multipart/form-data; boundary=nmt-boundary"}
-
-
-def multipart(fields: dict, file: bool = False) -> bytes:
-    """A multipart/form-data body as a browser's FormData sends it (with `file`, also a file field)."""
-    parts = [f'--nmt-boundary\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items()]
-    if file:
-        parts.append('--nmt-boundary\r\nContent-Disposition: form-data; name="f"; filename="a.txt"\r\n'
-                     'Content-Type: text/plain\r\n\r\nx\r\n')
-    return ("".join(parts) + "--nmt-boundary--\r\n").encode()
-
-
 def test_a_document_translates_alike_from_the_cli_python_and_both_http_apis(model_dir):
     """Issue 45, part 4: documents everywhere. Paragraphs split into sentences and written back one line each, blank
     lines kept: nmt translate --paragraphs, Translator.translate_documents, nmt's API with "paragraphs": true and
@@ -233,32 +72,6 @@ def test_a_document_translates_alike_from_the_cli_python_and_both_http_apis(mode
     assert answers[1] == (200, {"translatedText": python})
     assert answers[2][0] == 413 and "6 sentences in one request; the limit is 4" in answers[2][1]["error"]
     assert answers[3][0] == 400 and "'paragraphs' gives one translation a paragraph" in answers[3][1]["error"]
-
-
-def test_hostile_libretranslate_fields_get_400_json(model_dir):
-    """LibreTranslate's fields are untrusted like the rest: a form that is not UTF-8 or has too many fields, q of
-    the wrong type or over the limits, a lone surrogate: 400 naming what is wrong, never 500."""
-    from nmt.tools.request_batcher import ServeConfig
-    from nmt.tools.serve import build_app
-    from nmt.translate import Translator
-
-    form = {"content-type": "application/x-www-form-urlencoded"}
-    lt = {"source": "en", "target": "xx"}
-    hostile = [(b"q=%FF%FE&source=en&target=xx", form, "the form is not UTF-8"),
-               ("&".join(f"f{i}=1" for i in range(40)).encode(), form, "more than 16 fields"),
-               ({"q": [1, 2], **lt}, {}, "q must be a text or a list of texts"),
-               ({"q": {"a": 1}, **lt}, {}, "q must be a text or a list of texts"),
-               ({"q": "a", "source": ["en"], "target": "xx"}, {}, "source must be a string"),
-               ({"q": "word " * 2000, **lt}, {}, "characters; the limit is 4096 per sentence"),
-               ({"q": ["a ."] * 300, **lt}, {}, "300 sentences in one request; the limit is 256"),
-               (b'{"q": "\\ud800 x", "source": "en", "target": "xx"}', {}, "not valid Unicode"),
-               ({"q": "a", "alternatives": "many", **lt}, {}, "alternatives parameter is not a number")]
-    hostile.append(({"q": "the dog sleeps . " * 40, **lt}, {}, "the request's decoding cost is"))  # over --max-cost
-    app = build_app(Translator.from_pretrained(model_dir), ServeConfig(max_cost=2000, batch_cost=2000,
-                                                                      max_queued_cost=2000))
-    answers = asgi_requests(app, *(("POST", "/translate", body, headers) for body, headers, _ in hostile))
-    for (status, answer), (_, _, needle) in zip(answers, hostile):
-        assert status == 400 and needle in answer["error"], (status, answer, needle)
 
 
 def test_serve_ct2_answers_both_apis_as_nmt_translate_ct2_does(model_dir, tmp_path):

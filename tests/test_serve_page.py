@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from tests.test_serve import serving  # noqa: E402
+from helpers import serving  # noqa: E402
 
 KEY = "s3cret-page-key"
 
