@@ -1,15 +1,16 @@
 """How far the run's config travels: `nmt.train` of a tiny model on the synthetic corpus, traced in each given
-checkout side by side (issue 44's figure: the modules a config passes through, and how often it goes back up the
-import order).
+checkout side by side (issue 44's figure: the modules a config passes through, and the calls back up the import
+order).
 
     python benchmarks/config_path.py [--repo .] [--repo /path/to/an/older/checkout] [--steps 4]
 
 The trace (`sys.setprofile` over the whole `train` call) counts every call of an nmt function that is handed a
 config (`TrainConfig`, or with `--sub-configs` also its data, model, optim and tokenizer parts) as an argument, or
-an object that carries one as `.cfg` or `.resolved` (a `Run`, a `Setup`; properties are not evaluated). It reports
-the modules those calls enter and the calls that go up the import order: from a module to one of a higher layer
-of that checkout's `tests/test_imports.py` (a call back into the code that called down: a callback, a lambda
-handed to a lower layer). Each checkout runs in a process of its own with its own `nmt` on the path.
+an object that carries one as `.cfg` or `.resolved` (a `Run`, a `Setup`; properties are not evaluated), and the
+modules those calls enter. Beside them, every call that goes back up the import order, whatever it carries: from
+a module to one of a higher layer of that checkout's `tests/test_imports.py` (a callback, a lambda or a generator
+handed to a lower layer, which then calls into the code that called it), counted and listed by call site. Each
+checkout runs in a process of its own with its own `nmt` on the path.
 """
 
 from __future__ import annotations
@@ -56,13 +57,12 @@ def trace(repo: Path, steps: int, sub_configs: bool) -> dict:
         if event != "call" or (entered := module(frame)) is None:
             return
         code = frame.f_code
-        if not any(carries(frame.f_locals.get(n)) for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]):
-            return
-        calls += 1
-        modules.add(entered)
         caller = module(frame.f_back) if frame.f_back else None
-        if caller is not None and layer[entered] > layer[caller]:
+        if caller is not None and layer[entered] > layer[caller]:  # any call back up: a callback, a lambda
             up.append(f"{caller}.{frame.f_back.f_code.co_name} -> {entered}.{code.co_name}")
+        if any(carries(frame.f_locals.get(n)) for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]):
+            calls += 1
+            modules.add(entered)
 
     work = Path(tempfile.mkdtemp(prefix="config-path-"))
     pairs = generate_pairs(680, seed=7)
@@ -108,9 +108,10 @@ def main() -> None:
         rows.append((repo, json.loads(found[0][len(MARK):])))
     what = "a config (TrainConfig or a part of it)" if args.sub_configs else "the TrainConfig"
     print(f"calls handed {what}, or an object carrying it, while `train` runs {args.steps} steps:")
-    print(f"{'checkout':<40} {'modules':>8} {'calls':>8} {'up the import order':>20}")
+    print(f"{'checkout':<40} {'modules':>8} {'calls':>8} {'calls up':>9} {'sites up':>9}")
     for repo, found in rows:
-        print(f"{str(repo)[-40:]:<40} {len(found['modules']):>8} {found['calls']:>8} {found['up']:>20}")
+        print(f"{str(repo)[-40:]:<40} {len(found['modules']):>8} {found['calls']:>8} {found['up']:>9} "
+              f"{len(found['up_distinct']):>9}")
     for repo, found in rows:
         print(f"\n{repo}: {', '.join(found['modules'])}")
         for call in found["up_distinct"]:
