@@ -309,7 +309,7 @@ class Translator:
                            "translations(texts, nbest=N) and read each one's .nbest")
         return [t.text for t in self.translations(texts, confidence=False, **options)]
 
-    def translations(self, texts: list[str], nbest: int = 1, confidence: bool = True, beam_size: int = 4,
+    def translations(self, texts: list[str], *, nbest: int = 1, confidence: bool = True, beam_size: int = 4,
                      batch_tokens: int = 4096, long_inputs: str = "truncate", sampling: SamplingConfig | None = None,
                      tgt_lang: str | None = None, glossary: Glossary | dict | list | None = None,
                      format: str = "text", cancelled=None, guard: Guard | bool | None = None,
@@ -363,8 +363,8 @@ class Translator:
             rest = sorted(set(range(len(texts))) - set(held))
             out: list = [None] * len(texts)
             for rows, translator, extra in ((held, self.pytorch, {"glossary": glossary}), (rest, self, {})):
-                done = translator.translations([texts[i] for i in rows], nbest, confidence, guard=guard, **options,
-                                                **extra) if rows else []
+                done = translator.translations([texts[i] for i in rows], nbest=nbest, confidence=confidence,
+                                               guard=guard, **options, **extra) if rows else []
                 for i, translation in zip(rows, done):
                     out[i] = translation
             return out
@@ -412,7 +412,7 @@ class Translator:
         if nbest != 1 or kwargs["sampling"] is not None:
             raise NmtError("guard checks one translation per sentence found by beam search: leave out nbest (--nbest) "
                            "and sampling (--sampling)")
-        outputs = self.translations(texts, 1, confidence, **kwargs)
+        outputs = self.translations(texts, nbest=1, confidence=confidence, **kwargs)
         target, among = self.guard_languages(kwargs["tgt_lang"]) if guard.languages else (None, [])
         doubts = [guard.doubt(out.text, text, target, among) for out, text in zip(outputs, texts)]
         wide = kwargs["beam_size"] * guard.beam_factor
@@ -423,7 +423,8 @@ class Translator:
             fallback = {**kwargs, "beam_size": wide}
             if looped and guard.no_repeat_ngram_size:
                 fallback["no_repeat_ngram_size"] = guard.no_repeat_ngram_size
-            for i, found in zip(flagged, self.translations([texts[i] for i in flagged], wide, confidence, **fallback)):
+            again = self.translations([texts[i] for i in flagged], nbest=wide, confidence=confidence, **fallback)
+            for i, found in zip(flagged, again):
                 mended = next((c for c in found.nbest
                                if not guard.doubt(c.text, texts[i], target, among)), None)
                 if mended is not None:
@@ -448,7 +449,8 @@ class Translator:
         imported = bool(self.source_languages)  # an M2M100/NLLB import is told the pivot's language for the 2nd leg
         for pivot, rows in by_pivot.items():
             legs = self.translate([texts[i] for i in rows], **{**kwargs, "tgt_lang": pivot})
-            seconds = self.translations(legs, 1, confidence, **{**kwargs, "src_lang": pivot if imported else None})
+            seconds = self.translations(legs, nbest=1, confidence=confidence,
+                                        **{**kwargs, "src_lang": pivot if imported else None})
             for i, leg, found in zip(rows, legs, seconds):
                 if leg.strip() and not guard.doubt(found.text, texts[i], target, among):
                     outputs[i], doubts[i] = found, ""
@@ -532,7 +534,7 @@ class Translator:
         format = kwargs["format"]
         self.check_format(format, nbest)
         marked = [t if isinstance(t, markup.Marked) else self.parse_markup(t, format, i) for i, t in enumerate(texts)]
-        outputs = self.translations([m.text for m in marked], 1, confidence, **{**kwargs, "format": "text"})
+        outputs = self.translations([m.text for m in marked], nbest=1, confidence=confidence, **{**kwargs, "format": "text"})
         plain = [out.text for out in outputs]
         tagged = [i for i, m in enumerate(marked) if m.elements]
         placed = dict(zip(tagged, self._with_tags([marked[i] for i in tagged], [plain[i] for i in tagged],
@@ -740,7 +742,7 @@ class Translator:
                           failed: list[int] | None) -> list[Translation | None]:
         """The chunk's translations; None for a line that failed alone (said, and numbered in `failed`)."""
         try:
-            return self.translations(chunk, nbest, confidence, **options)
+            return self.translations(chunk, nbest=nbest, confidence=confidence, **options)
         except markup.MarkupError as e:  # its sentence, numbered as the input's lines
             raise NmtError(f"line {first_line + e.index}: {e.reason}") from None
         except NmtError:
@@ -752,7 +754,7 @@ class Translator:
         out: list[Translation | None] = []
         for n, line in enumerate(chunk, first_line):
             try:
-                out.extend(self.translations([line], nbest, confidence, **options))
+                out.extend(self.translations([line], nbest=nbest, confidence=confidence, **options))
             except Exception as e:  # noqa: BLE001
                 out.append(_failed_line(n, e, failed))
         return out
