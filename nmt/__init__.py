@@ -14,7 +14,7 @@ _HOMES = {  # public name -> the module that defines it
     "TokenizerConfig": "nmt.config", "TrainConfig": "nmt.config", "load_config": "nmt.config",
     "NmtError": "nmt.errors", "SamplingConfig": "nmt.decoding", "launch": "nmt.launch",
     "Seq2SeqTransformer": "nmt.model", "open_model": "nmt.loading", "SearchConfig": "nmt.decoding",
-    "TrainResult": "nmt.train", "train": "nmt.train", "Translator": "nmt.translate",
+    "TrainResult": "nmt.train", "train": "nmt.train", "Translator": "nmt.translate", "Translation": "nmt.translate",
 }
 __all__ = sorted(_HOMES)
 __version__ = "0.1.0"
