@@ -136,7 +136,7 @@ class Stopping(Exception):
 
 @dataclass
 class Job:
-    """One request: its sentences, decoding options (Translator.translate keywords) and, per sentence, its
+    """One request: its sentences, decoding options (Translator.translations keywords) and, per sentence, its
     source tokens and its decoding cost (beam x length limit)."""
 
     texts: list  # the sentences as `translate` takes them: strings, or `markup.Marked` the server parsed
@@ -197,7 +197,7 @@ class Batcher:
     at the next call. With `batching=False` each request runs alone (the baseline of benchmarks/serve_load.py).
     `max_wait` seconds: how long a free worker waits for more requests to arrive before it starts a batch.
     The model runs in a daemon thread, so a shutdown that gives up on a call in progress need not wait for it.
-    With `cancellable`, `translate` also takes `cancelled=` (a function it asks as it goes, `Translator.translate`'s):
+    With `cancellable`, `translate` also takes `cancelled=` (a function it asks as it goes, `Translator.translations`'s):
     a call whose requests have all been given up stops there, its model thread free for the next."""
 
     def __init__(self, translate, max_tokens: int = 4096, max_queue: int = 64, max_wait: float = 0.002,

@@ -69,7 +69,7 @@ from nmt.translate import Translation
 
 log = logging.getLogger(__name__)
 
-# Request options: JSON key -> (Translator.translate keyword, type). Their ranges are SearchConfig's: what a request
+# Request options: JSON key -> (Translator.translations keyword, type). Their ranges are SearchConfig's: what a request
 # may cost is bounded by --max-cost, not by a second set of numbers here.
 OPTIONS = {"beam": ("beam_size", int), "alpha": ("alpha", float), "nbest": ("nbest", int),
            "max_new_tokens": ("max_new_tokens", int), "no_repeat_ngram_size": ("no_repeat_ngram_size", int)}
@@ -117,7 +117,7 @@ def json_object(body: bytes) -> dict:
 
 
 def parse_request(data: dict, cfg: ServeConfig) -> tuple[list[str], dict, float, list | None]:
-    """A request's JSON object -> (sentences, Translator.translate keywords, timeout in seconds, and with
+    """A request's JSON object -> (sentences, Translator.translations keywords, timeout in seconds, and with
     "paragraphs": true the documents' layout, `nmt.sentences.split_documents`, else None); BadRequest names the
     field. With paragraphs each item of `sentences` is a document, split into sentences that the limits apply to."""
     unknown = sorted(set(data) - {"sentences", "timeout", "tgt_lang", "src_lang", "scores", "glossary", "format",
@@ -277,7 +277,7 @@ def _error(status: int, message: str, close: bool = False) -> JSONResponse:
 
 
 class Api:
-    """The routes' handlers over one Batcher that calls `translator.translate`."""
+    """The routes' handlers over one Batcher that calls `translator.translations`."""
 
     def __init__(self, translator, cfg: ServeConfig, info: dict | None = None):
         self.translator, self.cfg = translator, cfg
