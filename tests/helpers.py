@@ -10,10 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
 
 from nmt.config import DataConfig, ModelConfig, TokenizerConfig
 from nmt.model import Seq2SeqTransformer
@@ -520,3 +523,88 @@ def multipart(fields: dict, file: bool = False) -> bytes:
         parts.append('--nmt-boundary\r\nContent-Disposition: form-data; name="f"; filename="a.txt"\r\n'
                      'Content-Type: text/plain\r\n\r\nx\r\n')
     return ("".join(parts) + "--nmt-boundary--\r\n").encode()
+
+
+# --- trainings on several processes (test_parallel, test_training_fsdp) ----------------------------------------------
+
+# float32 sums over differently split batches (and gloo's all-reduce) differ in rounding only;
+# seen: 4.5e-8 (DDP) and 3.0e-8 (accumulation) after 4 AdamW steps at lr ~1e-3
+PROCESS_ATOL = 1e-6
+
+
+def run_training(cfg) -> None:  # top level: launched processes import it by name
+    """`train(cfg)` in this process, and nothing of the run left holding a process group."""
+    import gc
+
+    from nmt.train import train
+
+    train(cfg)
+    # nothing of the run holds a process group once train() returns: one freed at the interpreter's exit can abort
+    # the process there (gloo's threads cannot take the GIL; CI saw SIGABRT after a finished 2-process run)
+    assert not any(isinstance(o, torch.nn.parallel.DistributedDataParallel) for o in gc.get_objects())
+
+
+# --- the search on tiny float64 models (test_decoding, test_constraints) ------------------------------------------
+
+SEARCH_VOCAB = V = 20  # the search tests' vocabulary (test_decoding, test_constraints)
+SEARCH_PROPERTY = settings(max_examples=25, deadline=None)
+
+
+@st.composite
+def search_cases(draw, max_rows: int = 4):
+    """(model, src_ids (B,S)): a random tiny float64 model (so near-ties cannot flip between two ways of
+    computing the same logits) and a padded source batch."""
+    model = tiny_model(seed=draw(st.integers(0, 2**16)), vocab=V, layers=draw(st.integers(1, 2)),
+                       pre_norm=draw(st.booleans()), dtype=torch.float64)
+    B = draw(st.integers(1, max_rows))
+    lengths = draw(st.lists(st.integers(1, 6), min_size=B, max_size=B))
+    return model, src_batch(torch.Generator().manual_seed(draw(st.integers(0, 2**16))), lengths, V)
+
+
+def forced_logprob(model, src_row: torch.Tensor, tokens: list[int]) -> float:
+    """Log-probability of `tokens` for source (1, S) by one teacher-forced forward pass."""
+    tgt_in = torch.tensor([[BOS, *tokens[:-1]]])
+    lp = torch.log_softmax(model(src_row, tgt_in)[0].float(), dim=-1)  # (T, V)
+    return float(lp[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
+
+
+# --- `nmt train` in a subprocess, watched (test_reliability, test_checkpoint, test_training_state) ------------------
+
+def train_args(corpus_dir: Path, tmp: Path, run: str, steps: int) -> list[str]:
+    """`nmt train` flags for a tiny run of `steps` steps into tmp/run, a checkpoint every 2 steps."""
+    return ["--data.train", corpus_dir / "train", "--data.valid", corpus_dir / "valid", "--data.test",
+            corpus_dir / "test", "--data.cache_dir", tmp / "cache", "--output_dir", tmp / run, "--model.preset",
+            "tiny", "--model.dropout", "0.1", "--tokenizer.vocab_size", "300", "--max_tokens", "300",
+            "--max_steps", steps, "--save_every", "2", "--eval_every", "1000", "--log_every", "1",
+            "--eval_max_sentences", "4", "--optim.lr", "0.003", "--optim.warmup_steps", "10", "--keep_last", "2",
+            "--average_last", "0"]  # nothing left to the budget plan: runs of other lengths train alike
+
+
+def start(cmd: list, tmp: Path) -> subprocess.Popen:
+    """`python CMD` in tmp, one thread, this checkout's nmt, its output piped."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, *map(str, cmd)], cwd=tmp, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def nmt_cmd(*args) -> list:
+    """`start`'s command for `nmt train ARGS`."""
+    return ["-m", "nmt.cli", "train", *args]
+
+
+def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Until the run's metrics.jsonl logs `step` (AssertionError if the process dies first or time runs out)."""
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if metrics.is_file() and any(json.loads(x)["step"] >= step for x in metrics.read_text().splitlines() if x):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached")
+
+
+def losses(run: Path) -> dict[int, float]:
+    """step -> training loss, as the run's metrics.jsonl logged them."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import losses, train_args
 from safetensors.torch import load_file, save_file
-from test_reliability import losses, train_args
 
 from nmt.checkpoint import (
     COMPLETE,

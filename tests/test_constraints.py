@@ -10,10 +10,12 @@ import unicodedata
 
 import pytest
 import torch
-from helpers import PAD, one_thread, src_batch, tiny_model  # noqa: F401  (one_thread: module-wide)
+from helpers import PAD, forced_logprob, one_thread, src_batch, tiny_model  # noqa: F401  (one_thread: module-wide)
+from helpers import SEARCH_PROPERTY as PROPERTY
+from helpers import SEARCH_VOCAB as V
+from helpers import search_cases as cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_decoding import PROPERTY, V, cases, forced_logprob
 
 from nmt.constraints import Glossary
 from nmt.decoding import SearchConfig, beam_search

@@ -14,11 +14,15 @@ from helpers import (  # noqa: F401
     EOS,
     PAD,
     chunks_at,
+    forced_logprob,
     model_dir,  # noqa: F401
     one_thread,
     src_batch,
     tiny_model,
 )
+from helpers import SEARCH_PROPERTY as PROPERTY
+from helpers import SEARCH_VOCAB as V
+from helpers import search_cases as cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -40,9 +44,6 @@ from nmt.decoding import (
 from nmt.errors import NmtError
 
 # --- search: greedy and beam ---------------------------------------------------------------------------------------
-
-V = 20
-PROPERTY = settings(max_examples=25, deadline=None)
 
 
 class EncodeDecodeOnly(nn.Module):
@@ -83,17 +84,6 @@ class EosAverse(nn.Module):
         return logits
 
 
-@st.composite
-def cases(draw, max_rows: int = 4):
-    """(model, src_ids (B,S)): a random tiny float64 model (so near-ties cannot flip between two ways of
-    computing the same logits) and a padded source batch."""
-    model = tiny_model(seed=draw(st.integers(0, 2**16)), vocab=V, layers=draw(st.integers(1, 2)),
-                       pre_norm=draw(st.booleans()), dtype=torch.float64)
-    B = draw(st.integers(1, max_rows))
-    lengths = draw(st.lists(st.integers(1, 6), min_size=B, max_size=B))
-    return model, src_batch(torch.Generator().manual_seed(draw(st.integers(0, 2**16))), lengths, V)
-
-
 searches = st.builds(SearchConfig, beam_size=st.integers(2, 4), alpha=st.sampled_from([0.0, 0.6, 1.0]),
                      max_len_a=st.sampled_from([0.0, 1.0, 3.0]), max_len_b=st.sampled_from([0.5, 1.0, 2.0]),
                      max_new_tokens=st.integers(1, 8))
@@ -103,13 +93,6 @@ def limits_of(src_ids: torch.Tensor, cfg: SearchConfig) -> list[int]:
     """The documented limit, computed independently: min(int(a + b * source length), max_new_tokens), >= 1."""
     lengths = src_ids.ne(PAD).sum(1).tolist()
     return [max(1, min(int(cfg.max_len_a + cfg.max_len_b * n), cfg.max_new_tokens)) for n in lengths]
-
-
-def forced_logprob(model, src_row: torch.Tensor, tokens: list[int]) -> float:
-    """Log-probability of `tokens` for source (1, S) by one teacher-forced forward pass."""
-    tgt_in = torch.tensor([[BOS, *tokens[:-1]]])
-    lp = torch.log_softmax(model(src_row, tgt_in)[0].float(), dim=-1)  # (T, V)
-    return float(lp[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
 
 
 def reference_greedy(model, src_row: torch.Tensor, limit: int, no_repeat: int = 0) -> list[int]:

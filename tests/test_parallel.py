@@ -20,28 +20,11 @@ from safetensors.torch import load_file
 from nmt.compat import reset_accelerate_state
 from nmt.launch import launch
 from tests.conftest import multilingual_config, tiny_config
-from tests.helpers import run_launcher
+from tests.helpers import PROCESS_ATOL as ATOL
+from tests.helpers import run_launcher, run_training
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).parent.parent
-# float32 sums over differently split batches (and gloo's all-reduce) differ in rounding only;
-# seen: 4.5e-8 (DDP) and 3.0e-8 (accumulation) after 4 AdamW steps at lr ~1e-3
-ATOL = 1e-6
-
-
-def _reset():
-    reset_accelerate_state()
-
-
-def run_training(cfg) -> None:  # top level: launched processes import it by name
-    import gc
-
-    from nmt.train import train
-
-    train(cfg)
-    # nothing of the run holds a process group once train() returns: one freed at the interpreter's exit can abort
-    # the process there (gloo's threads cannot take the GIL; CI saw SIGABRT after a finished 2-process run)
-    assert not any(isinstance(o, torch.nn.parallel.DistributedDataParallel) for o in gc.get_objects())
 
 
 def final_params(cfg) -> dict[str, torch.Tensor]:
@@ -60,9 +43,9 @@ def test_ddp_equals_one_process_equals_accumulation(corpus_dir, tmp_path, multil
     for cfg in (one, two, acc):
         cfg.model.dropout = 0.0
     run_training(one)
-    _reset()
+    reset_accelerate_state()
     run_training(acc)
-    _reset()
+    reset_accelerate_state()
     launch(run_training, (two,), num_processes=2)
     a, b, c = final_params(one), final_params(two), final_params(acc)
     worst = {"ddp": 0.0, "accum": 0.0}
@@ -121,7 +104,7 @@ def test_every_pair_once_and_same_validation(corpus_dir, tmp_path, multilingual)
     cfg = make(corpus_dir, tmp_path, eval_max_sentences=None, max_tokens=300)
     launch(record_epoch_and_validation, (cfg, str(tmp_path / "two.json")), num_processes=2)
     record_epoch_and_validation(cfg, str(tmp_path / "one.json"))
-    _reset()
+    reset_accelerate_state()
     one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert two["world"] == 2 and one["world"] == 1
     flat = [i for part in two["indices"] for i in part]
@@ -193,7 +176,7 @@ def test_bpe_dropout_and_alpha_tuning_on_two_processes_equal_one(corpus_dir, tmp
     for cfg in (one, two):
         cfg.model.dropout = 0.0
     run_training(one)
-    _reset()
+    reset_accelerate_state()
     launch(run_training, (two,), num_processes=2)
     a, b = final_params(one), final_params(two)
     assert max(float((p - b[name]).abs().max()) for name, p in a.items()) <= ATOL
@@ -383,7 +366,7 @@ def test_every_run_ends_whatever_the_shares_and_signals(corpus_dir, world, n_val
             assert stop is not None and ranks[0]["stopped_by"] == "SIGTERM"
             return
         alone = _validated_alone(cfg, Path(cfg.output_dir) / "model")
-        _reset()
+        reset_accelerate_state()
         assert all(alone[k] == ranks[0]["best"][k] for k in ("bleu", "chrf"))
         assert alone["valid_nll"] == pytest.approx(ranks[0]["best"]["valid_nll"], rel=1e-6)
         hyps = Translator.from_pretrained(Path(cfg.output_dir) / "model").translate(

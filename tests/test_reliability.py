@@ -5,7 +5,6 @@ import os
 import pickle
 import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from nmt.compat import reset_accelerate_state
 from nmt.errors import NmtError
 from nmt.loading import open_model
 from tests.conftest import ShortOfMemory
-from tests.helpers import signal_tree
+from tests.helpers import losses, nmt_cmd, signal_tree, start, train_args, wait_for_step
 
 ROOT = Path(__file__).parent.parent
 
@@ -29,44 +28,9 @@ ROOT = Path(__file__).parent.parent
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
-def train_args(corpus_dir: Path, tmp: Path, run: str, steps: int) -> list[str]:
-    return ["--data.train", corpus_dir / "train", "--data.valid", corpus_dir / "valid", "--data.test",
-            corpus_dir / "test", "--data.cache_dir", tmp / "cache", "--output_dir", tmp / run, "--model.preset",
-            "tiny", "--model.dropout", "0.1", "--tokenizer.vocab_size", "300", "--max_tokens", "300",
-            "--max_steps", steps, "--save_every", "2", "--eval_every", "1000", "--log_every", "1",
-            "--eval_max_sentences", "4", "--optim.lr", "0.003", "--optim.warmup_steps", "10", "--keep_last", "2",
-            "--average_last", "0"]  # nothing left to the budget plan: runs of other lengths train alike
-
-
-def start(cmd: list, tmp: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, *map(str, cmd)], cwd=tmp, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def nmt_cmd(*args) -> list:
-    return ["-m", "nmt.cli", "train", *args]
-
-
 def launch_cmd(*args) -> list:
     return ["-m", "accelerate.commands.launch", "--config_file", ROOT / "accelerate_configs" / "cpu_2proc.yaml",
             ROOT / "run.py", *args]
-
-
-def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    metrics = run / "metrics.jsonl"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if metrics.is_file() and any(json.loads(x)["step"] >= step for x in metrics.read_text().splitlines() if x):
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached")
-
-
-def losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
 def assert_same_params(a: Path, b: Path) -> None:

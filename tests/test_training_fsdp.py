@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_parallel import ATOL, _reset, run_training
 
+from nmt.compat import reset_accelerate_state
 from nmt.launch import launch
 from tests.conftest import tiny_config
+from tests.helpers import PROCESS_ATOL as ATOL
+from tests.helpers import run_training
 
 pytestmark = pytest.mark.multiprocess
 
@@ -91,9 +93,9 @@ def test_fsdp2_trains_as_ddp_and_one_process_and_resumes_exactly_after_kill_9(co
     held = [json.loads((tmp_path / "fsdp" / f"sharded{rank}.json").read_text()) for rank in (0, 1)]
     assert all(h["sharded"] and h["local"] < 0.6 * h["numel"] for h in held)  # each process holds about half
     launch(run_training, (ddp,), num_processes=2)
-    _reset()
+    reset_accelerate_state()
     run_training(acc)
-    _reset()
+    reset_accelerate_state()
     a, b, c = _losses(fsdp), _losses(ddp), _losses(acc)
     assert sorted(a) == sorted(b) == sorted(c) == list(range(1, 21))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-5 and max(abs(a[s] - c[s]) for s in a) <= 1e-5

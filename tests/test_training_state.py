@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import nmt_cmd, start, train_args, wait_for_step
 from safetensors.torch import load_file
-from test_reliability import nmt_cmd, start, train_args, wait_for_step
 
 from nmt import train
 from nmt.checkpoint import COMPLETE, list_checkpoints, tokenizer_sha256
