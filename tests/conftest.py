@@ -58,6 +58,13 @@ def served_model(corpus_dir, tmp_path_factory) -> Path:
     reset_accelerate_state()
     return result.model_dir
 
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory) -> Path:
+    """A model directory with a random tiny model: enough for commands that only read and write files."""
+    from helpers import model_dir
+
+    return model_dir(tmp_path_factory.mktemp("random") / "model")
+
 def tiny_config(corpus_dir: Path, out: Path, **overrides) -> TrainConfig:
     """A config that trains a tiny model on `corpus_dir` in seconds."""
     base = dict(

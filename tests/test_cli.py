@@ -291,11 +291,3 @@ def test_a_pipe_that_is_not_utf8_is_named_by_its_line():
     os.close(write)
     with os.fdopen(read, "rb") as stream, pytest.raises(NmtError, match="stdin:2: not valid UTF-8"):
         list(arrived_lines(stream))
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory) -> Path:
-    """A model directory with a random tiny model: enough for commands that only read and write files."""
-    from helpers import model_dir
-
-    return model_dir(tmp_path_factory.mktemp("random") / "model")

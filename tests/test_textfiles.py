@@ -12,14 +12,6 @@ import pytest
 from nmt.textfiles import count_lines
 
 
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory) -> Path:
-    """A model directory with a random tiny model: enough for commands that only read and write files."""
-    from helpers import model_dir
-
-    return model_dir(tmp_path_factory.mktemp("random") / "model")
-
-
 def same_file_cases(model: Path, d: Path) -> dict:
     """name -> (argv, the file that must stay as it is, words of the message)."""
     text = d / "in.txt"
