@@ -527,9 +527,36 @@ def multipart(fields: dict, file: bool = False) -> bytes:
 
 # --- trainings on several processes (test_parallel, test_training_fsdp) ----------------------------------------------
 
-# float32 sums over differently split batches (and gloo's all-reduce) differ in rounding only;
-# seen: 4.5e-8 (DDP) and 3.0e-8 (accumulation) after 4 AdamW steps at lr ~1e-3
-PROCESS_ATOL = 1e-6
+U32 = 2.0 ** -24  # float32's unit roundoff: one rounding changes a value by at most this fraction of it
+
+
+def sum_error(n: int) -> float:
+    """The relative error bound of a float32 sum of `n` terms of one sign (no cancellation): (n - 1) u, whatever the
+    order the terms are added in."""
+    return max(n - 1, 1) * U32
+
+
+def possible_movement(cfg, steps: int) -> float:
+    """The farthest `steps` AdamW steps of `cfg` can move a parameter: about lr_t a step whatever the gradient's
+    size (m / sqrt(v) stays within 1 for betas with beta1^2 <= beta2), so the sum of the rates."""
+    from nmt.training.loop import Schedule
+
+    schedule = Schedule(cfg.optim)
+    return sum(cfg.optim.lr * schedule(step) for step in range(steps))
+
+
+def adamw_tolerance(cfg, steps: int) -> float:
+    """How far the parameters of two trainings of `cfg` may part after `steps` AdamW steps when the runs differ only
+    in the order of their float32 sums (other micro-batches, gloo's all-reduce, another CPU's matrix kernels).
+
+    From the arithmetic, not from a machine. A gradient summed in another order changes its update by the
+    gradient's relative rounding error: N u for N float32 summands (`sum_error`; 5e-5 for the 800 tokens of these
+    tests' batches), more where the sum cancels (softmax ignores a shift of the scores, so part of the key
+    projection's gradient is zero but for rounding, and AdamW scales that noise up to a visible step). We allow a
+    hundredth of the possible movement (`possible_movement`), a relative error of 200 N u, plus one float32 ulp of a
+    parameter near 1 per step (each step rounds the stored value). A training that differs in anything but rounding
+    (a pair lost or seen twice, a gradient averaged over the wrong count) changes its updates by order 1."""
+    return possible_movement(cfg, steps) / 100 + steps * 2 * U32
 
 
 def run_training(cfg) -> None:  # top level: launched processes import it by name

@@ -20,8 +20,7 @@ from safetensors.torch import load_file
 from nmt.compat import reset_accelerate_state
 from nmt.launch import launch
 from tests.conftest import multilingual_config, tiny_config
-from tests.helpers import PROCESS_ATOL as ATOL
-from tests.helpers import run_launcher, run_training
+from tests.helpers import adamw_tolerance, possible_movement, run_launcher, run_training, sum_error
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).parent.parent
@@ -52,11 +51,12 @@ def test_ddp_equals_one_process_equals_accumulation(corpus_dir, tmp_path, multil
     for name, p in a.items():
         worst["ddp"] = max(worst["ddp"], float((p - b[name]).abs().max()))
         worst["accum"] = max(worst["accum"], float((p - c[name]).abs().max()))
-    print(f"largest parameter difference vs 1 process: {worst} (tolerance {ATOL})")
-    assert worst["ddp"] <= ATOL and worst["accum"] <= ATOL
+    tolerance = adamw_tolerance(one, one.max_steps)  # float32 rounding only, on any CPU
+    print(f"largest parameter difference vs 1 process: {worst} (tolerance {tolerance:.2e})")
+    assert worst["ddp"] <= tolerance and worst["accum"] <= tolerance
     initial = _initial(one)
     moved = max(float((a[name] - initial[name]).abs().max()) for name in a)
-    assert moved > 100 * ATOL  # the steps really changed the parameters
+    assert moved > possible_movement(one, one.max_steps) / 2  # the steps really moved the parameters
 
 
 def _initial(cfg) -> dict[str, torch.Tensor]:
@@ -179,7 +179,7 @@ def test_bpe_dropout_and_alpha_tuning_on_two_processes_equal_one(corpus_dir, tmp
     reset_accelerate_state()
     launch(run_training, (two,), num_processes=2)
     a, b = final_params(one), final_params(two)
-    assert max(float((p - b[name]).abs().max()) for name, p in a.items()) <= ATOL
+    assert max(float((p - b[name]).abs().max()) for name, p in a.items()) <= adamw_tolerance(one, one.max_steps)
     tuned = [json.loads((Path(cfg.output_dir) / "model" / "search.json").read_text()) for cfg in (one, two)]
     assert tuned[0]["alpha"] == tuned[1]["alpha"] and tuned[0]["bleu"] == pytest.approx(tuned[1]["bleu"])
     assert json.loads((Path(two.output_dir) / "model" / "training.json").read_text())["num_processes"] == 2
@@ -368,7 +368,9 @@ def test_every_run_ends_whatever_the_shares_and_signals(corpus_dir, world, n_val
         alone = _validated_alone(cfg, Path(cfg.output_dir) / "model")
         reset_accelerate_state()
         assert all(alone[k] == ranks[0]["best"][k] for k in ("bleu", "chrf"))
-        assert alone["valid_nll"] == pytest.approx(ranks[0]["best"]["valid_nll"], rel=1e-6)
+        # a mean of positive token losses summed in another order: at most a token a character, and an end each
+        tokens = sum(len(b) + 1 for _, b in pairs[:n_valid])
+        assert alone["valid_nll"] == pytest.approx(ranks[0]["best"]["valid_nll"], rel=sum_error(tokens))
         hyps = Translator.from_pretrained(Path(cfg.output_dir) / "model").translate(
             [a for a, _ in pairs[n_valid:]], beam_size=4)
         scores = corpus_scores(hyps, [b for _, b in pairs[n_valid:]])
@@ -410,7 +412,7 @@ def test_compile_true_on_two_processes_trains_and_validates_as_eager(corpus_dir,
     noted = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert noted == [["OptimizedModule", "DistributedDataParallel", False]] * 2  # DDP compiled, not inside it
     worst = max(float((p - runs[True][name]).abs().max()) for name, p in runs[False].items())
-    assert worst <= 1e-5
+    assert worst <= adamw_tolerance(cfg, cfg.max_steps)  # compiled kernels add in their own order
 
 
 # --- out of memory on one process ---------------------------------------------------------------------------------

@@ -669,6 +669,27 @@ def test_links_lead_to_files(page):
     assert not missing, f"{page} links to missing files: {missing}"
 
 
+SHIPPED = ["README.md", "run.sh", "run.py", "pyproject.toml", ".ci/run",
+           *(str(p.relative_to(ROOT)) for folder in ("docs", "configs", "accelerate_configs", "benchmarks", "examples",
+                                                     "nmt") for p in sorted((ROOT / folder).rglob("*"))
+             if p.is_file() and p.suffix in {".md", ".py", ".yaml", ".sh", ".ipynb", ".html"})]
+# a path into the checkout as a file names it: a top folder, then a file name with its extension
+NAMED_PATH = re.compile(r"(?<![\w./-])((?:docs|configs|accelerate_configs|benchmarks|examples|nmt|tests|\.ci)"
+                        r"/[\w./-]*\.(?:md|py|yaml|sh|ipynb|html|json|toml))\b")
+
+
+def named_paths(text: str) -> list[str]:
+    """The checkout's files `text` names (`tests/test_x.py::case` names tests/test_x.py)."""
+    return NAMED_PATH.findall(text)
+
+
+@pytest.mark.parametrize("shipped", SHIPPED)
+def test_every_path_a_shipped_file_names_exists(shipped):
+    """README, docs, profiles, configs, benchmarks and the package name only files that are there."""
+    missing = [t for t in named_paths((ROOT / shipped).read_text(encoding="utf-8")) if not (ROOT / t).exists()]
+    assert not missing, f"{shipped} names missing files: {missing}"
+
+
 def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
     """Negative controls: a misspelt flag or config key, a bad value and an unknown command are each refused."""
     bad = ["nmt train --config configs/default.yaml --modle.d_model 8", "nmt translate m --bem 4 < a.en",
@@ -680,3 +701,4 @@ def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
         except (Exception, SystemExit, pytest.fail.Exception):
             continue
         pytest.fail(f"accepted: {text}")
+    assert named_paths("see docs/nope.md, `tests/test_x.py::case`") == ["docs/nope.md", "tests/test_x.py"]

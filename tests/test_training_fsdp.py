@@ -13,8 +13,7 @@ from safetensors.torch import load_file
 from nmt.compat import reset_accelerate_state
 from nmt.launch import launch
 from tests.conftest import tiny_config
-from tests.helpers import PROCESS_ATOL as ATOL
-from tests.helpers import run_training
+from tests.helpers import adamw_tolerance, run_training, sum_error
 
 pytestmark = pytest.mark.multiprocess
 
@@ -98,7 +97,11 @@ def test_fsdp2_trains_as_ddp_and_one_process_and_resumes_exactly_after_kill_9(co
     reset_accelerate_state()
     a, b, c = _losses(fsdp), _losses(ddp), _losses(acc)
     assert sorted(a) == sorted(b) == sorted(c) == list(range(1, 21))
-    assert max(abs(a[s] - b[s]) for s in a) <= 1e-5 and max(abs(a[s] - c[s]) for s in a) <= 1e-5
+    # a logged loss is a mean of positive terms over the step's tokens (no cancellation), from parameters that
+    # parted by rounding in the steps before
+    assert all(a[s] == pytest.approx(b[s], rel=s * sum_error(g)) and a[s] == pytest.approx(c[s], rel=s * sum_error(g))
+               for s in a)
+    tolerance = adamw_tolerance(ddp, ddp.max_steps)
     for name in ("checkpoints/step_20", "model"):
         sharded, whole = Path(fsdp.output_dir, name), Path(ddp.output_dir, name)
         assert sorted(p.name for p in sharded.iterdir()) == sorted(p.name for p in whole.iterdir())
@@ -108,8 +111,10 @@ def test_fsdp2_trains_as_ddp_and_one_process_and_resumes_exactly_after_kill_9(co
                 continue  # (a model directory holds no optimizer)
             x, y = load_file(file), load_file(whole / file.name)
             assert x.keys() == y.keys(), file.name  # the tied embedding once; AdamW's state by parameter index
-            worst = max(float((x[k].double() - y[k].double()).abs().max()) for k in x)
-            assert worst <= ATOL, (file.name, worst)
+            for k in x:  # the weights within the tolerance; AdamW's moments (averages of the gradients and of their
+                # squares) within the relative error allowed their updates, a hundredth of their largest entry
+                bound = tolerance if file.name == "model.safetensors" else float(y[k].double().abs().max()) / 100
+                assert float((x[k].double() - y[k].double()).abs().max()) <= bound, (file.name, k)
     rows = [json.loads(x) for x in (Path(fsdp.output_dir) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "bleu" in r] == [10, 20]
 
