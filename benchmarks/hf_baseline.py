@@ -1,9 +1,12 @@
 """The HF baseline: transformers' MarianMTModel trained the way the HF translation examples do.
 
-A MarianMTModel from a config (d_model 256, 3+3 layers, 4 heads, FFN 1024, tied embeddings), a joint BPE
-tokenizer of 8,000 trained with `tokenizers`, Accelerate, AdamW 5e-4 (0.9, 0.98), inverse-sqrt with 1,000
-warmup steps, label smoothing 0.1, gradient clipping 1.0, ~4,096-token length-bucketed batches, validation
-loss after every epoch with the best weights kept, and beam 4 with `generate` on the test set at the end.
+A MarianMTModel from a config (d_model 256, 3+3 layers, 4 heads, FFN 1024, tied embeddings, MarianConfig's
+dropout placement: 0.1 on embeddings and residual branches, none on attention weights or activations), a joint
+BPE tokenizer of 8,000 trained with `tokenizers`, Accelerate in fp32, AdamW 5e-4 (0.9, 0.98), inverse-sqrt with
+1,000 warmup steps, label smoothing 0.1, gradient clipping 1.0, ~4,096-token length-bucketed batches, validation
+loss after every epoch with the best weights kept, and beam 4 with `generate` on the test set at the end
+(transformers' other generation defaults: length penalty 1.0). BaselineConfig also takes a mixed precision and
+a warmup sized to the peer's own steps (benchmarks/quality.py gives it nmt's plan that way).
 The wall-clock budget covers training and validation, like nmt's max_minutes.
 
 The data pipeline (reading, cleaning, BPE training, encoding, batching) is nmt's, so a side-by-side run
@@ -40,6 +43,8 @@ from nmt.metrics import corpus_scores  # noqa: E402
 from nmt.tables import column  # noqa: E402
 from nmt.tokenizer import BOS, EOS, PAD  # noqa: E402
 
+TIMED_STEPS = 20  # steps a peer times before sizing its warmup to its own steps (BaselineConfig.warmup_share)
+
 
 @dataclass
 class BaselineConfig:
@@ -51,10 +56,17 @@ class BaselineConfig:
     decoder_layers: int | None = None  # None: as many as the encoder's
     heads: int = 4
     ffn: int = 1024
-    dropout: float = 0.1
+    dropout: float = 0.1  # on embeddings and residual branches
+    attention_dropout: float = 0.0  # on the attention weights: MarianConfig's default
+    activation_dropout: float = 0.0  # on the feed-forward activation: MarianConfig's default
     lr: float = 5e-4
     betas: tuple[float, float] = (0.9, 0.98)
     warmup_steps: int = 1000
+    # None: warmup_steps as given; else that share of the steps the budget holds at this peer's own speed, timed
+    # over its first TIMED_STEPS steps (as nmt's plan sizes its warmup to nmt's steps), at most max_warmup
+    warmup_share: float | None = None
+    max_warmup: int = 4000
+    precision: str = "no"  # mixed precision: "no" (fp32) or "bf16" (autocast), as Accelerator(mixed_precision=...)
     label_smoothing: float = 0.1
     max_grad_norm: float = 1.0
     max_tokens: int = 4096
@@ -74,20 +86,22 @@ class BaselineResult:
     valid_scores: dict = field(default_factory=dict)  # BLEU/chrF of the kept model on validation (valid=True)
     hypotheses: list[str] = field(default_factory=list)
     phases: dict = field(default_factory=dict)
+    warmup_steps: int | None = None  # the warmup sized to the peer's own steps (warmup_share)
 
 
 def marian(vocab: int, d_model: int, layers: int, heads: int, ffn: int, dropout: float,
            decoder_layers: int | None = None, **config) -> nn.Module:
     """A freshly initialized MarianMTModel with tied embeddings, in nmt's special ids; `config`: more
-    MarianConfig fields."""
+    MarianConfig fields (attention_dropout and activation_dropout: `dropout`'s unless given)."""
     from transformers import MarianConfig, MarianMTModel
 
     cfg = MarianConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers,
                        decoder_layers=decoder_layers or layers,
                        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
-                       decoder_ffn_dim=ffn, activation_function="relu", dropout=dropout, attention_dropout=dropout,
-                       activation_dropout=dropout, scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=BOS,
-                       eos_token_id=EOS, forced_eos_token_id=EOS, **config)
+                       decoder_ffn_dim=ffn, activation_function="relu", dropout=dropout,
+                       **{"attention_dropout": dropout, "activation_dropout": dropout, **config},
+                       scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=BOS,
+                       eos_token_id=EOS, forced_eos_token_id=EOS)
     return MarianMTModel(cfg)
 
 
@@ -147,13 +161,14 @@ def train_baseline(data: DataConfig, minutes: float, cfg: BaselineConfig | None 
     corpus = prepare(data, TokenizerConfig(vocab_size=cfg.vocab_size, joint=True))
     res.phases["data + tokenizer"] = time.perf_counter() - t0
     torch.manual_seed(cfg.seed)
-    accelerator = Accelerator()
+    accelerator = Accelerator(mixed_precision=cfg.precision)
     model = marian(corpus.tokenizer.tgt_vocab_size, cfg.d_model, cfg.layers, cfg.heads, cfg.ffn, cfg.dropout,
-                   cfg.decoder_layers)
+                   cfg.decoder_layers, attention_dropout=cfg.attention_dropout,
+                   activation_dropout=cfg.activation_dropout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
-    warmup = cfg.warmup_steps
+    warmup = [cfg.warmup_steps]  # sized to this peer's own steps after TIMED_STEPS (warmup_share)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1))))
+        optimizer, lambda s: min((s + 1) / warmup[0], math.sqrt(warmup[0] / (s + 1))))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     train = corpus.splits["train"]
     cost, src_len = column(train, "cost"), pair_lengths(train)[0]  # nmt's pair_cost and ties, as nmt.train
@@ -175,6 +190,11 @@ def train_baseline(data: DataConfig, minutes: float, cfg: BaselineConfig | None 
             optimizer.zero_grad(set_to_none=True)
             res.steps += 1
             tokens += int(batch["labels"].ne(PAD).sum())
+            if cfg.warmup_share is not None and res.steps == TIMED_STEPS:
+                steps = round(budget / ((time.perf_counter() - t0) / TIMED_STEPS))
+                warmup[0] = max(1, min(cfg.max_warmup, round(cfg.warmup_share * steps)))
+                log(f"hf baseline: {TIMED_STEPS} steps timed, ~{steps:,} in the budget: warmup {warmup[0]:,} steps")
+                res.warmup_steps = warmup[0]
             if time.perf_counter() - t0 >= budget:
                 break
         else:

@@ -121,18 +121,27 @@ def report(args: argparse.Namespace, nmt: dict, start: float) -> None:
 
 def given_nmts_plan(run_dir: Path):
     """The HF baseline's recipe with what nmt's run chose (its resolved config.yaml, the re-timed plan.json
-    over it): the same size, vocabulary, batch, rate, warmup, dropout, betas, label smoothing and clipping."""
+    over it): the same size, vocabulary, batch, rate, dropout on embeddings and residual branches, betas, label
+    smoothing, clipping and mixed precision (the one nmt's run took on this machine), and a warmup sized to the
+    peer's own steps as nmt's plan sizes nmt's (WARMUP_SHARE of the steps the budget holds, timed). Marian keeps
+    its own defaults elsewhere: no dropout on the attention weights or activations, transformers' decoding."""
+    import torch
     from hf_baseline import BaselineConfig
 
     from nmt.config import load_config
+    from nmt.plan import MAX_WARMUP, WARMUP_SHARE
+    from nmt.training.loop import run_precision
 
     cfg = load_config(run_dir / "config.yaml")
     chosen = json.loads((run_dir / "plan.json").read_text()).get("chosen", {})
     m, o = cfg.model, cfg.optim
+    planned_warmup = "optim.warmup_steps" in chosen
     return BaselineConfig(vocab_size=chosen.get("tokenizer.vocab_size", cfg.tokenizer.vocab_size),
                           d_model=m.d_model, layers=m.n_encoder_layers, decoder_layers=m.n_decoder_layers,
                           heads=m.n_heads, ffn=m.d_ff, dropout=m.dropout, lr=chosen.get("optim.lr", o.lr),
                           betas=tuple(o.betas), warmup_steps=chosen.get("optim.warmup_steps", o.warmup_steps),
+                          warmup_share=WARMUP_SHARE if planned_warmup else None, max_warmup=MAX_WARMUP,
+                          precision=run_precision(cfg, "cuda" if torch.cuda.is_available() else "cpu")[0],
                           label_smoothing=o.label_smoothing, max_grad_norm=o.clip_norm,
                           max_tokens=chosen.get("max_tokens", cfg.max_tokens), seed=cfg.seed)
 
@@ -148,7 +157,9 @@ def train_peer(args: argparse.Namespace, name: str, recipe) -> dict:
                         src_lang=args.src, tgt_lang=args.tgt)
     print(f"\nHF MarianMTModel ({name}: d_model {recipe.d_model}, {recipe.layers}+"
           f"{recipe.decoder_layers or recipe.layers} layers, FFN {recipe.ffn}, vocabulary {recipe.vocab_size:,}, "
-          f"{recipe.max_tokens:,}-token batches, lr {recipe.lr:g}, warmup {recipe.warmup_steps:,}), "
+          f"{recipe.max_tokens:,}-token batches, lr {recipe.lr:g}, "
+          f"warmup {'sized to its steps' if recipe.warmup_share else f'{recipe.warmup_steps:,}'}, "
+          f"precision {recipe.precision}), "
           f"{args.minutes:g} minutes, same data and machine:", flush=True)
     base = train_baseline(corpus, args.minutes, recipe, log=lambda line: print("  " + line, flush=True))
     for phase, seconds in base.phases.items():

@@ -102,8 +102,14 @@ def test_quality_with_baseline_side_by_side(corpus_dir, tmp_path):
     assert "hf baseline: step" in out and "valid nll" in out
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())["chosen"]  # what nmt chose, given to the peer
     peer = out[out.index("HF MarianMTModel (hf + plan: "):].splitlines()[0]
-    assert f"lr {plan['optim.lr']:g}, warmup {plan['optim.warmup_steps']:,})" in peer
+    precision = re.search(r"nmt: 1 process\(es\) on \w+, precision (\w+);", out)[1]  # the one nmt trained in
+    assert f"lr {plan['optim.lr']:g}, warmup sized to its steps, precision {precision})" in peer
     assert f"{plan['max_tokens']:,}-token batches" in peer and f"vocabulary {plan['tokenizer.vocab_size']:,}" in peer
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from quality import given_nmts_plan
+    given = given_nmts_plan(tmp_path / "run")  # Marian's own dropout placement, nmt's rate on the rest
+    assert (given.attention_dropout, given.activation_dropout, given.precision) == (0.0, 0.0, precision)
+    assert given.dropout == plan.get("model.dropout", given.dropout) and given.warmup_share > 0
     table = out[out.index("system"):].splitlines()
     assert [row[:11].strip() for row in table[1:4]] == ["nmt", "hf recipe", "hf + plan"]
     assert table[4].startswith("nmt - hf recipe: BLEU ") and table[5].startswith("nmt - hf + plan: BLEU ")
