@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
+from torch.nn.attention import sdpa_kernel
 
 from nmt.batching import special_id
 from nmt.checkpoint import CONFIG_FILE, WEIGHTS_FILE
@@ -323,9 +324,21 @@ class Seq2SeqLoss(nn.Module):
             self.register_load_state_dict_pre_hook(_add_prefix)
             self.register_load_state_dict_post_hook(_report_without_prefix)
 
+    # the attention kernels a training step may take (SDPBackend values; None: torch's own choice for each call);
+    # `nmt.kernels.use_attention_path` narrows it where torch's choice makes the step slower on this device
+    attention_path: tuple | None = None
+
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor) -> LossSums:
-        logits = self.model(src_ids, tgt_in_ids)  # (B, T, V)
+        logits = self.logits(src_ids, tgt_in_ids)  # (B, T, V)
         return LossSums(*label_smoothed_nll(logits, labels, self.pad_id, self.label_smoothing))
+
+    def logits(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
+        """The model's logits (B, T, V), its attention on `attention_path` where one is set (the kernel a call
+        takes in the forward is the one its backward runs)."""
+        if self.attention_path is None:
+            return self.model(src_ids, tgt_in_ids)
+        with sdpa_kernel(list(self.attention_path)):
+            return self.model(src_ids, tgt_in_ids)
 
 
 def _drop_prefix(module, state_dict, prefix, local_metadata) -> None:

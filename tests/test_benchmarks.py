@@ -388,3 +388,27 @@ def test_guard_on_a_model_of_both_directions(corpus_dir, tmp_path):
     assert [row.split()[:2] for row in table if row.startswith(("en-xx ", "xx-en "))] == [
         ["en-xx", "plain"], ["en-xx", "--guard"], ["xx-en", "plain"], ["xx-en", "--guard"]]
     assert sum(re.match(r"(en-xx|xx-en): 40 sentences, \d+ flagged", row) is not None for row in table) == 2
+
+
+def test_attention_path(corpus_dir):
+    """Each dropout placement's step on torch's attention kernel, the math one and nmt's choice, in one table."""
+    out = run("attention_path.py", "--data", str(corpus_dir), "--tgt", "xx", "--rounds", "1", "--steps", "1",
+              "--max-tokens", "128", "--models", "nmt", "--precisions", "fp32")
+    table = out[out.index("model, dropout"):].splitlines()
+    assert [row[:24].strip() for row in table[1:3]] == ["nmt, nmt's dropout", "nmt, Marian's dropout"]
+    assert all(row.rstrip().endswith("x") for row in table[1:3])
+    assert "nmt, Marian's dropout, fp32: attention: " in out and "attention dropout 0)" in out
+
+
+def test_quickstart_screens_a_candidate_beside_the_default(tmp_path):
+    """run.sh's config, the default and a candidate side by side, scored as run.sh scores the test set, with the
+    translations that repeat a word counted."""
+    out = run("quickstart.py", "--config", str(ROOT / "configs" / "default.yaml"), "--output", str(tmp_path / "q"),
+              "--candidate", "xavier=--model.init_std 0", "--sentences", "20", "max_steps=2", "eval_every=2",
+              "save_every=2", "eval_max_sentences=8", cwd=tmp_path)
+    rows = json.loads((tmp_path / "q" / "quickstart.json").read_text())
+    assert [r["name"] for r in rows] == ["default", "xavier"]
+    assert all(r["steps"] == 2 and r["sentences"] == 20 for r in rows)
+    assert "--model.init_std 0 max_steps=2" in out and out.count("[core ") == 2
+    table = out[out.index("run  "):].splitlines()
+    assert table[1].startswith("default") and table[2].startswith("xavier")

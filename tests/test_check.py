@@ -127,17 +127,20 @@ def saved_activation_bytes(model: Seq2SeqTransformer, rows: int, length: int) ->
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])
-@pytest.mark.parametrize("attention_dropout", [0.1, 0.0], ids=["math-attention", "fused-attention"])
+@pytest.mark.parametrize("kernel", ["math", "fused"])
 @pytest.mark.parametrize("length", [10, 40])
-def test_activation_formula_matches_what_autograd_saves(length, attention_dropout, precision):
-    """The estimate for the precision and the attention kernel in use: without dropout on the attention weights
-    the CPU's kernel keeps no H x L rows (a GPU's never does); under autocast the layers keep 16-bit tensors."""
+def test_activation_formula_matches_what_autograd_saves(length, kernel, precision):
+    """The estimate for the precision and the attention kernel in use: the fused kernels (a GPU's; a CPU's flash
+    kernel, which takes no dropout) keep no H x L rows; under autocast the layers keep 16-bit tensors. A CPU's
+    estimate counts the rows: its training step may take the math kernel whatever the dropout."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     m = ModelConfig.preset("tiny", src_vocab_size=300, tgt_vocab_size=300, dropout=0.1, n_encoder_layers=2,
-                           attention_dropout=attention_dropout)
-    kernel = attention_kernel(m, "cpu")
-    assert kernel == ("math" if attention_dropout else "fused") and attention_kernel(m, "cuda") == "fused"
+                           attention_dropout=0.1 if kernel == "math" else 0.0)
+    assert attention_kernel(m, "cpu") == "math" and attention_kernel(m, "cuda") == "fused"
     torch.manual_seed(0)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+    backend = SDPBackend.MATH if kernel == "math" else SDPBackend.FLASH_ATTENTION
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"), sdpa_kernel([backend]):
         measured = saved_activation_bytes(Seq2SeqTransformer(m), 400 // length, length)
     # the plain loss's peak (3 V a position) also counts the logits and their gradient, which autograd does not save
     estimate = activation_bytes(m, 400, length, precision, kernel) - 4 * 400 * 2 * m.tgt_vocab_size
@@ -154,10 +157,12 @@ def test_checkpointed_layers_are_estimated_from_their_inputs():
     assert saved < checkpointed < activation_bytes(m, 400, 20) - 4 * 400 * 2 * m.tgt_vocab_size
 
 
-def test_a_gpu_too_small_for_the_estimate_gets_the_fixes_named(cfg, report, capsys):
+def test_a_gpu_too_small_for_the_estimate_gets_the_fixes_named(cfg, capsys):
     """`nmt check --gpu-memory GIB`: the estimate is made for a GPU (its precision, its fused attention kernel) and,
     where it does not fit, the problem names each fix with its own estimate: the max_tokens (and accum_steps) that
     fit, checkpointing, FSDP over the GPUs; LoRA when fine-tuning."""
+    report = preflight(cfg, num_processes=1, probe_steps=0, device="cpu", gpu_memory=2**40)  # a GPU's estimate
+    assert report.attention == "fused"
     total = report.memory["total"]
     assert memory_fixes(report, 2 * total) is None
     problem = memory_fixes(report, total)

@@ -184,3 +184,51 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     for device in ("cpu", "meta"):  # meta: a device that is not the CPU, as a GPU is
         assert type(make_objective(model.to(device), cfg)) is kernels.FusedSeq2SeqLoss
     assert type(make_objective(model, dataclasses.replace(cfg, compile=True))) is Seq2SeqLoss
+
+
+@pytest.mark.parametrize("faster", ["math", "torch"])
+def test_training_takes_the_faster_attention_kernel(monkeypatch, faster):
+    """The attention kernel a training step takes is the one that timed faster for forward and backward together
+    (the math kernel only where it is clearly faster); a model on another device, or one of the user's own, keeps
+    torch's choice untimed."""
+    from torch.nn.attention import SDPBackend
+
+    from nmt.model import Seq2SeqLoss
+    from tests.helpers import tiny_model
+
+    def timed(backends, shape, dtype, dropout):  # torch's choice 3 ms or 1 ms, the math kernel 2 ms
+        assert dtype == torch.bfloat16 and shape[1:] == (2, kernels.ATTENTION_LENGTH, 8) and dropout == 0.0
+        return 2e-3 if backends else (3e-3 if faster == "math" else 1e-3)
+
+    monkeypatch.setattr(kernels, "attention_seconds", timed)
+    objective = Seq2SeqLoss(tiny_model(attention_dropout=0.0))
+    why = kernels.use_attention_path(objective, "bf16", 4096)
+    assert objective.attention_path == ((SDPBackend.MATH,) if faster == "math" else None)
+    assert why.startswith("attention: the math kernel" if faster == "math" else "attention: torch's choice")
+    assert "2.0 ms against " in why and "128 x 32 tokens, bf16, attention dropout 0" in why
+    assert kernels.use_attention_path(Seq2SeqLoss(tiny_model().to("meta")), "bf16", 4096) is None
+
+
+def test_the_math_kernel_computes_what_torchs_choice_does():
+    """An objective on the math kernel runs the math kernel in its forward (and so its backward) and scores a
+    batch as torch's choice does, to float32 rounding."""
+    from torch.nn.attention import SDPBackend
+    from torch.profiler import profile
+
+    from nmt.model import Seq2SeqLoss
+    from tests.helpers import sum_error, tiny_model
+
+    objective = Seq2SeqLoss(tiny_model(attention_dropout=0.0).train())
+    g = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(4, 24, (3, 7), generator=g), torch.randint(4, 24, (3, 6), generator=g)
+    losses, ops = {}, {}
+    for path in (None, (SDPBackend.MATH,)):
+        objective.attention_path = path
+        with profile() as prof:
+            losses[path] = objective(src, tgt[:, :-1], tgt[:, 1:]).loss
+        ops[path] = {e.name for e in prof.events()}
+    assert "aten::_scaled_dot_product_attention_math" in ops[(SDPBackend.MATH,)]
+    assert not any("flash" in name for name in ops[(SDPBackend.MATH,)])
+    assert any("flash" in name for name in ops[None])  # torch's own choice here: the fused kernel
+    # the loss sums 18 target tokens' terms, each from products of 16 summands and softmaxes over 7 keys
+    torch.testing.assert_close(losses[None], losses[(SDPBackend.MATH,)], rtol=sum_error(18 * (16 + 7)), atol=0)

@@ -191,8 +191,9 @@ def padding_share(plan, src_len: np.ndarray, tgt_len: np.ndarray) -> float:
 
 def attention_kernel(m: ModelConfig, device_type: str) -> str:
     """"fused" where `scaled_dot_product_attention` keeps no H x L rows for the backward (a GPU's flash or
-    memory-efficient kernel; a CPU's without dropout on the attention weights), else "math"."""
-    return "fused" if device_type == "cuda" or m.dropout_at("attention") == 0 else "math"
+    memory-efficient kernel), else "math": a CPU's training step may take the math kernel whatever the dropout
+    (`nmt.kernels.use_attention_path` times both there), so its estimate counts the rows."""
+    return "fused" if device_type == "cuda" else "math"
 
 
 def activation_bytes(m: ModelConfig, max_tokens: int, longest: int, precision: str = "no", kernel: str = "math",

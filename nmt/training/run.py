@@ -55,7 +55,7 @@ from nmt.data import Corpus, prepare
 from nmt.decoding import compile_decoder
 from nmt.encoding import source_lengths
 from nmt.errors import NmtError
-from nmt.kernels import use_cpu_kernels
+from nmt.kernels import use_attention_path, use_cpu_kernels
 from nmt.launch import main_process_first
 from nmt.loading import open_model
 from nmt.metrics import corpus_scores, scores_by_pair
@@ -429,6 +429,12 @@ def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.n
     objective, DDP's wrapper included: torch then splits the graph at DDP's gradient buckets, so their all-reduce
     overlaps the backward (an objective compiled inside DDP would hand it every gradient at the very end)."""
     objective = make_objective(model, cfg, flat_state_dict=not is_fsdp(accelerator), compile_now=False)
+    if not cfg.compile:  # (compiled, the graph's own kernels run)
+        why = use_attention_path(objective, str(accelerator.mixed_precision), cfg.max_tokens)
+        if accelerator.num_processes > 1:  # the main process's choice on every process: the same kernels everywhere
+            objective.attention_path = broadcast_object_list([objective.attention_path], from_process=0)[0]
+        if why and accelerator.is_main_process:
+            print(f"nmt: {why}", flush=True)
     optim = make_optim(objective, cfg)
     objective, optim.optimizer, optim.scheduler = accelerator.prepare(objective, optim.optimizer, optim.scheduler)
     if cfg.compile:  # torch.compile(DDP(objective)), torch's way for DDP (accelerate's unwrap_model undoes both)

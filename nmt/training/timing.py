@@ -25,7 +25,7 @@ from nmt.batching import Collator, TokenBatchSampler
 from nmt.compat import graphs_compiled
 from nmt.config import ModelConfig, TrainConfig
 from nmt.errors import NmtError
-from nmt.kernels import use_cpu_kernels
+from nmt.kernels import use_attention_path, use_cpu_kernels
 from nmt.model import Seq2SeqTransformer
 from nmt.tables import column
 from nmt.training import loop as training_loop
@@ -130,6 +130,8 @@ def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[
     # the schedule's shape does not change a step's time (and a linear one may have no horizon yet)
     steady = dataclasses.replace(cfg, optim=dataclasses.replace(
         cfg.optim, lr=cfg.optim.lr or 1e-3, warmup_steps=cfg.optim.warmup_steps or 1, schedule="inverse_sqrt"))
+    if not cfg.compile:  # the attention kernel training takes on this device and precision
+        use_attention_path(objective, precision, cfg.max_tokens or planlib.BATCHES[-1])
     optim, one = make_optim(objective, steady), OneDevice(device, cfg.accum_steps, precision)
     graphs, timed = graphs_compiled() if cfg.compile else 0, []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
