@@ -27,8 +27,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from torch.nn.attention import SDPBackend  # noqa: E402
-
 from nmt.batching import TokenBatchSampler  # noqa: E402
 from nmt.config import DataConfig, ModelConfig, TokenizerConfig, TrainConfig  # noqa: E402
 from nmt.data import prepare  # noqa: E402
@@ -39,7 +37,7 @@ from nmt.training.loop import OneDevice, make_objective, make_optim, train_step 
 from nmt.training.timing import batches  # noqa: E402
 
 TORCHS = "torch's choice"
-PATHS = {TORCHS: None, "math": (SDPBackend.MATH,), "nmt": "chosen"}
+PATHS = {TORCHS: None, "math": ("MATH",), "nmt": "chosen"}
 
 
 def model_configs(names: list[str], vocab: int) -> dict[str, ModelConfig]:

@@ -260,7 +260,7 @@ def use_attention_path(objective: Seq2SeqLoss, precision: str, tokens: int) -> s
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, weight.dtype)
     shape = (max(1, tokens // ATTENTION_LENGTH), cfg.n_heads, ATTENTION_LENGTH, cfg.d_model // cfg.n_heads)
     p = cfg.dropout_at("attention")
-    paths = {TORCHS: None, "the math kernel": (SDPBackend.MATH,)}
+    paths = {TORCHS: None, "the math kernel": ("MATH",)}
     times: dict[str, list[float]] = {name: [] for name in paths}
     with torch.random.fork_rng(devices=[]):  # the run's random stream is the same with or without this timing
         torch.manual_seed(0)
@@ -281,13 +281,13 @@ def use_attention_path(objective: Seq2SeqLoss, precision: str, tokens: int) -> s
 def attention_seconds(backends: tuple | None, shape: tuple[int, int, int, int], dtype: torch.dtype,
                       dropout: float) -> float:
     """Seconds of one forward and backward of an encoder's padded self-attention and a decoder's causal one, of
-    `shape` (B, H, L, Dh) in `dtype`, on the kernels `backends` (None: torch's choice)."""
+    `shape` (B, H, L, Dh) in `dtype`, on the kernels `backends` (SDPBackend names; None: torch's choice)."""
     B, H, L, Dh = shape
     q, k, v = (torch.randn(B, H, L, Dh, dtype=dtype, requires_grad=True) for _ in range(3))
     attend = torch.ones(B, 1, 1, L, dtype=torch.bool)
     attend[::2, ..., L * 3 // 4:] = False  # every other row padded, as in a bucketed batch
     start = perf_counter()
-    with sdpa_kernel(list(backends)) if backends else nullcontext():
+    with sdpa_kernel([getattr(SDPBackend, name) for name in backends]) if backends else nullcontext():
         encoder = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, dropout_p=dropout)
         decoder = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
     (encoder.float().sum() + decoder.float().sum()).backward()

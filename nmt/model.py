@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
-from torch.nn.attention import sdpa_kernel
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt.batching import special_id
 from nmt.checkpoint import CONFIG_FILE, WEIGHTS_FILE
@@ -324,9 +324,9 @@ class Seq2SeqLoss(nn.Module):
             self.register_load_state_dict_pre_hook(_add_prefix)
             self.register_load_state_dict_post_hook(_report_without_prefix)
 
-    # the attention kernels a training step may take (SDPBackend values; None: torch's own choice for each call);
-    # `nmt.kernels.use_attention_path` narrows it where torch's choice makes the step slower on this device
-    attention_path: tuple | None = None
+    # the attention kernels a training step may take (SDPBackend names, "MATH"; None: torch's own choice for each
+    # call); `nmt.kernels.use_attention_path` narrows it where torch's choice makes the step slower on this device
+    attention_path: tuple[str, ...] | None = None
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, labels: torch.Tensor) -> LossSums:
         logits = self.logits(src_ids, tgt_in_ids)  # (B, T, V)
@@ -337,7 +337,7 @@ class Seq2SeqLoss(nn.Module):
         takes in the forward is the one its backward runs)."""
         if self.attention_path is None:
             return self.model(src_ids, tgt_in_ids)
-        with sdpa_kernel(list(self.attention_path)):
+        with sdpa_kernel([getattr(SDPBackend, name) for name in self.attention_path]):
             return self.model(src_ids, tgt_in_ids)
 
 

@@ -190,8 +190,8 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
 def test_training_takes_the_faster_attention_kernel(monkeypatch, faster):
     """The attention kernel a training step takes is the one that timed faster for forward and backward together
     (the math kernel only where it is clearly faster); a model on another device, or one of the user's own, keeps
-    torch's choice untimed."""
-    from torch.nn.attention import SDPBackend
+    torch's choice untimed. The choice pickles: the main process's is sent to every process."""
+    import pickle
 
     from nmt.model import Seq2SeqLoss
     from tests.helpers import tiny_model
@@ -203,7 +203,8 @@ def test_training_takes_the_faster_attention_kernel(monkeypatch, faster):
     monkeypatch.setattr(kernels, "attention_seconds", timed)
     objective = Seq2SeqLoss(tiny_model(attention_dropout=0.0))
     why = kernels.use_attention_path(objective, "bf16", 4096)
-    assert objective.attention_path == ((SDPBackend.MATH,) if faster == "math" else None)
+    assert objective.attention_path == (("MATH",) if faster == "math" else None)
+    assert pickle.loads(pickle.dumps(objective.attention_path)) == objective.attention_path
     assert why.startswith("attention: the math kernel" if faster == "math" else "attention: torch's choice")
     assert "2.0 ms against " in why and "128 x 32 tokens, bf16, attention dropout 0" in why
     assert kernels.use_attention_path(Seq2SeqLoss(tiny_model().to("meta")), "bf16", 4096) is None
@@ -212,7 +213,6 @@ def test_training_takes_the_faster_attention_kernel(monkeypatch, faster):
 def test_the_math_kernel_computes_what_torchs_choice_does():
     """An objective on the math kernel runs the math kernel in its forward (and so its backward) and scores a
     batch as torch's choice does, to float32 rounding."""
-    from torch.nn.attention import SDPBackend
     from torch.profiler import profile
 
     from nmt.model import Seq2SeqLoss
@@ -222,13 +222,13 @@ def test_the_math_kernel_computes_what_torchs_choice_does():
     g = torch.Generator().manual_seed(0)
     src, tgt = torch.randint(4, 24, (3, 7), generator=g), torch.randint(4, 24, (3, 6), generator=g)
     losses, ops = {}, {}
-    for path in (None, (SDPBackend.MATH,)):
+    for path in (None, ("MATH",)):
         objective.attention_path = path
         with profile() as prof:
             losses[path] = objective(src, tgt[:, :-1], tgt[:, 1:]).loss
         ops[path] = {e.name for e in prof.events()}
-    assert "aten::_scaled_dot_product_attention_math" in ops[(SDPBackend.MATH,)]
-    assert not any("flash" in name for name in ops[(SDPBackend.MATH,)])
+    assert "aten::_scaled_dot_product_attention_math" in ops[("MATH",)]
+    assert not any("flash" in name for name in ops[("MATH",)])
     assert any("flash" in name for name in ops[None])  # torch's own choice here: the fused kernel
     # the loss sums 18 target tokens' terms, each from products of 16 summands and softmaxes over 7 keys
-    torch.testing.assert_close(losses[None], losses[(SDPBackend.MATH,)], rtol=sum_error(18 * (16 + 7)), atol=0)
+    torch.testing.assert_close(losses[None], losses[("MATH",)], rtol=sum_error(18 * (16 + 7)), atol=0)
