@@ -78,8 +78,8 @@ def score(name: str, out: Path, minutes: float, core: int, src: Path, ref: Path,
     refs = ref.read_text(encoding="utf-8").splitlines()
     src_lines = src.read_text(encoding="utf-8").splitlines()
     repeated = [(s, h) for s, h, r in zip(src_lines, hyps, refs) if repeats(h) and not repeats(r)]
-    summary = json.loads((out / "run" / "summary.json").read_text())
-    return {"name": name, "core": core, "steps": summary["steps"], "minutes": round(minutes, 2),
+    rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    return {"name": name, "core": core, "steps": max(r["step"] for r in rows), "minutes": round(minutes, 2),
             "bleu": scores["bleu"], "chrf": scores["chrf"], "repeating": len(repeated), "sentences": len(hyps),
             "examples": [f"{s}  =>  {h}" for s, h in repeated[:3]]}
 

@@ -392,7 +392,7 @@ class ModelConfig:
     pre_norm: bool = True  # LayerNorm before each sublayer (stable); False: post-norm as in Vaswani et al.
     share_embeddings: bool = True  # one embedding table for source, target and output (joint vocab only)
     scale_embedding: bool = True  # multiply embeddings by sqrt(d_model) before adding positions
-    init_std: float | None = ranged(None, "[0, 10]")  # fresh weights ~ N(0, init_std); 0: Xavier (null: `fresh_std`)
+    init_std: float | None = ranged(None, "[0, 10]")  # fresh weights ~ N(0, init_std); 0: Xavier (null: nmt's start)
     checkpoint_activations: bool = False  # training keeps each layer's input only and recomputes the rest (less memory)
     positions: Literal["interleaved", "halves", "m2m100"] = "interleaved"  # sinusoids: nmt's, Marian's, M2M100's
     final_logits_bias: bool = False  # a fixed (not trained) bias added to the output logits (Marian's)
@@ -437,13 +437,22 @@ class ModelConfig:
         return cls(size=name, **overrides)
 
     def fresh_std(self) -> float:
-        """The standard deviation fresh weights are drawn with (0: Xavier-uniform matrices and N(0, d_model^-1/2)
-        embeddings, nmt's start before 2026-12-07): init_std, or where it is null 0.02 from d_model 128 on (as
-        transformers' Marian; it measured +1.9 test BLEU over Xavier at d128, docs/results.md) and Xavier below
-        (the 32-wide `tiny`, where 0.02 was not measured and learned slower in the test suite's short runs)."""
+        """The standard deviation fresh matrices are drawn with (0: Xavier-uniform matrices and N(0, d_model^-1/2)
+        embeddings): init_std, every matrix and embedding then drawn from N(0, init_std); where it is null, 0.02 from
+        d_model 128 on for all matrices but attention's input projections, which with the embeddings keep the Xavier
+        start (`mixed_start`), and Xavier below (the 32-wide `tiny`, where 0.02 was not measured)."""
         if self.init_std is not None:
             return self.init_std
         return INIT_STD if (self.d_model or 0) >= 128 else 0.0
+
+    def mixed_start(self) -> bool:
+        """Whether fresh weights take nmt's default start (init_std null, d_model from 128): matrices N(0, 0.02) as
+        transformers' Marian draws them, but attention's input projections Xavier-uniform and the embeddings
+        N(0, d_model^-1/2), as Xavier's start has them. Queries and keys meet in a product: both drawn at 0.02, every
+        score starts near zero and each one's gradient, proportional to the other, too, so attention stays uniform
+        for the first few hundred steps; embeddings at 0.02, scaled by sqrt(d_model), start at a fifth of the
+        positions' scale. A short run ends inside that plateau (benchmarks/quickstart.py, docs/results.md)."""
+        return self.init_std is None and (self.d_model or 0) >= 128
 
     def dropout_at(self, where: str) -> float:
         """The dropout on the attention weights or the feed-forward activation (`where`: "attention" or

@@ -31,6 +31,9 @@ from nmt.layers import DecoderLayer, EncoderLayer, key_attend, sinusoids
 # --- The model -------------------------------------------------------------------------------------------------------
 
 
+ATTENTION_INPUTS = ("qkv.weight", ".q.weight", ".kv.weight")  # queries, keys and values (`reset_parameters`)
+
+
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer taking only batch-leading LongTensors of token ids."""
 
@@ -57,20 +60,23 @@ class Seq2SeqTransformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Fresh weights: every matrix and embedding drawn from N(0, std) (`ModelConfig.fresh_std`: 0.02 as
-        transformers' Marian and BERT, from d_model 128 on), biases 0, LayerNorms 1 and 0, the padding row 0; std 0:
-        Xavier-uniform matrices and N(0, d_model^-1/2) embeddings."""
+        """Fresh weights (`ModelConfig.fresh_std`): matrices from N(0, std), biases 0, LayerNorms 1 and 0, the
+        padding row 0; std 0: Xavier-uniform matrices and N(0, d_model^-1/2) embeddings (scaled by sqrt(d_model),
+        they start at the positions' unit scale). nmt's default start (`ModelConfig.mixed_start`) draws the matrices
+        from N(0, 0.02) but keeps the Xavier start for attention's input projections and the embeddings; an init_std
+        given draws every matrix and embedding from N(0, init_std)."""
         std = self.cfg.fresh_std() or None
+        mixed = self.cfg.mixed_start()
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name:
-                if std is None:
+                if std is None or (mixed and name.endswith(ATTENTION_INPUTS)):
                     nn.init.xavier_uniform_(p)
                 else:
                     nn.init.normal_(p, std=std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
         for emb in {self.src_embed, self.tgt_embed}:
-            nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5 if std is None else std)
+            nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5 if std is None or mixed else std)
             with torch.no_grad():
                 emb.weight[self.cfg.pad_id].zero_()
 

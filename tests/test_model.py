@@ -201,23 +201,30 @@ def test_model_without_sizes_is_named():
 
 
 def test_fresh_weights_are_drawn_as_the_config_says():
-    """Every matrix and embedding from N(0, 0.02) from d_model 128 on (issue 48's screens); Xavier-uniform matrices
-    and N(0, d^-1/2) embeddings below it and with init_std 0; init_std as given otherwise."""
+    """From d_model 128 on, matrices from N(0, 0.02) but attention's input projections Xavier-uniform and embeddings
+    N(0, d^-1/2) (nmt's start); Xavier-uniform matrices and N(0, d^-1/2) embeddings below it and with init_std 0;
+    every matrix and embedding from N(0, init_std) as given otherwise."""
     from nmt import ModelConfig
 
-    def stds(**kw) -> tuple[float, float]:
+    def stds(**kw) -> tuple[float, float, float]:
         torch.manual_seed(0)
         model = Seq2SeqTransformer(ModelConfig(src_vocab_size=2000, tgt_vocab_size=2000, **kw))
-        matrices = [p for n, p in model.named_parameters() if p.dim() > 1 and "embed" not in n]
-        return (torch.cat([m.flatten() for m in matrices]).std().item(),
+        matrices = {n: p for n, p in model.named_parameters() if p.dim() > 1 and "embed" not in n}
+        inputs = [p for n, p in matrices.items() if n.endswith(("qkv.weight", ".q.weight", ".kv.weight"))]
+        rest = [p for n, p in matrices.items() if not n.endswith(("qkv.weight", ".q.weight", ".kv.weight"))]
+        assert len(inputs) == 3 * model.cfg.n_decoder_layers + model.cfg.n_encoder_layers  # qkv; q and kv
+        return (torch.cat([m.flatten() for m in rest]).std().item(), torch.cat([m.flatten() for m in inputs]).std().item(),
                 model.tgt_embed.weight[1:].std().item())
 
-    assert stds(size="d128") == pytest.approx((0.02, 0.02), rel=0.05)
-    assert stds(size="small", init_std=0.05) == pytest.approx((0.05, 0.05), rel=0.05)
+    rest, inputs, embedding = stds(size="d128")
+    assert rest == pytest.approx(0.02, rel=0.05) and embedding == pytest.approx(128 ** -0.5, rel=0.05)
+    assert inputs > 0.05  # Xavier's: sqrt(2 / (128 + 3 x 128)) = 0.0625 for qkv, more for q and kv
+    assert stds(size="d128", init_std=0.02) == pytest.approx((0.02, 0.02, 0.02), rel=0.05)
+    assert stds(size="small", init_std=0.05) == pytest.approx((0.05, 0.05, 0.05), rel=0.05)
     for kw in ({"size": "tiny"}, {"size": "d128", "init_std": 0.0}):
-        matrix, embedding = stds(**kw)
+        rest, inputs, embedding = stds(**kw)
         d = 32 if kw["size"] == "tiny" else 128
-        assert embedding == pytest.approx(d ** -0.5, rel=0.05) and matrix > 0.05  # Xavier: sqrt(2 / (in + out))
+        assert embedding == pytest.approx(d ** -0.5, rel=0.05) and rest > 0.05  # Xavier: sqrt(2 / (in + out))
 
 
 def test_a_training_micro_step_and_a_cached_decode_step_never_wait_for_the_device():
