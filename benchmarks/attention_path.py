@@ -102,7 +102,7 @@ def main() -> None:
                 built[name] = use_cpu_kernels(Seq2SeqTransformer(configs[name]), fast_dropout=True)  # as trained
             objective = make_objective(built[name], cfg)
             if PATHS[path] == "chosen":
-                chosen[name, precision] = use_attention_path(objective, precisions[precision], args.max_tokens)
+                chosen[name, precision] = use_attention_path(objective, precisions[precision])
             else:
                 objective.attention_path = PATHS[path]
             optim, one = make_optim(objective, cfg), OneDevice(device, 1, precisions[precision])
@@ -125,7 +125,7 @@ def main() -> None:
         print(f"{name:<24}{precision:>10}{t[TORCHS]:>9.3f}{t['math']:>9.3f}"
               f"{t['nmt']:>9.3f}{t['nmt'] / fastest:>14.2f}x")
     for (name, precision), why in chosen.items():
-        print(f"  {name}, {precision}: {why}")
+        print(f"  {name}, {precision}: {why or TORCHS}")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,9 @@ _reorder_linear_weight` / `_linear_pointwise`), reached through `nmt.compat` lik
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from time import perf_counter
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt import compat
 from nmt.config import ModelConfig
@@ -234,61 +230,25 @@ def use_fused_loss(objective: Seq2SeqLoss, on: bool = True) -> Seq2SeqLoss:
 
 # --- the attention kernel of a training step -------------------------------------------------------------------------
 
-ATTENTION_LENGTH = 32  # tokens a side the attention path is timed at (a sentence's; the batch fills max_tokens)
-ATTENTION_REPEATS = 5  # timed forward-and-backward passes per kernel, interleaved, after one warm-up each
-ATTENTION_MARGIN = 0.9  # the math kernel is taken where it needs under this share of torch's choice's time
-TORCHS = "torch's choice"
 
-
-def use_attention_path(objective: Seq2SeqLoss, precision: str, tokens: int) -> str | None:
-    """Where torch's own choice of attention kernel makes a training step slower on this device, in this mixed
-    `precision`, than the math kernel, the objective's steps take the math kernel (`Seq2SeqLoss.attention_path`);
-    returns what was chosen and why, or None where nothing was timed (not a CPU: on a GPU torch's fused kernels are
-    the fastest; not nmt's model).
+def use_attention_path(objective: Seq2SeqLoss, precision: str) -> str | None:
+    """On a CPU under mixed `precision` (bf16, fp16), the objective's training steps take the math attention kernel
+    (`Seq2SeqLoss.attention_path`); returns what was chosen and why, or None where torch's own choice stays (fp32,
+    where its kernels step alike; a GPU, whose fused kernels are the fastest; a model of the user's own).
 
     torch picks a CPU's kernel from the call alone: without dropout on the attention weights it takes the fused
-    (flash) kernel, whose forward is the faster but whose backward, in bf16, is several times the math kernel's at
-    a translation model's shapes; with dropout it takes the math kernel. So a run without attention dropout (Marian's
-    placement, every imported OPUS-MT model) would step slower than one with it. Both kernels are timed here,
-    forward and backward together, as a step runs them: an encoder's padded self-attention and a decoder's causal
-    one, `tokens` tokens in rows of ATTENTION_LENGTH, in the precision the step computes in. Decoding is not
-    touched: it runs the forward only, where torch's choice is the fast one."""
+    (flash) kernel, whose forward is the faster but whose backward in bf16 takes several times the math kernel's at
+    a translation model's shapes (forward and backward, B48 H4 T20 D32, one thread: 19.6 ms against 3.6 ms on an AMX
+    CPU, 23.5 against 11.2 on AVX2; fp32 level); with dropout it takes the math kernel. So a run without attention
+    dropout (Marian's placement, every imported OPUS-MT model) stepped slower than one with it. The choice is a
+    rule of the device and precision, not a timing, so every process and a resumed run take the same kernels and
+    compute bit for bit what an uninterrupted run computes (`benchmarks/attention_path.py` measures it). Decoding
+    is not touched: it runs the forward only, where torch's choice is the fast one."""
     model = objective.model
     weight, cfg = next(model.parameters()), getattr(model, "cfg", None)
-    if weight.device.type != "cpu" or not isinstance(cfg, ModelConfig):  # (a model of the user's own: its shapes
-        return None  # are its own)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, weight.dtype)
-    shape = (max(1, tokens // ATTENTION_LENGTH), cfg.n_heads, ATTENTION_LENGTH, cfg.d_model // cfg.n_heads)
-    p = cfg.dropout_at("attention")
-    paths = {TORCHS: None, "the math kernel": ("MATH",)}
-    times: dict[str, list[float]] = {name: [] for name in paths}
-    with torch.random.fork_rng(devices=[]):  # the run's random stream is the same with or without this timing
-        torch.manual_seed(0)
-        for i in range(ATTENTION_REPEATS + 1):
-            for name, backends in paths.items():
-                seconds = attention_seconds(backends, shape, dtype, p)
-                if i:  # the first pass of each warms up
-                    times[name].append(seconds)
-    ms = {name: sorted(t)[ATTENTION_REPEATS // 2] * 1e3 for name, t in times.items()}
-    chosen = "the math kernel" if ms["the math kernel"] < ATTENTION_MARGIN * ms[TORCHS] else TORCHS
-    objective.attention_path = paths[chosen]
-    B, _, L, _ = shape
-    return (f"attention: {chosen} for training ({ms['the math kernel']:.1f} ms against {ms[TORCHS]:.1f} ms for torch's "
-            f"choice, forward and backward, {B} x {L} tokens, {precision if precision != 'no' else 'fp32'}, "
-            f"attention dropout {p:g})")
-
-
-def attention_seconds(backends: tuple | None, shape: tuple[int, int, int, int], dtype: torch.dtype,
-                      dropout: float) -> float:
-    """Seconds of one forward and backward of an encoder's padded self-attention and a decoder's causal one, of
-    `shape` (B, H, L, Dh) in `dtype`, on the kernels `backends` (SDPBackend names; None: torch's choice)."""
-    B, H, L, Dh = shape
-    q, k, v = (torch.randn(B, H, L, Dh, dtype=dtype, requires_grad=True) for _ in range(3))
-    attend = torch.ones(B, 1, 1, L, dtype=torch.bool)
-    attend[::2, ..., L * 3 // 4:] = False  # every other row padded, as in a bucketed batch
-    start = perf_counter()
-    with sdpa_kernel([getattr(SDPBackend, name) for name in backends]) if backends else nullcontext():
-        encoder = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, dropout_p=dropout)
-        decoder = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
-    (encoder.float().sum() + decoder.float().sum()).backward()
-    return perf_counter() - start
+    if weight.device.type != "cpu" or not isinstance(cfg, ModelConfig) or precision not in ("bf16", "fp16"):
+        objective.attention_path = None
+        return None
+    objective.attention_path = ("MATH",)
+    return (f"attention: the math kernel for training in {precision} on the CPU (torch's fused kernel steps "
+            f"slower there, forward and backward together; attention dropout {cfg.dropout_at('attention'):g})")

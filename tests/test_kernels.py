@@ -186,28 +186,18 @@ def test_translator_packs_and_cpu_training_drops_fast(tmp_path):
     assert type(make_objective(model, dataclasses.replace(cfg, compile=True))) is Seq2SeqLoss
 
 
-@pytest.mark.parametrize("faster", ["math", "torch"])
-def test_training_takes_the_faster_attention_kernel(monkeypatch, faster):
-    """The attention kernel a training step takes is the one that timed faster for forward and backward together
-    (the math kernel only where it is clearly faster); a model on another device, or one of the user's own, keeps
-    torch's choice untimed. The choice pickles: the main process's is sent to every process."""
-    import pickle
-
+def test_training_under_mixed_precision_on_a_cpu_takes_the_math_attention_kernel():
+    """bf16 or fp16 on a CPU: the math kernel (torch's fused one steps slower there); fp32, another device or a model
+    of the user's own: torch's choice. A rule of device and precision, so every process and a resumed run agree."""
     from nmt.model import Seq2SeqLoss
     from tests.helpers import tiny_model
 
-    def timed(backends, shape, dtype, dropout):  # torch's choice 3 ms or 1 ms, the math kernel 2 ms
-        assert dtype == torch.bfloat16 and shape[1:] == (2, kernels.ATTENTION_LENGTH, 8) and dropout == 0.0
-        return 2e-3 if backends else (3e-3 if faster == "math" else 1e-3)
-
-    monkeypatch.setattr(kernels, "attention_seconds", timed)
-    objective = Seq2SeqLoss(tiny_model(attention_dropout=0.0))
-    why = kernels.use_attention_path(objective, "bf16", 4096)
-    assert objective.attention_path == (("MATH",) if faster == "math" else None)
-    assert pickle.loads(pickle.dumps(objective.attention_path)) == objective.attention_path
-    assert why.startswith("attention: the math kernel" if faster == "math" else "attention: torch's choice")
-    assert "2.0 ms against " in why and "128 x 32 tokens, bf16, attention dropout 0" in why
-    assert kernels.use_attention_path(Seq2SeqLoss(tiny_model().to("meta")), "bf16", 4096) is None
+    for precision, path in (("bf16", ("MATH",)), ("fp16", ("MATH",)), ("no", None)):
+        objective = Seq2SeqLoss(tiny_model(attention_dropout=0.0))
+        why = kernels.use_attention_path(objective, precision)
+        assert objective.attention_path == path and (why is None) == (path is None)
+    assert why is None and "the math kernel for training in bf16" in kernels.use_attention_path(objective, "bf16")
+    assert kernels.use_attention_path(Seq2SeqLoss(tiny_model().to("meta")), "bf16") is None
 
 
 def test_the_math_kernel_computes_what_torchs_choice_does():

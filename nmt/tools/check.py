@@ -191,8 +191,9 @@ def padding_share(plan, src_len: np.ndarray, tgt_len: np.ndarray) -> float:
 
 def attention_kernel(m: ModelConfig, device_type: str) -> str:
     """"fused" where `scaled_dot_product_attention` keeps no H x L rows for the backward (a GPU's flash or
-    memory-efficient kernel), else "math": a CPU's training step may take the math kernel whatever the dropout
-    (`nmt.kernels.use_attention_path` times both there), so its estimate counts the rows."""
+    memory-efficient kernel), else "math": a CPU's training step takes the math kernel with dropout on the attention
+    weights (torch's choice) and under mixed precision (`nmt.kernels.use_attention_path`), so its estimate counts
+    the rows (an upper bound for fp32 without that dropout)."""
     return "fused" if device_type == "cuda" else "math"
 
 

@@ -430,9 +430,7 @@ def prepare_objective(accelerator: Accelerator, cfg: TrainConfig, model: torch.n
     overlaps the backward (an objective compiled inside DDP would hand it every gradient at the very end)."""
     objective = make_objective(model, cfg, flat_state_dict=not is_fsdp(accelerator), compile_now=False)
     if not cfg.compile:  # (compiled, the graph's own kernels run)
-        why = use_attention_path(objective, str(accelerator.mixed_precision), cfg.max_tokens)
-        if accelerator.num_processes > 1:  # the main process's choice on every process: the same kernels everywhere
-            objective.attention_path = broadcast_object_list([objective.attention_path], from_process=0)[0]
+        why = use_attention_path(objective, str(accelerator.mixed_precision))
         if why and accelerator.is_main_process:
             print(f"nmt: {why}", flush=True)
     optim = make_optim(objective, cfg)

@@ -131,7 +131,7 @@ def time_steps(model: torch.nn.Module, cfg: TrainConfig, windows: Iterable[list[
     steady = dataclasses.replace(cfg, optim=dataclasses.replace(
         cfg.optim, lr=cfg.optim.lr or 1e-3, warmup_steps=cfg.optim.warmup_steps or 1, schedule="inverse_sqrt"))
     if not cfg.compile:  # the attention kernel training takes on this device and precision
-        use_attention_path(objective, precision, cfg.max_tokens or planlib.BATCHES[-1])
+        use_attention_path(objective, precision)
     optim, one = make_optim(objective, steady), OneDevice(device, cfg.accum_steps, precision)
     graphs, timed = graphs_compiled() if cfg.compile else 0, []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
